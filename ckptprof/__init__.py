@@ -1,0 +1,13 @@
+"""ckptprof: where checkpoint restore time goes, and why.
+
+The core is framework-free and light to import: torch, boto3 and the training
+frameworks are imported lazily by the modules that need them.
+"""
+
+from ckptprof.errors import CkptprofError
+from ckptprof.phases import Phase
+from ckptprof.tracing.recorder import CheckpointTracer
+
+__version__ = "0.1.0"
+
+__all__ = ["CheckpointTracer", "CkptprofError", "Phase", "__version__"]

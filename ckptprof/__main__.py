@@ -1,0 +1,3 @@
+from ckptprof.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""``ckptprof report``: where restore (and save) time went, from traces or results."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DESCRIPTION = """\
+Read ckptprof trace files (*.jsonl, one OpenTelemetry span per line) and/or results.json
+files from the synthetic restore, and print where the time went.
+
+Traces: operations are grouped by configuration (framework, format, cache, concurrency,
+world size, storage); each group shows the median RTO (wall time, min-max) and one row per
+phase: median busy seconds, share of the RTO, bytes, GB/s and files. Phases may overlap, so
+the sum of phases is printed next to the wall time (the critical path).
+
+Results: the ceiling (best read GB/s, Little's Law queue depth), the environment, and a
+sweep table of cache state x concurrency. Hints are added only where the numbers call
+for them."""
+
+EPILOG = """\
+examples:
+  ckptprof report ckptprof-traces/
+  ckptprof report runs/llama2-7b/results.json --plot restore.png
+  ckptprof report ckptprof-traces/ --by run
+  ckptprof report runs/ --format json > report.json
+
+A directory is searched recursively; one holding a results.json is read from that file
+rather than from its traces."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``report`` on the top-level ``ckptprof`` parser."""
+    parser = subparsers.add_parser(
+        "report",
+        help="show where checkpoint restore/save time went (from traces or results.json)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="trace file (*.jsonl), results.json, or a directory holding them",
+    )
+    parser.add_argument(
+        "--by",
+        choices=("phase", "run"),
+        default="phase",
+        help="phase: medians per phase (default); run: one row per operation as measured",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="table for people (default), json for scripts",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw phase bars (and GB/s vs concurrency) to this image; needs matplotlib",
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def print_report(
+    paths: list[str],
+    plot: str | None = None,
+    by: str = "phase",
+    fmt: str = "table",
+) -> None:
+    """Print the report for ``paths``; other commands call this after writing results.
+
+    Raises:
+        CkptprofError: a path is missing or unreadable, or the plot cannot be drawn.
+    """
+    from ckptprof.report import aggregate, load, render_json, render_text, write_plot
+
+    data = load(paths)
+    for warning in data.warnings:
+        print(f"ckptprof: warning: {warning}", file=sys.stderr)
+    report = aggregate(data)
+    sys.stdout.write(render_json(report) if fmt == "json" else render_text(report, by=by))
+    sys.stdout.flush()
+    if plot:
+        written = write_plot(report, plot)
+        print(f"ckptprof: plot written to {written}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry for ``ckptprof report``: the table (or JSON) on stdout, warnings on stderr."""
+    print_report(
+        args.paths,
+        plot=getattr(args, "plot", None),
+        by=getattr(args, "by", "phase"),
+        fmt=getattr(args, "format", "table"),
+    )
+    return 0

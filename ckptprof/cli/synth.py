@@ -1,0 +1,253 @@
+"""``ckptprof synth generate|restore``: the standalone synthetic mode."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ckptprof.errors import CkptprofError
+from ckptprof.manifest import VERIFY_MODES
+from ckptprof.synth.layouts import LAYOUT_NAMES
+from ckptprof.synth.presets import PRESETS
+
+GENERATE_EXAMPLES = """examples:
+  ckptprof synth generate /mnt/fsx/ckpt --model llama2-7b --layout safetensors
+  ckptprof synth generate ./ckpt --model llama3-8b --layout dcp --ranks 8 --scale 0.01
+  ckptprof synth generate ./ckpt --model llama2-7b --layout torch --files 1000 --no-optimizer
+  ckptprof synth generate ./ckpt --model llama3-405b --layout dcp --ranks 512 --dry-run
+"""
+
+RESTORE_EXAMPLES = """examples:
+  ckptprof synth restore /mnt/fsx/ckpt                       # cold+hot, 1..64 in flight, 3 repeats
+  ckptprof synth restore ./ckpt --cache cold --concurrency 1,16 --repeat 5 --verify sample
+  ckptprof synth restore ./ckpt --world-size 1                # reshard a 2-rank DCP save into 1
+"""
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one value, e.g. 1,8,16")
+    return values
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 16M or 4194304") from None
+
+
+def add_parser(commands) -> None:
+    synth = commands.add_parser(
+        "synth",
+        help="generate synthetic checkpoints and time their restore",
+        description="Synthetic mode: realistic checkpoints (real tensor names, shapes and file "
+        "layouts) on a target storage, restored phase by phase.",
+    )
+    sub = synth.add_subparsers(dest="synth_command", metavar="SUBCOMMAND")
+    sub.required = True
+
+    gen = sub.add_parser(
+        "generate",
+        help="write a synthetic checkpoint (not timed)",
+        description="Write a realistic checkpoint of random, incompressible bytes, with a "
+        "manifest of sizes and xxh3 hashes beside it.",
+        epilog=GENERATE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    gen.add_argument("dest", metavar="DEST", help="target directory (created if missing)")
+    gen.add_argument("--model", default="llama2-7b", help=f"preset: {', '.join(PRESETS)}")
+    gen.add_argument("--layout", default="torch", help=f"file layout: {', '.join(LAYOUT_NAMES)}")
+    gen.add_argument("--ranks", type=int, default=1, help="ranks that saved it (sharding)")
+    gen.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="0 < S <= 1: fraction of full-size bytes; names and layout unchanged",
+    )
+    gen.add_argument(
+        "--optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="include Adam moments (fp32)",
+    )
+    gen.add_argument("--master-weights", action="store_true", help="include fp32 master weights")
+    gen.add_argument(
+        "--files",
+        type=int,
+        default=None,
+        help="split the tensor data into N files (many small vs few packed)",
+    )
+    gen.add_argument("--step", type=int, default=1000, help="training step the checkpoint is at")
+    gen.add_argument("--seed", type=int, default=0, help="seed of the random bytes")
+    gen.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print files, bytes and the time it would take; write nothing",
+    )
+    gen.add_argument(
+        "--bandwidth-gbps",
+        type=float,
+        action="append",
+        default=None,
+        help="bandwidths for --dry-run's time estimates (repeatable)",
+    )
+    gen.add_argument("--force", action="store_true", help="replace a non-empty DEST")
+    gen.set_defaults(func=run_generate)
+
+    res = sub.add_parser(
+        "restore",
+        help="time list/fetch/verify/deserialize/reshard/first_step",
+        description="Restore a synthetic checkpoint phase by phase, cold and hot, across "
+        "concurrency levels, repeated; writes results.json, results.csv and traces.",
+        epilog=RESTORE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    res.add_argument("dest", metavar="DEST", help="checkpoint written by `synth generate`")
+    res.add_argument("--cache", default="cold,hot", help="cold, hot or cold,hot")
+    res.add_argument(
+        "--concurrency",
+        type=_int_list,
+        default=(1, 8, 16, 32, 64),
+        help="requests in flight, comma-separated (default 1,8,16,32,64)",
+    )
+    res.add_argument("--repeat", type=int, default=3, help="repeats per setting (medians)")
+    res.add_argument(
+        "--verify",
+        choices=VERIFY_MODES,
+        default="full",
+        help="full xxh3, sampled ranges, sizes only, or none",
+    )
+    res.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="target ranks to reshard into (default: the saved ranks)",
+    )
+    res.add_argument(
+        "--part-size", type=_size, default="16M", help="bytes per read request (default 16M)"
+    )
+    res.add_argument(
+        "--ceiling-gbps", type=float, default=None, help="known path bandwidth; skips the probe"
+    )
+    res.add_argument(
+        "--no-first-step",
+        dest="first_step",
+        action="store_false",
+        help="skip the first training step",
+    )
+    res.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="if fadvise leaves pages cached, drop caches machine-wide (root)",
+    )
+    res.add_argument(
+        "--out",
+        type=Path,
+        default=Path("ckptprof-out"),
+        help="directory for results and traces (default ./ckptprof-out)",
+    )
+    res.add_argument(
+        "--trace-dir",
+        type=Path,
+        default=None,
+        help="trace file directory (default $CKPTPROF_TRACE_DIR or OUT/traces)",
+    )
+    res.add_argument(
+        "--report",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="print the report at the end",
+    )
+    res.set_defaults(func=run_restore)
+
+
+def run_generate(args) -> int:
+    from ckptprof.synth.generate import estimated_bytes, generate, plan_checkpoint
+    from ckptprof.synth.plan import SynthSpec
+
+    if args.ranks < 1:
+        raise CkptprofError(f"--ranks {args.ranks} must be at least 1.")
+    spec = SynthSpec(
+        model=args.model,
+        layout=args.layout,
+        scale=args.scale,
+        ranks=args.ranks,
+        optimizer=args.optimizer,
+        master_weights=args.master_weights,
+        files=args.files,
+        step=args.step,
+        seed=args.seed,
+    )
+    spec.preset()  # validates model and scale
+    if args.dry_run:
+        plan = plan_checkpoint(spec)
+        print(describe_plan(plan, estimated_bytes(plan), args.bandwidth_gbps or [1, 10, 100]))
+        return 0
+    result = generate(args.dest, spec, force=args.force)
+    print(
+        f"wrote {len(result.manifest.files)} files, {result.total_bytes / 1e9:.3f} GB to "
+        f"{result.location} ({spec.model} x{spec.scale:g}, {spec.layout}, {spec.ranks} ranks)"
+    )
+    return 0
+
+
+def describe_plan(plan, total_bytes: int, bandwidths: list[float]) -> str:
+    from collections import Counter
+
+    preset = plan.spec.full_preset()
+    kinds = Counter(f.kind for f in plan.files)
+    lines = [
+        f"model {plan.spec.model}: {preset.params / 1e9:.2f} B params "
+        f"({len(preset.tensors())} tensors, {preset.layers} layers)"
+        + (
+            f"; scaled x{plan.spec.scale:g} to {plan.preset.params / 1e6:.1f} M params"
+            if plan.spec.scale != 1
+            else ""
+        ),
+        f"layout {plan.spec.layout}, saved by {plan.spec.ranks} ranks: {len(plan.files)} files "
+        f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))})",
+        f"bytes: {total_bytes / 1e9:.2f} GB (tensor payload {plan.payload_bytes / 1e9:.2f} GB)",
+        "theoretical lower bound to read it once: "
+        + ", ".join(f"{total_bytes / (bw * 1e9):.1f} s at {bw:g} GB/s" for bw in bandwidths),
+    ]
+    biggest = sorted(plan.files, key=lambda f: -f.payload_bytes)[:5]
+    lines.append(
+        "largest files: "
+        + ", ".join(
+            f"{f.path} ({f.payload_bytes / 1e9:.2f} GB)" for f in biggest if f.payload_bytes
+        )
+    )
+    return "\n".join(lines)
+
+
+def run_restore(args) -> int:
+    from ckptprof.synth.restore import RestoreOptions, run_restore
+
+    options = RestoreOptions(
+        caches=tuple(c.strip() for c in args.cache.split(",") if c.strip()),
+        concurrency=args.concurrency,
+        repeat=args.repeat,
+        verify=args.verify,
+        world_size=args.world_size,
+        part_size=args.part_size if isinstance(args.part_size, int) else _size(args.part_size),
+        ceiling_gbps=args.ceiling_gbps,
+        first_step=args.first_step,
+        drop_caches=args.drop_caches,
+    )
+    run_restore(args.dest, options, args.out, args.trace_dir)
+    if args.report:
+        from ckptprof.cli.report import print_report
+
+        print_report([str(args.out / "results.json")])
+    return 0

@@ -1,0 +1,25 @@
+"""User-facing errors: one line that names the file or option and the fix."""
+
+from __future__ import annotations
+
+
+class CkptprofError(Exception):
+    """A mistake the user can fix (bad path, bad option, corrupt file).
+
+    The CLI prints ``str(error)`` as a single line and exits non-zero, with no
+    traceback. Library callers can catch it like any other exception.
+    """
+
+    exit_code = 2
+
+
+class VerifyError(CkptprofError):
+    """A checkpoint file does not match its manifest (size or hash)."""
+
+    exit_code = 3
+
+
+class StorageError(CkptprofError):
+    """A storage operation failed for a reason outside ckptprof's control."""
+
+    exit_code = 4

@@ -1,0 +1,177 @@
+"""The fetch phase: move bytes from storage into host memory, N requests in flight.
+
+Reads are planned as data (:func:`plan_reads`: files cut into parts of
+``part_size``), then executed by a thread pool whose size is the concurrency
+(queue depth). Backends release the GIL while they wait (``preadv``, sockets).
+
+Bytes land in :class:`HostBuffer` s backed by ``memfd_create``: anonymous memory
+that also has a path, so loaders that want a file (``torch.load(mmap=True)``,
+``safetensors.safe_open``) map the fetched bytes without another copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import mmap
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from ckptprof.phases import Phase
+from ckptprof.storage.base import ObjectInfo, Storage
+from ckptprof.tracing.recorder import Operation
+
+DEFAULT_PART_SIZE = 16 << 20
+
+
+class HostBuffer:
+    """A file's bytes in host memory, addressable as a memoryview and as a path."""
+
+    def __init__(self, size: int, name: str = "ckptprof") -> None:
+        self.size = size
+        self._fd = os.memfd_create(name.replace("/", "_")[:200], os.MFD_CLOEXEC)
+        os.ftruncate(self._fd, size)
+        self._map = mmap.mmap(self._fd, size) if size else None
+        self.view = memoryview(self._map) if self._map is not None else memoryview(b"")
+
+    @property
+    def path(self) -> str:
+        """A path that loaders can open (or mmap) to read these bytes."""
+        return f"/proc/self/fd/{self._fd}"
+
+    def reader(self, offset: int = 0, length: int | None = None) -> io.BufferedReader:
+        """A seekable file object over a slice of the bytes, without copying them."""
+        end = self.size if length is None else offset + length
+        return io.BufferedReader(_ViewReader(self.view[offset:end]))
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        self.view.release()
+        if self._map is not None:
+            # a loader may still export the buffer; the kernel frees it with the fd
+            with contextlib.suppress(BufferError):
+                self._map.close()
+        os.close(self._fd)
+        self._fd = -1
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class _ViewReader(io.RawIOBase):
+    def __init__(self, view: memoryview) -> None:
+        self._view, self._pos = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = {0: 0, 1: self._pos, 2: len(self._view)}[whence] + pos
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buf) -> int:
+        chunk = self._view[self._pos : self._pos + len(buf)]
+        buf[: len(chunk)] = chunk
+        self._pos += len(chunk)
+        return len(chunk)
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    path: str
+    offset: int
+    length: int
+
+
+def plan_reads(files: list[ObjectInfo], part_size: int = DEFAULT_PART_SIZE) -> list[ReadRequest]:
+    """Cut each file into ranged reads of at most ``part_size`` bytes, in file order."""
+    if part_size <= 0:
+        raise ValueError("part_size must be positive")
+    reqs = []
+    for info in files:
+        if info.size == 0:
+            reqs.append(ReadRequest(info.path, 0, 0))
+        for offset in range(0, info.size, part_size):
+            reqs.append(ReadRequest(info.path, offset, min(part_size, info.size - offset)))
+    return reqs
+
+
+class _FileClock:
+    """First start and last end of a file's parts: its fetch latency."""
+
+    def __init__(self) -> None:
+        self.start_ns: int | None = None
+        self.end_ns = 0
+        self.pending = 0
+
+
+def fetch(
+    storage: Storage,
+    files: list[ObjectInfo],
+    concurrency: int,
+    op: Operation | None = None,
+    part_size: int = DEFAULT_PART_SIZE,
+    progress: bool | None = None,
+) -> dict[str, HostBuffer]:
+    """Read ``files`` fully into memory with ``concurrency`` requests in flight."""
+    buffers = {f.path: HostBuffer(f.size, f.path) for f in files}
+    reqs = plan_reads(files, part_size)
+    clocks = {f.path: _FileClock() for f in files}
+    for r in reqs:
+        clocks[r.path].pending += 1
+    lock = threading.Lock()
+    bar = tqdm(
+        total=sum(f.size for f in files),
+        unit="B",
+        unit_scale=True,
+        desc=f"fetch x{concurrency}",
+        disable=None if progress is None else not progress,
+        leave=False,
+    )
+
+    def run(req: ReadRequest) -> None:
+        start = time.time_ns()
+        if req.length:
+            view = buffers[req.path].view[req.offset : req.offset + req.length]
+            storage.read_into(req.path, req.offset, view)
+        end = time.time_ns()
+        with lock:
+            clock = clocks[req.path]
+            clock.start_ns = start if clock.start_ns is None else min(clock.start_ns, start)
+            clock.end_ns = max(clock.end_ns, end)
+            clock.pending -= 1
+            done = clock.pending == 0
+            bar.update(req.length)
+        if done and op is not None:
+            op.add_file(
+                Phase.FETCH,
+                req.path,
+                buffers[req.path].size,
+                (clock.end_ns - clock.start_ns) / 1e9,
+                clock.start_ns,
+            )
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            for future in [pool.submit(run, r) for r in reqs]:
+                future.result()
+    except BaseException:
+        for buf in buffers.values():
+            buf.close()
+        raise
+    finally:
+        bar.close()
+    return buffers

@@ -1,0 +1,84 @@
+"""The phase vocabulary shared by the synthetic runner and every framework adapter.
+
+See DESIGN.md §1: RTO runs from "restore starts" to "first training step after
+restore finished", and is made of the six restore phases below, in this order.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Phase(str, Enum):
+    """A named slice of a save or a restore; spans are called ``ckpt.<value>``."""
+
+    # restore
+    LIST = "list"
+    FETCH = "fetch"
+    VERIFY = "verify"
+    DESERIALIZE = "deserialize"
+    RESHARD = "reshard"
+    FIRST_STEP = "first_step"
+    # save
+    SERIALIZE = "serialize"
+    WRITE = "write"
+    UPLOAD = "upload"
+    COMMIT = "commit"
+    # interruption
+    NOTICE = "notice"
+    EMERGENCY_SAVE = "emergency_save"
+
+    @property
+    def span_name(self) -> str:
+        return f"ckpt.{self.value}"
+
+
+RESTORE_PHASES: tuple[Phase, ...] = (
+    Phase.LIST,
+    Phase.FETCH,
+    Phase.VERIFY,
+    Phase.DESERIALIZE,
+    Phase.RESHARD,
+    Phase.FIRST_STEP,
+)
+SAVE_PHASES: tuple[Phase, ...] = (Phase.SERIALIZE, Phase.WRITE, Phase.UPLOAD, Phase.COMMIT)
+
+RESTORE_SPAN = "ckpt.restore"
+SAVE_SPAN = "ckpt.save"
+FILE_SPAN = "ckpt.file"
+
+
+class Attr:
+    """Span attribute keys (the ``ckpt.`` namespace of DESIGN.md §2)."""
+
+    BYTES = "ckpt.bytes"
+    FILES = "ckpt.files"
+    BUSY_S = "ckpt.busy_s"
+    FILE_LATENCY_MIN_S = "ckpt.file.latency.min_s"
+    FILE_LATENCY_MEDIAN_S = "ckpt.file.latency.median_s"
+    FILE_LATENCY_MAX_S = "ckpt.file.latency.max_s"
+    THROUGHPUT_GBPS = "ckpt.throughput_gbps"
+    CONCURRENCY = "ckpt.concurrency"
+    STORAGE_KIND = "ckpt.storage.kind"
+    STORAGE_URI = "ckpt.storage.uri"
+    FORMAT = "ckpt.format"
+    CACHE = "ckpt.cache"
+    CACHE_RESIDENT_FRACTION = "ckpt.cache.resident_fraction"
+    CACHE_METHOD = "ckpt.cache.method"
+    RETRIES = "ckpt.retries"
+    ERRORS = "ckpt.errors"
+    RANK = "ckpt.rank"
+    WORLD_SIZE = "ckpt.world_size"
+    SAVED_WORLD_SIZE = "ckpt.saved_world_size"
+    STEP = "ckpt.step"
+    FRAMEWORK = "ckpt.framework"
+    RUN_ID = "ckpt.run_id"
+    EMULATED = "ckpt.emulated"
+    EMULATION_REASON = "ckpt.emulation_reason"
+    VERIFY_MODE = "ckpt.verify.mode"
+    MODEL = "ckpt.model"
+    LAYOUT = "ckpt.layout"
+    REPEAT = "ckpt.repeat"
+    PATH = "ckpt.path"
+    PHASE_SUM_S = "ckpt.phase_sum_s"
+    WALL_S = "ckpt.wall_s"

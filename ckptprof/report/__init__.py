@@ -1,0 +1,16 @@
+"""``ckptprof report``: read traces and results, show where restore time went.
+
+Pipeline, one module per step::
+
+    data = load(paths)          # load.py: files -> records
+    report = aggregate(data)    # aggregate.py: groups, medians (+ hints.py)
+    print(render_text(report))  # text.py; render_json (json_out.py); write_plot (plot.py)
+"""
+
+from ckptprof.report.aggregate import Report, aggregate
+from ckptprof.report.json_out import render_json
+from ckptprof.report.load import ReportData, load
+from ckptprof.report.plot import write_plot
+from ckptprof.report.text import render_text
+
+__all__ = ["Report", "ReportData", "aggregate", "load", "render_json", "render_text", "write_plot"]

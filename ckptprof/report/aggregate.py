@@ -1,0 +1,496 @@
+"""Grouping like operations and taking medians: the numbers the report prints.
+
+A restore's RTO is its wall time (the critical path); phase times are each
+phase's ``busy_s`` (DESIGN.md §1), which may add up to more than the wall time
+when phases overlap. With several ranks, one restore is the set of rank roots
+that share a run (``ckpt.run_id`` + ``ckpt.repeat``): its RTO is the slowest
+rank's, and that rank's phases are the ones shown.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptprof.phases import RESTORE_PHASES, SAVE_PHASES, Attr, Phase
+from ckptprof.report import hints as hint_rules
+from ckptprof.report.load import (
+    Ceiling,
+    PhaseSample,
+    ReportData,
+    ResultsFile,
+    ResultsRun,
+    TraceOperation,
+)
+
+# (attribute, short label) that make two operations "the same configuration".
+CONFIG_ATTRS: tuple[tuple[str, str], ...] = (
+    (Attr.FRAMEWORK, "framework"),
+    (Attr.MODEL, "model"),
+    (Attr.FORMAT, "format"),
+    (Attr.LAYOUT, "layout"),
+    (Attr.STORAGE_KIND, "storage"),
+    (Attr.VERIFY_MODE, "verify"),
+    (Attr.CACHE, "cache"),
+    (Attr.CONCURRENCY, "concurrency"),
+    (Attr.WORLD_SIZE, "world_size"),
+    (Attr.SAVED_WORLD_SIZE, "saved_world_size"),
+)
+# Sum of phases above wall by more than this fraction means the phases overlapped;
+# below it by more than this, time was spent outside every phase.
+OVERLAP_TOLERANCE = 0.02
+_CACHE_ORDER = {"cold": 0, "hot": 1}
+
+
+# --------------------------------------------------------------------- results of aggregation
+@dataclass
+class PhaseRow:
+    """Medians of one phase over the operations of a group (where the phase ran)."""
+
+    phase: str
+    busy_s: float
+    share: float | None
+    nbytes: int | None
+    files: int | None
+    gbps: float | None
+    emulated: bool = False
+    emulation_reason: str | None = None
+
+
+@dataclass
+class Breakdown:
+    """Where the time of a set of like operations went; what tables and hints read."""
+
+    label: str
+    kind: str
+    repeats: int
+    wall_median_s: float
+    wall_min_s: float
+    wall_max_s: float
+    phases: list[PhaseRow]
+    cache: str | None = None
+    concurrency: int | None = None
+    resident_fraction: float | None = None
+    cache_method: str | None = None
+
+    def phase(self, name: str | Phase) -> PhaseRow | None:
+        key = name.value if isinstance(name, Phase) else name
+        return next((row for row in self.phases if row.phase == key), None)
+
+    @property
+    def phase_sum_s(self) -> float:
+        return sum(row.busy_s for row in self.phases)
+
+    @property
+    def overlapped(self) -> bool:
+        return self.phase_sum_s > self.wall_median_s * (1 + OVERLAP_TOLERANCE)
+
+    @property
+    def outside_phases_s(self) -> float:
+        """Wall time no phase accounts for (0 unless clearly above the tolerance)."""
+        gap = self.wall_median_s - self.phase_sum_s
+        return gap if gap > self.wall_median_s * OVERLAP_TOLERANCE else 0.0
+
+
+@dataclass
+class RankSpread:
+    """The ranks of a distributed restore: the slowest one sets the RTO."""
+
+    ranks: int
+    slowest_rank: int
+    slowest_wall_s: float
+    fastest_rank: int
+    fastest_wall_s: float
+    slowest_host: str | None = None
+
+
+@dataclass
+class OperationRow:
+    """One operation as measured, for ``--by run``."""
+
+    wall_s: float
+    phases: dict[str, float]
+    cache: str | None = None
+    concurrency: int | None = None
+    repeat: int | None = None
+    rank: int | None = None
+    start: str | None = None
+    failed: bool = False
+
+
+@dataclass
+class OperationGroup:
+    """Trace operations of one kind and configuration."""
+
+    kind: str
+    config: dict[str, Any]
+    breakdown: Breakdown | None
+    operations: list[OperationRow]
+    ranks: RankSpread | None = None
+    failed: int = 0
+    failure: str | None = None
+    retries: int = 0
+    errors: int = 0
+    hints: list[hint_rules.Hint] = field(default_factory=list)
+
+
+@dataclass
+class SweepRow:
+    """One cache state × concurrency cell of a results sweep."""
+
+    breakdown: Breakdown
+    fetch_gbps: float | None
+    fraction_of_ceiling: float | None
+
+
+@dataclass
+class Sweep:
+    """A results.json: the ceiling, the environment and the sweep table."""
+
+    path: str
+    version: str | None
+    created: str | None
+    spec: dict[str, Any]
+    environment: dict[str, Any]
+    ceiling: Ceiling | None
+    rows: list[SweepRow]
+    operations: list[OperationRow]
+    options: dict[str, Any] = field(default_factory=dict)
+    hints: list[hint_rules.Hint] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """Everything ``render_text``, ``render_json`` and ``write_plot`` need."""
+
+    groups: list[OperationGroup]
+    sweeps: list[Sweep]
+    warnings: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------- helpers
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _median_int(values: Iterable[int | None]) -> int | None:
+    value = _median(values)
+    return None if value is None else int(round(value))
+
+
+def _sort_value(value: Any) -> tuple[int, float, str]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
+
+
+def phase_order(kind: str, names: Iterable[str]) -> list[str]:
+    """Canonical order (DESIGN.md §1) first, then other known phases, then the rest."""
+    canonical = [p.value for p in (RESTORE_PHASES if kind == "restore" else SAVE_PHASES)]
+    known = canonical + [p.value for p in Phase if p.value not in canonical]
+    present = set(names)
+    return [n for n in known if n in present] + sorted(present - set(known))
+
+
+def phase_rows(
+    kind: str, samples: Sequence[dict[str, PhaseSample]], wall_s: float
+) -> list[PhaseRow]:
+    """One row per phase present in any operation, with medians over those operations."""
+    names = phase_order(kind, {name for phases in samples for name in phases})
+    rows = []
+    for name in names:
+        found = [phases[name] for phases in samples if name in phases]
+        busy = _median(s.busy_s for s in found) or 0.0
+        computed = [s.nbytes / s.busy_s / 1e9 for s in found if s.nbytes and s.busy_s > 0]
+        gbps = _median(computed) if computed else _median(s.gbps for s in found)
+        reasons = [s.emulation_reason for s in found if s.emulation_reason]
+        rows.append(
+            PhaseRow(
+                phase=name,
+                busy_s=busy,
+                share=busy / wall_s if wall_s > 0 else None,
+                nbytes=_median_int(s.nbytes for s in found),
+                files=_median_int(s.files for s in found),
+                gbps=gbps,
+                emulated=any(s.emulated for s in found),
+                emulation_reason=reasons[0] if reasons else None,
+            )
+        )
+    return rows
+
+
+def _breakdown(
+    label: str,
+    kind: str,
+    walls: Sequence[float],
+    samples: Sequence[dict[str, PhaseSample]],
+    cache: str | None,
+    concurrency: int | None,
+    residency: Iterable[float | None],
+    cache_method: str | None,
+) -> Breakdown:
+    wall = statistics.median(walls)
+    resident = [r for r in residency if r is not None]
+    return Breakdown(
+        label=label,
+        kind=kind,
+        repeats=len(walls),
+        wall_median_s=wall,
+        wall_min_s=min(walls),
+        wall_max_s=max(walls),
+        phases=phase_rows(kind, samples, wall),
+        cache=cache,
+        concurrency=concurrency,
+        resident_fraction=max(resident) if resident else None,
+        cache_method=cache_method,
+    )
+
+
+# --------------------------------------------------------------------- traces
+_LABEL_PREFIX = {"concurrency": "c=", "world_size": "ws=", "saved_world_size": "saved_ws="}
+
+
+def short_label(config: dict[str, Any]) -> str:
+    """A compact name for a configuration, for plots and merged hints ("torch cold c=8")."""
+    parts = []
+    for key, value in config.items():
+        if key == "framework" and value == "synthetic":
+            continue
+        if key == "verify":
+            parts.append(f"verify={value}")
+        else:
+            parts.append(f"{_LABEL_PREFIX.get(key, '')}{value}")
+    return " ".join(parts)
+
+
+def _config(op: TraceOperation) -> tuple[tuple[str, Any], ...]:
+    return tuple((label, op.attributes[key]) for key, label in CONFIG_ATTRS if key in op.attributes)
+
+
+def _instances(ops: Sequence[TraceOperation]) -> list[list[TraceOperation]]:
+    """Cluster rank roots into restores: same run (or trace), repeat and step.
+
+    When one rank appears several times in a cluster (repeats without a
+    ``ckpt.repeat``), its n-th operation by start time joins the n-th restore.
+    """
+    clusters: dict[tuple, list[TraceOperation]] = defaultdict(list)
+    for op in ops:
+        run = op.attr(Attr.RUN_ID) or op.trace_id
+        clusters[(str(run), str(op.attr(Attr.REPEAT)), str(op.attr(Attr.STEP)))].append(op)
+    instances: list[list[TraceOperation]] = []
+    for members in clusters.values():
+        by_rank: dict[Any, list[TraceOperation]] = defaultdict(list)
+        for op in members:
+            by_rank[op.attr(Attr.RANK)].append(op)
+        depth = max(len(v) for v in by_rank.values())
+        for series in by_rank.values():
+            series.sort(key=lambda o: (o.start is None, o.start or 0))
+        for index in range(depth):
+            instances.append([series[index] for series in by_rank.values() if index < len(series)])
+    return instances
+
+
+def _rank_spread(instances: list[list[TraceOperation]]) -> RankSpread | None:
+    if not any(len({op.attr(Attr.RANK) for op in inst}) > 1 for inst in instances):
+        return None
+    walls: dict[int, list[float]] = defaultdict(list)
+    hosts: dict[int, str] = {}
+    for inst in instances:
+        for op in inst:
+            rank = op.attr(Attr.RANK)
+            if isinstance(rank, int):
+                walls[rank].append(op.wall_s)
+                if op.resource.get("host.name"):
+                    hosts[rank] = str(op.resource["host.name"])
+    if len(walls) < 2:
+        return None
+    medians = {rank: statistics.median(v) for rank, v in walls.items()}
+    slowest = max(medians, key=lambda r: (medians[r], -r))
+    fastest = min(medians, key=lambda r: (medians[r], r))
+    host = hosts.get(slowest) if len(set(hosts.values())) > 1 else None
+    return RankSpread(len(walls), slowest, medians[slowest], fastest, medians[fastest], host)
+
+
+def _operation_row(op: TraceOperation) -> OperationRow:
+    return OperationRow(
+        wall_s=op.wall_s,
+        phases={name: s.busy_s for name, s in op.phases.items()},
+        cache=op.attr(Attr.CACHE),
+        concurrency=op.attr(Attr.CONCURRENCY),
+        repeat=op.attr(Attr.REPEAT),
+        rank=op.attr(Attr.RANK),
+        start=op.start.isoformat() if op.start else None,
+        failed=op.failed,
+    )
+
+
+def _count(ops: Iterable[TraceOperation], key: str) -> int:
+    total = 0
+    for op in ops:
+        value = op.attr(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            total += int(value)
+    return total
+
+
+def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGroup]:
+    """Restores first, then saves; within a kind, sorted by configuration."""
+    buckets: dict[tuple[str, tuple], list[TraceOperation]] = defaultdict(list)
+    for op in operations:
+        buckets[(op.kind, _config(op))].append(op)
+
+    def order(item):
+        (kind, config), _ = item
+        return (kind != "restore", [(label, _sort_value(v)) for label, v in config])
+
+    groups = []
+    for (kind, config), ops in sorted(buckets.items(), key=order):
+        good = [op for op in ops if not op.failed]
+        failed = [op for op in ops if op.failed]
+        instances = _instances(good)
+        critical = [max(inst, key=lambda o: o.wall_s) for inst in instances]
+        config_map = dict(config)
+        breakdown = None
+        if critical:
+            breakdown = _breakdown(
+                label=short_label(config_map) or kind,
+                kind=kind,
+                walls=[op.wall_s for op in critical],
+                samples=[op.phases for op in critical],
+                cache=config_map.get("cache"),
+                concurrency=config_map.get("concurrency"),
+                residency=(op.attr(Attr.CACHE_RESIDENT_FRACTION) for op in good),
+                cache_method=next(
+                    (op.attr(Attr.CACHE_METHOD) for op in good if op.attr(Attr.CACHE_METHOD)), None
+                ),
+            )
+        ordered = sorted(ops, key=lambda o: (o.start is None, o.start or 0))
+        group = OperationGroup(
+            kind=kind,
+            config=config_map,
+            breakdown=breakdown,
+            operations=[_operation_row(op) for op in ordered],
+            ranks=_rank_spread(instances),
+            failed=len(failed),
+            failure=next((op.status_message for op in failed if op.status_message), None),
+            retries=_count(ops, Attr.RETRIES),
+            errors=_count(ops, Attr.ERRORS),
+        )
+        group.hints = hint_rules.group_hints(group)
+        groups.append(group)
+    return groups
+
+
+# --------------------------------------------------------------------- results
+def _summary_for(results: ResultsFile, cache: Any, concurrency: Any) -> dict[str, Any] | None:
+    for entry in results.summary:
+        if entry.get("cache") == cache and entry.get("concurrency") == concurrency:
+            return entry
+    return None
+
+
+def _apply_summary(b: Breakdown, entry: dict[str, Any]) -> None:
+    """Prefer the runner's own medians where it wrote them."""
+    rto = entry.get("rto_s") or {}
+    for attr, key in (("wall_median_s", "median"), ("wall_min_s", "min"), ("wall_max_s", "max")):
+        if isinstance(rto.get(key), (int, float)):
+            setattr(b, attr, float(rto[key]))
+    if isinstance(entry.get("repeats"), int):
+        b.repeats = entry["repeats"]
+    phases = entry.get("phases") or {}
+    for name, stats in phases.items():
+        median = stats.get("median_s") if isinstance(stats, dict) else None
+        if not isinstance(median, (int, float)):
+            continue
+        row = b.phase(name)
+        if row is None:
+            b.phases.append(PhaseRow(name, float(median), None, None, None, None))
+        else:
+            row.busy_s = float(median)
+    b.phases = [b.phase(n) for n in phase_order(b.kind, [r.phase for r in b.phases])]
+    for row in b.phases:
+        row.share = row.busy_s / b.wall_median_s if b.wall_median_s > 0 else None
+
+
+def _run_row(run: ResultsRun) -> OperationRow:
+    return OperationRow(
+        wall_s=run.wall_s,
+        phases={name: s.busy_s for name, s in run.phases.items()},
+        cache=run.cache,
+        concurrency=run.concurrency,
+        repeat=run.repeat,
+    )
+
+
+def sweep_from_results(results: ResultsFile) -> Sweep:
+    """The sweep table of one results file, one row per cache state × concurrency."""
+    cells: dict[tuple[Any, Any], list[ResultsRun]] = defaultdict(list)
+    for run in results.runs:
+        cells[(run.cache, run.concurrency)].append(run)
+    for entry in results.summary:
+        cells.setdefault((entry.get("cache"), entry.get("concurrency")), [])
+
+    def order(key):
+        cache, conc = key
+        return (_CACHE_ORDER.get(cache, 2), str(cache), _sort_value(conc))
+
+    ceiling = results.ceiling
+    rows = []
+    for cache, conc in sorted(cells, key=order):
+        runs = cells[(cache, conc)]
+        entry = _summary_for(results, cache, conc)
+        if not runs and entry is None:
+            continue
+        label = " ".join(p for p in (str(cache) if cache else "", f"c={conc}" if conc else "") if p)
+        b = _breakdown(
+            label=label or "runs",
+            kind="restore",
+            walls=[r.wall_s for r in runs] or [0.0],
+            samples=[r.phases for r in runs],
+            cache=cache,
+            concurrency=conc,
+            residency=(r.resident_fraction for r in runs),
+            cache_method=next((r.cache_method for r in runs if r.cache_method), None),
+        )
+        if not runs:
+            b.repeats = 0
+        if entry is not None:
+            _apply_summary(b, entry)
+        fetch = b.phase(Phase.FETCH)
+        fetch_gbps = entry.get("fetch_gbps_median") if entry else None
+        if not isinstance(fetch_gbps, (int, float)):
+            fetch_gbps = fetch.gbps if fetch else None
+        fraction = entry.get("fraction_of_ceiling") if entry else None
+        if not isinstance(fraction, (int, float)):
+            # A hot run reads page cache: the storage ceiling does not bound it.
+            fraction = None
+            if fetch_gbps is not None and ceiling and ceiling.read_gbps and cache != "hot":
+                fraction = fetch_gbps / ceiling.read_gbps
+        rows.append(SweepRow(b, fetch_gbps, fraction))
+    sweep = Sweep(
+        path=results.path,
+        version=results.version,
+        created=results.created,
+        spec=results.spec,
+        environment=results.environment,
+        ceiling=ceiling,
+        rows=rows,
+        operations=[_run_row(r) for r in results.runs],
+        options=results.options,
+    )
+    sweep.hints = hint_rules.sweep_hints(sweep)
+    return sweep
+
+
+# --------------------------------------------------------------------- entry
+def aggregate(data: ReportData) -> Report:
+    """Group and summarise everything ``load`` read; hints are attached here."""
+    return Report(
+        groups=group_operations(data.operations),
+        sweeps=[sweep_from_results(r) for r in data.results],
+        warnings=list(data.warnings),
+    )

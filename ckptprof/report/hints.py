@@ -1,0 +1,289 @@
+"""Plain-sentence advice, given only where the numbers say so.
+
+Each rule is a pure function over aggregated numbers (a :class:`Breakdown`, or a
+sweep's rows and ceiling) that returns a :class:`Hint` or ``None``; thresholds
+are the named constants below so a reader can see (and tests can pin) exactly
+when a hint fires. Every comparison is strict: a value *at* a threshold does not
+fire.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ckptprof.phases import Phase
+
+if TYPE_CHECKING:
+    from ckptprof.report.aggregate import Breakdown, OperationGroup, Sweep, SweepRow
+    from ckptprof.report.load import Ceiling
+
+MiB = 1024 * 1024
+
+VERIFY_SHARE_MAX = 0.25
+"""verify above this share of the RTO is worth cutting (sampled or size-only checks)."""
+DESERIALIZE_SHARE_MAX = 0.35
+"""deserialize above this share of the RTO points at pickle copies without mmap."""
+LIST_SHARE_MAX = 0.10
+"""list above this share of the RTO means too many objects to find."""
+SMALL_FILES_MIN_COUNT = 256
+"""More files than this, each smaller than SMALL_FILE_MAX_BYTES, is "many small files"."""
+SMALL_FILE_MAX_BYTES = 8 * MiB
+LOW_CONCURRENCY_FRACTION = 0.60
+"""fetch below this fraction of the ceiling, with fewer requests in flight than Little's Law
+needs, means the queue is too shallow for the latency."""
+FETCH_FAR_BELOW_FRACTION = 0.50
+"""fetch below this fraction of the ceiling although concurrency suffices."""
+COLD_RESIDENCY_MAX = 0.05
+"""a "cold" run with more than this fraction of the checkpoint in page cache was not cold."""
+
+
+@dataclass(frozen=True)
+class Hint:
+    """One piece of advice; ``code`` is stable (for tests and scripts), ``message`` is prose."""
+
+    code: str
+    message: str
+    severity: float = 0.0
+    where: str = ""
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.3g} s"
+
+
+def _wall_word(b: Breakdown) -> str:
+    return "the RTO" if b.kind == "restore" else "the save time"
+
+
+def _share_rule(b: Breakdown, phase: Phase, limit: float, code: str, advice: str) -> Hint | None:
+    row = b.phase(phase)
+    if row is None or row.share is None or not row.share > limit:
+        return None
+    return Hint(
+        code,
+        f"{phase.value} takes {row.share:.0%} of {_wall_word(b)} ({_s(row.busy_s)} of "
+        f"{_s(b.wall_median_s)}): {advice}",
+        row.share,
+        b.label,
+    )
+
+
+# --------------------------------------------------------------------- per breakdown
+def verify_dominates(b: Breakdown) -> Hint | None:
+    """verify busy above VERIFY_SHARE_MAX of the RTO."""
+    return _share_rule(
+        b,
+        Phase.VERIFY,
+        VERIFY_SHARE_MAX,
+        "verify-dominates",
+        "check a sample of files (`--verify sample`) or sizes only, or use a faster hash.",
+    )
+
+
+def deserialize_dominates(b: Breakdown) -> Hint | None:
+    """deserialize busy above DESERIALIZE_SHARE_MAX of the RTO."""
+    return _share_rule(
+        b,
+        Phase.DESERIALIZE,
+        DESERIALIZE_SHARE_MAX,
+        "deserialize-dominates",
+        "load with mmap (torch.load(..., mmap=True)) or store safetensors to avoid pickle copies.",
+    )
+
+
+def many_small_files(b: Breakdown) -> Hint | None:
+    """Many files of small mean size, or a list phase above LIST_SHARE_MAX of the RTO.
+
+    Phase spans carry bytes and file counts, not each file's size, so the size
+    tested is the mean bytes per file of the phase that touched the most files.
+    """
+    with_files = [r for r in b.phases if r.files]
+    busiest = max(with_files, key=lambda r: r.files or 0) if with_files else None
+    mean = busiest.nbytes / busiest.files if busiest and busiest.nbytes and busiest.files else None
+    many = (
+        busiest is not None
+        and mean is not None
+        and busiest.files > SMALL_FILES_MIN_COUNT
+        and mean < SMALL_FILE_MAX_BYTES
+    )
+    listing = b.phase(Phase.LIST)
+    slow_list = listing is not None and listing.share is not None and listing.share > LIST_SHARE_MAX
+    if not (many or slow_list):
+        return None
+    facts = []
+    if busiest is not None and busiest.files:
+        size = f" averaging {mean / MiB:.2f} MiB" if mean is not None else ""
+        facts.append(f"{busiest.files} files{size}")
+    if slow_list:
+        facts.append(f"list takes {listing.share:.0%} of {_wall_word(b)}")
+    return Hint(
+        "many-small-files",
+        f"{', '.join(facts)}: per-file overhead dominates; pack small files into a few large "
+        "ones (or fewer, larger shards).",
+        max((listing.share or 0.0) if listing else 0.0, 1.0 if many else 0.0),
+        b.label,
+    )
+
+
+def emulated_phases(b: Breakdown) -> Hint | None:
+    """Any phase that was emulated rather than run: its numbers are estimates."""
+    rows = [r for r in b.phases if r.emulated]
+    if not rows:
+        return None
+    names = ", ".join(r.phase for r in rows)
+    if len(rows) == 1:
+        reasons = rows[0].emulation_reason or ""
+    else:
+        reasons = "; ".join(f"{r.phase}: {r.emulation_reason}" for r in rows if r.emulation_reason)
+    why = f" ({reasons})" if reasons else ""
+    verb = "was" if len(rows) == 1 else "were"
+    return Hint(
+        "emulated",
+        f"{names} {verb} emulated{why}: numbers for that phase are estimates, not measurements, "
+        f"and so is {_wall_word(b)}.",
+        1.0,
+        b.label,
+    )
+
+
+def not_really_cold(b: Breakdown) -> Hint | None:
+    """A cold run that found more than COLD_RESIDENCY_MAX of the data in page cache."""
+    if b.cache != "cold" or b.resident_fraction is None:
+        return None
+    if not b.resident_fraction > COLD_RESIDENCY_MAX:
+        return None
+    method = f" after {b.cache_method}" if b.cache_method else ""
+    return Hint(
+        "not-cold",
+        f"the cold run still had {b.resident_fraction:.0%} of the checkpoint in page cache"
+        f"{method}: it was not really cold; evict as root (drop_caches) or use a checkpoint "
+        "larger than memory.",
+        b.resident_fraction,
+        b.label,
+    )
+
+
+BREAKDOWN_RULES: tuple[Callable[[Breakdown], Hint | None], ...] = (
+    not_really_cold,
+    verify_dominates,
+    deserialize_dominates,
+    many_small_files,
+    emulated_phases,
+)
+
+
+def breakdown_hints(b: Breakdown) -> list[Hint]:
+    """All per-breakdown rules that fire, in a fixed order."""
+    return [h for rule in BREAKDOWN_RULES if (h := rule(b)) is not None]
+
+
+# --------------------------------------------------------------------- ceiling rules
+def low_concurrency(rows: Sequence[SweepRow], ceiling: Ceiling | None) -> Hint | None:
+    """Rows (not hot) whose concurrency is under Little's Law's in-flight need and whose
+    fetch is under LOW_CONCURRENCY_FRACTION of the ceiling."""
+    if ceiling is None or not ceiling.littles_law_inflight or not ceiling.read_gbps:
+        return None
+    need = ceiling.littles_law_inflight
+    low = [
+        r
+        for r in rows
+        if r.breakdown.cache != "hot"
+        and r.breakdown.concurrency is not None
+        and r.breakdown.concurrency < need
+        and r.fraction_of_ceiling is not None
+        and r.fraction_of_ceiling < LOW_CONCURRENCY_FRACTION
+    ]
+    if not low:
+        return None
+    cells = ", ".join(
+        f"c={r.breakdown.concurrency}"
+        + (f" {r.breakdown.cache}" if r.breakdown.cache else "")
+        + f": {r.fraction_of_ceiling:.0%}"
+        for r in low
+    )
+    latency = (
+        f" with {ceiling.request_latency_s * 1000:.1f} ms per request"
+        if ceiling.request_latency_s
+        else ""
+    )
+    return Hint(
+        "low-concurrency",
+        f"fetch stayed under {LOW_CONCURRENCY_FRACTION:.0%} of the {ceiling.read_gbps:.2f} GB/s "
+        f"ceiling at low concurrency ({cells}); to reach it{latency}, Little's Law needs about "
+        f"{need:.1f} requests in flight: use concurrency {math.ceil(need)} or more.",
+        1.0 - min(r.fraction_of_ceiling or 0.0 for r in low),
+        ", ".join(r.breakdown.label for r in low),
+    )
+
+
+def fetch_below_ceiling(rows: Sequence[SweepRow], ceiling: Ceiling | None) -> Hint | None:
+    """Cold rows under FETCH_FAR_BELOW_FRACTION of the ceiling that low concurrency does
+    not explain (hot runs read page cache, so the storage ceiling does not bound them)."""
+    if ceiling is None or not ceiling.read_gbps:
+        return None
+    need = ceiling.littles_law_inflight
+    far = [
+        r
+        for r in rows
+        if r.breakdown.cache != "hot"
+        and r.fraction_of_ceiling is not None
+        and r.fraction_of_ceiling < FETCH_FAR_BELOW_FRACTION
+        and not (need and r.breakdown.concurrency is not None and r.breakdown.concurrency < need)
+    ]
+    if not far:
+        return None
+    worst = min(far, key=lambda r: r.fraction_of_ceiling or 0.0)
+    conc = worst.breakdown.concurrency
+    return Hint(
+        "fetch-below-ceiling",
+        f"fetch reached only {worst.fraction_of_ceiling:.0%} of the {ceiling.read_gbps:.2f} GB/s "
+        f"ceiling"
+        + (f" at concurrency {conc}" if conc is not None else "")
+        + " although that is enough requests in flight: the limit is elsewhere (per-request "
+        "latency spikes, retries, small files, or client CPU).",
+        1.0 - (worst.fraction_of_ceiling or 0.0),
+        ", ".join(r.breakdown.label for r in far),
+    )
+
+
+# --------------------------------------------------------------------- entry points
+def merge(hints: Sequence[Hint], total: int) -> list[Hint]:
+    """One hint per code, worded for its most severe cell, naming the other cells.
+
+    Args:
+        hints: per-cell hints (``where`` names the cell).
+        total: how many cells were checked, to say "every row" instead of listing them.
+    """
+    by_code: dict[str, list[Hint]] = {}
+    for hint in hints:
+        by_code.setdefault(hint.code, []).append(hint)
+    merged = []
+    for same in by_code.values():
+        worst = max(same, key=lambda h: h.severity)
+        cells = list(dict.fromkeys(h.where for h in same if h.where))
+        message = worst.message
+        if len(same) > 1 and len(same) == total:
+            message = f"{message} (every row)"
+        elif len(same) > 1:
+            others = ", ".join(c for c in cells if c != worst.where)
+            message = f"{worst.where}: {message} (also {others})"
+        elif total > 1 and worst.where:
+            message = f"{worst.where}: {message}"
+        merged.append(Hint(worst.code, message, worst.severity, ", ".join(cells)))
+    return merged
+
+
+def group_hints(group: OperationGroup) -> list[Hint]:
+    """Hints for one group of trace operations (no ceiling is known for traces)."""
+    return breakdown_hints(group.breakdown) if group.breakdown is not None else []
+
+
+def sweep_hints(sweep: Sweep) -> list[Hint]:
+    """Hints for a results sweep: ceiling rules first, then per-row rules merged."""
+    rows = sweep.rows
+    found = [low_concurrency(rows, sweep.ceiling), fetch_below_ceiling(rows, sweep.ceiling)]
+    per_row = [h for r in rows for h in breakdown_hints(r.breakdown)]
+    return [h for h in found if h is not None] + merge(per_row, len(rows))

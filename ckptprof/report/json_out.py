@@ -1,0 +1,31 @@
+"""``--format json``: the aggregated report for scripts, not the raw spans."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from ckptprof.report.aggregate import Report
+
+
+def to_dict(report: Report) -> dict[str, Any]:
+    """Plain dicts and lists; phase sums and overlap are included as computed fields."""
+    out = dataclasses.asdict(report)
+    breakdowns = [g.breakdown for g in report.groups] + [
+        row.breakdown for s in report.sweeps for row in s.rows
+    ]
+    dicts = [g["breakdown"] for g in out["groups"]] + [
+        row["breakdown"] for s in out["sweeps"] for row in s["rows"]
+    ]
+    for b, d in zip(breakdowns, dicts, strict=True):
+        if b is not None:
+            d["phase_sum_s"] = b.phase_sum_s
+            d["overlapped"] = b.overlapped
+            d["outside_phases_s"] = b.outside_phases_s
+    return out
+
+
+def render_json(report: Report) -> str:
+    """The report as indented JSON (stable key order as the dataclasses define it)."""
+    return json.dumps(to_dict(report), indent=2, default=str) + "\n"

@@ -1,0 +1,437 @@
+"""Reading trace files and results files into plain dataclasses.
+
+Only this module knows the on-disk shapes: the OpenTelemetry SDK's span JSON
+(one span per line, DESIGN.md §2) and the synthetic runner's ``results.json``.
+Everything downstream (aggregation, hints, rendering) works on these records,
+so it can be tested without files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ckptprof.errors import CkptprofError
+from ckptprof.phases import FILE_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr
+
+RESULTS_NAME = "results.json"
+TRACE_SUFFIX = ".jsonl"
+_ROOT_KINDS = {RESTORE_SPAN: "restore", SAVE_SPAN: "save"}
+_PHASE_PREFIX = "ckpt."
+
+
+# --------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class PhaseSample:
+    """One phase of one operation: a phase span, or a phase entry of a results run."""
+
+    phase: str
+    busy_s: float
+    nbytes: int | None = None
+    files: int | None = None
+    gbps: float | None = None
+    emulated: bool = False
+    emulation_reason: str | None = None
+
+
+@dataclass
+class TraceOperation:
+    """One ``ckpt.restore`` or ``ckpt.save`` root span with its phase children."""
+
+    kind: str
+    trace_id: str
+    span_id: str
+    wall_s: float
+    start: datetime | None
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+    phases: dict[str, PhaseSample] = field(default_factory=dict)
+    failed: bool = False
+    status_message: str | None = None
+    source: str = ""
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attributes.get(key, default)
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """The runner's estimate of the best a fetch could do (DESIGN.md §3)."""
+
+    read_gbps: float | None
+    source: str | None = None
+    request_latency_s: float | None = None
+    part_size: int | None = None
+    littles_law_inflight: float | None = None
+    lower_bound_fetch_s: float | None = None
+    nbytes: int | None = None
+
+
+@dataclass
+class ResultsRun:
+    """One timed restore of the synthetic runner (one entry of ``runs``)."""
+
+    cache: str | None
+    concurrency: int | None
+    repeat: int | None
+    wall_s: float
+    nbytes: int | None
+    resident_fraction: float | None
+    cache_method: str | None
+    trace_id: str | None
+    phases: dict[str, PhaseSample]
+
+
+@dataclass
+class ResultsFile:
+    """A parsed ``results.json``; ``summary`` stays raw (the runner's own medians)."""
+
+    path: str
+    version: str | None
+    created: str | None
+    spec: dict[str, Any]
+    environment: dict[str, Any]
+    ceiling: Ceiling | None
+    runs: list[ResultsRun]
+    summary: list[dict[str, Any]]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ReportData:
+    """Everything read from the PATHs given to ``ckptprof report``."""
+
+    operations: list[TraceOperation] = field(default_factory=list)
+    results: list[ResultsFile] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------- helpers
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _int(value: Any) -> int | None:
+    number = _num(value)
+    return None if number is None else int(number)
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in {"1", "true", "yes"}
+    return bool(value)
+
+
+def _parse_time(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _seconds_between(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return max((end - start).total_seconds(), 0.0)
+
+
+# --------------------------------------------------------------------- finding files
+def _discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
+    """Split PATHs into results files and trace files.
+
+    A directory holding a ``results.json`` stands for that file: its traces are
+    the same runs, so they are not read again. Other ``*.jsonl`` files under a
+    directory are traces.
+    """
+    results: list[Path] = []
+    traces: list[Path] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if not path.exists():
+            raise CkptprofError(
+                f"{raw}: no such file or directory — pass trace files (*.jsonl), a results.json, "
+                "or a directory holding them (ckptprof-traces/ by default)"
+            )
+        if path.is_file():
+            (results if _looks_like_results(path) else traces).append(path)
+            continue
+        found_results = sorted(path.rglob(RESULTS_NAME))
+        covered = [r.parent for r in found_results]
+        found_traces = [
+            t
+            for t in sorted(path.rglob(f"*{TRACE_SUFFIX}"))
+            if t.is_file() and not any(t.is_relative_to(c) for c in covered)
+        ]
+        if not found_results and not found_traces:
+            raise CkptprofError(
+                f"{raw}: no trace files (*{TRACE_SUFFIX}) or {RESULTS_NAME} under it — point at "
+                "the trace directory (ckptprof-traces/ by default) or a results directory"
+            )
+        results.extend(found_results)
+        traces.extend(found_traces)
+    return _unique(results), _unique(traces)
+
+
+def _unique(paths: list[Path]) -> list[Path]:
+    seen: set[Path] = set()
+    out = []
+    for path in paths:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(path)
+    return out
+
+
+def _looks_like_results(path: Path) -> bool:
+    """``.json`` is a results file, ``.jsonl`` a trace; anything else is sniffed."""
+    if path.suffix in (TRACE_SUFFIX, ".json"):
+        return path.suffix == ".json"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("runs"), list)
+
+
+# --------------------------------------------------------------------- traces
+@dataclass
+class _TraceReadResult:
+    spans: list[dict[str, Any]]
+    bad_lines: int
+    first_bad_line: int | None
+
+
+def _read_span_lines(path: Path) -> _TraceReadResult:
+    spans: list[dict[str, Any]] = []
+    bad, first_bad, nonblank = 0, None, 0
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            nonblank += 1
+            try:
+                span = json.loads(line)
+            except json.JSONDecodeError:
+                span = None
+            if not _is_span(span):
+                bad += 1
+                first_bad = first_bad or number
+                continue
+            spans.append(span)
+    if nonblank and not spans:
+        raise CkptprofError(
+            f"{path}: not a ckptprof trace file (no line is an OpenTelemetry span as JSON) — "
+            f"pass the *{TRACE_SUFFIX} files ckptprof writes (ckptprof-traces/ by default) "
+            f"or a {RESULTS_NAME}"
+        )
+    return _TraceReadResult(spans, bad, first_bad)
+
+
+def _is_span(obj: Any) -> bool:
+    return (
+        isinstance(obj, dict)
+        and isinstance(obj.get("name"), str)
+        and isinstance(obj.get("context"), dict)
+        and "span_id" in obj["context"]
+    )
+
+
+def _phase_sample(name: str, span: Mapping[str, Any]) -> PhaseSample:
+    attrs = span.get("attributes") or {}
+    busy = _num(attrs.get(Attr.BUSY_S))
+    if busy is None:
+        busy = (
+            _seconds_between(_parse_time(span.get("start_time")), _parse_time(span.get("end_time")))
+            or 0.0
+        )
+    reason = attrs.get(Attr.EMULATION_REASON)
+    return PhaseSample(
+        phase=name,
+        busy_s=busy,
+        nbytes=_int(attrs.get(Attr.BYTES)),
+        files=_int(attrs.get(Attr.FILES)),
+        gbps=_num(attrs.get(Attr.THROUGHPUT_GBPS)),
+        emulated=_flag(attrs.get(Attr.EMULATED, False)),
+        emulation_reason=str(reason) if reason is not None else None,
+    )
+
+
+def operations_from_spans(
+    spans: Iterable[Mapping[str, Any]], source: str = ""
+) -> list[TraceOperation]:
+    """Assemble root spans and their phase children (``ckpt.file`` spans are skipped)."""
+    roots: dict[tuple[str, str], TraceOperation] = {}
+    children: list[Mapping[str, Any]] = []
+    for span in spans:
+        ctx = span.get("context") or {}
+        key = (str(ctx.get("trace_id")), str(ctx.get("span_id")))
+        name = span.get("name", "")
+        if name in _ROOT_KINDS:
+            if key in roots:
+                continue
+            attrs = dict(span.get("attributes") or {})
+            start = _parse_time(span.get("start_time"))
+            wall = _num(attrs.get(Attr.WALL_S))
+            if wall is None:
+                wall = _seconds_between(start, _parse_time(span.get("end_time"))) or 0.0
+            status = span.get("status") or {}
+            roots[key] = TraceOperation(
+                kind=_ROOT_KINDS[name],
+                trace_id=key[0],
+                span_id=key[1],
+                wall_s=wall,
+                start=start,
+                attributes=attrs,
+                resource=dict((span.get("resource") or {}).get("attributes") or {}),
+                failed=status.get("status_code") == "ERROR",
+                status_message=status.get("description"),
+                source=source,
+            )
+        elif name.startswith(_PHASE_PREFIX) and name != FILE_SPAN:
+            children.append(span)
+    for span in children:
+        ctx = span.get("context") or {}
+        parent = roots.get((str(ctx.get("trace_id")), str(span.get("parent_id"))))
+        if parent is None:
+            continue
+        phase = span["name"][len(_PHASE_PREFIX) :]
+        parent.phases.setdefault(phase, _phase_sample(phase, span))
+    return list(roots.values())
+
+
+# --------------------------------------------------------------------- results
+def _results_phases(raw: Any) -> dict[str, PhaseSample]:
+    phases: dict[str, PhaseSample] = {}
+    if not isinstance(raw, dict):
+        return phases
+    for name, entry in raw.items():
+        if not isinstance(entry, dict):
+            continue
+        reason = entry.get("emulation_reason")
+        phases[str(name)] = PhaseSample(
+            phase=str(name),
+            busy_s=_num(entry.get("busy_s")) or 0.0,
+            nbytes=_int(entry.get("bytes")),
+            files=_int(entry.get("files")),
+            gbps=_num(entry.get("gbps")),
+            emulated=_flag(entry.get("emulated", False)),
+            emulation_reason=str(reason) if reason is not None else None,
+        )
+    return phases
+
+
+def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFile:
+    """Turn a decoded ``results.json`` into records; unknown keys are ignored."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
+        raise CkptprofError(
+            f"{path}: not a ckptprof results file (no 'runs' list) — pass the {RESULTS_NAME} "
+            "written by the synthetic restore, or the trace *.jsonl files"
+        )
+    raw_ceiling = doc.get("ceiling")
+    ceiling = None
+    if isinstance(raw_ceiling, dict):
+        ceiling = Ceiling(
+            read_gbps=_num(raw_ceiling.get("read_gbps")),
+            source=raw_ceiling.get("source"),
+            request_latency_s=_num(raw_ceiling.get("request_latency_s")),
+            part_size=_int(raw_ceiling.get("part_size")),
+            littles_law_inflight=_num(raw_ceiling.get("littles_law_inflight")),
+            lower_bound_fetch_s=_num(raw_ceiling.get("lower_bound_fetch_s")),
+            nbytes=_int(raw_ceiling.get("bytes")),
+        )
+    runs = []
+    for entry in doc["runs"]:
+        if not isinstance(entry, dict):
+            continue
+        runs.append(
+            ResultsRun(
+                cache=entry.get("cache"),
+                concurrency=_int(entry.get("concurrency")),
+                repeat=_int(entry.get("repeat")),
+                wall_s=_num(entry.get("wall_s")) or 0.0,
+                nbytes=_int(entry.get("bytes")),
+                resident_fraction=_num(entry.get("resident_fraction")),
+                cache_method=entry.get("cache_method"),
+                trace_id=entry.get("trace_id"),
+                phases=_results_phases(entry.get("phases")),
+            )
+        )
+    summary = [s for s in doc.get("summary") or [] if isinstance(s, dict)]
+    return ResultsFile(
+        path=path,
+        version=doc.get("ckptprof_version"),
+        created=doc.get("created"),
+        spec=dict(doc.get("spec") or {}),
+        environment=dict(doc.get("environment") or {}),
+        ceiling=ceiling,
+        runs=runs,
+        summary=summary,
+        options=dict(doc.get("options") or {}) if isinstance(doc.get("options"), dict) else {},
+    )
+
+
+def _read_results(path: Path) -> ResultsFile:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CkptprofError(
+            f"{path}: not valid JSON ({exc}) — the file may be truncated; re-run the sweep or "
+            "report on its trace *.jsonl files instead"
+        ) from None
+    return parse_results(doc, str(path))
+
+
+# --------------------------------------------------------------------- entry
+def load(paths: Iterable[str | os.PathLike]) -> ReportData:
+    """Read every trace and results file the PATHs name.
+
+    Raises:
+        CkptprofError: a PATH is missing, a file is not a trace or results file,
+            or nothing with checkpoint data was found.
+    """
+    paths = list(paths)
+    if not paths:
+        raise CkptprofError("report: no PATH given — name trace files, results.json or a directory")
+    results_paths, trace_paths = _discover(paths)
+    data = ReportData()
+    for path in results_paths:
+        data.results.append(_read_results(path))
+        data.sources.append(str(path))
+    seen: set[tuple[str, str]] = set()
+    bad_total, bad_files, first_bad = 0, 0, None
+    for path in trace_paths:
+        read = _read_span_lines(path)
+        if read.bad_lines:
+            bad_total += read.bad_lines
+            bad_files += 1
+            first_bad = first_bad or f"{path} line {read.first_bad_line}"
+        for op in operations_from_spans(read.spans, str(path)):
+            if (op.trace_id, op.span_id) not in seen:
+                seen.add((op.trace_id, op.span_id))
+                data.operations.append(op)
+        data.sources.append(str(path))
+    if bad_total:
+        data.warnings.append(
+            f"skipped {bad_total} malformed line{'s' if bad_total != 1 else ''} in "
+            f"{bad_files} trace file{'s' if bad_files != 1 else ''} (first: {first_bad})"
+        )
+    if not data.operations and not data.results:
+        names = ", ".join(str(p) for p in paths)
+        raise CkptprofError(
+            f"{names}: no ckpt.restore or ckpt.save spans found — was the run traced with "
+            "ckptprof (check CKPTPROF_TRACE_DIR), and did it finish?"
+        )
+    return data

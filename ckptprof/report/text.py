@@ -1,0 +1,381 @@
+"""Plain-text tables for a terminal (at most ``WIDTH`` columns), built by hand."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ckptprof.phases import Phase
+from ckptprof.report.aggregate import (
+    Breakdown,
+    OperationGroup,
+    OperationRow,
+    Report,
+    Sweep,
+    aggregate,
+    phase_order,
+)
+from ckptprof.report.hints import Hint
+from ckptprof.report.load import ReportData
+
+WIDTH = 100
+INDENT = "  "
+_SHORT_PHASE = {Phase.DESERIALIZE.value: "deser", Phase.FIRST_STEP.value: "1st_step"}
+
+
+# --------------------------------------------------------------------- formatting
+def fmt_s(seconds: float | None) -> str:
+    """Seconds: three decimals below 10 s, fewer above (a column stays narrow)."""
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.3f}"
+    if seconds < 100:
+        return f"{seconds:.2f}"
+    return f"{seconds:.1f}"
+
+
+def fmt_bytes(nbytes: int | None) -> str:
+    """Decimal units, matching GB/s (1 GB = 1e9 bytes)."""
+    if not nbytes:
+        return "-"
+    value = float(nbytes)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1000
+    return f"{value:.2f} PB"  # pragma: no cover - unreachable
+
+
+def fmt_gbps(gbps: float | None) -> str:
+    if gbps is None:
+        return "-"
+    return f"{gbps:.2f}" if gbps >= 0.01 else f"{gbps:.2g}"
+
+
+def fmt_pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.1f}%"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], align: str) -> list[str]:
+    """Fixed-width columns separated by two spaces; ``align`` has one l/r per column."""
+    rows = [list(r) for r in rows]
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            str(c).ljust(w) if a == "l" else str(c).rjust(w)
+            for c, w, a in zip(cells, widths, align, strict=False)
+        ]
+        return (INDENT + "  ".join(parts)).rstrip()
+
+    return [line(headers)] + [line(r) for r in rows]
+
+
+def _wrap(text: str, first: str, rest: str | None = None) -> list[str]:
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=first,
+        subsequent_indent=rest if rest is not None else " " * len(first),
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+
+
+def _pack(items: Sequence[str], first: str, rest: str, max_lines: int) -> list[str]:
+    """Comma-separated phrases, never split inside one; "…" when out of lines."""
+    lines: list[str] = []
+    current = first
+    for index, item in enumerate(items):
+        last = index == len(items) - 1
+        piece = item + ("" if last else ",")
+        fresh = current in (first, rest)
+        if not fresh and len(current) + 1 + len(piece) > WIDTH:
+            if len(lines) + 1 == max_lines:
+                return [*lines, current + " …"]
+            lines.append(current)
+            current = rest
+            fresh = True
+        current += piece if fresh else " " + piece
+    return [*lines, current]
+
+
+def _hint_lines(hints: Sequence[Hint]) -> list[str]:
+    lines: list[str] = []
+    for hint in hints:
+        lines += _wrap(hint.message, f"{INDENT}hint: ")
+    return lines
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+# --------------------------------------------------------------------- trace groups
+def _overlap_lines(b: Breakdown, wall_word: str) -> list[str]:
+    text = (
+        f"sum of phases {fmt_s(b.phase_sum_s)} s vs wall (critical path) {fmt_s(b.wall_median_s)} s"
+    )
+    if b.overlapped:
+        text += f": phases overlapped (by {fmt_s(b.phase_sum_s - b.wall_median_s)} s)"
+    elif b.outside_phases_s:
+        share = b.outside_phases_s / b.wall_median_s
+        text += f": {fmt_s(b.outside_phases_s)} s ({share:.0%} of {wall_word}) outside any phase"
+    return _wrap(text, INDENT, INDENT * 2)
+
+
+def _phase_table(b: Breakdown, wall_word: str) -> list[str]:
+    rows = []
+    for r in b.phases:
+        rows.append(
+            [
+                r.phase,
+                fmt_s(r.busy_s),
+                fmt_pct(r.share),
+                fmt_bytes(r.nbytes),
+                fmt_gbps(r.gbps),
+                "-" if r.files is None else str(r.files),
+                "emulated" if r.emulated else "",
+            ]
+        )
+    headers = ["phase", "busy s", f"of {wall_word}", "bytes", "GB/s", "files", ""]
+    return table(headers, rows, "lrrrrrl")
+
+
+def render_group(group: OperationGroup, by: str = "phase") -> list[str]:
+    """One trace group: header, counts, the phase table, overlap, ranks, hints."""
+    noun = "restore" if group.kind == "restore" else "save"
+    wall_word = "RTO" if group.kind == "restore" else "save time"
+    config = " ".join(f"{k}={v}" for k, v in group.config.items())
+    lines = _wrap(f"{noun}: {config}" if config else noun, "", INDENT * 2)
+    b = group.breakdown
+    facts = []
+    if b is not None:
+        facts.append(
+            f"{_plural(b.repeats, noun)}, {wall_word} median {fmt_s(b.wall_median_s)} s "
+            f"(min {fmt_s(b.wall_min_s)}, max {fmt_s(b.wall_max_s)})"
+        )
+    if group.failed:
+        verb = "not counted" if b is not None else "nothing to summarise"
+        why = f": {group.failure}" if group.failure else ""
+        facts.append(f"{group.failed} failed, {verb}{why}")
+    if group.retries or group.errors:
+        facts.append(f"retries {group.retries}, errors {group.errors}")
+    lines += _wrap("; ".join(facts), INDENT)
+    if b is None:
+        return lines
+    if by == "run":
+        lines += _runs_table(group.operations, phase_order(group.kind, _names(group.operations)))
+    elif b.phases:
+        lines += _phase_table(b, wall_word)
+        lines += _overlap_lines(b, wall_word)
+    if group.ranks is not None:
+        rs = group.ranks
+        host = f" on {rs.slowest_host}" if rs.slowest_host else ""
+        text = (
+            f"slowest rank {rs.slowest_rank}{host}: {wall_word} {fmt_s(rs.slowest_wall_s)} s; "
+            f"fastest rank {rs.fastest_rank}: {fmt_s(rs.fastest_wall_s)} s ({rs.ranks} ranks"
+        )
+        text += "; the table shows the slowest)" if by != "run" else ")"
+        lines += _wrap(text, INDENT)
+    lines += _hint_lines(group.hints)
+    return lines
+
+
+def _names(operations: Iterable[OperationRow]) -> set[str]:
+    return {name for op in operations for name in op.phases}
+
+
+def _runs_table(operations: Sequence[OperationRow], names: Sequence[str]) -> list[str]:
+    """``--by run``: each operation as measured, no medians."""
+    show_rank = any(op.rank is not None for op in operations)
+    show_cell = any(op.concurrency is not None for op in operations)
+    headers = ["start"] if any(op.start for op in operations) else []
+    if show_cell:
+        headers += ["cache", "conc"]
+    headers += ["rep"] + (["rank"] if show_rank else []) + ["wall s"] + list(names) + [""]
+    rows = []
+    for op in operations:
+        row = [op.start[11:23] if op.start else "-"] if headers[0] == "start" else []
+        if show_cell:
+            row += [str(op.cache or "-"), "-" if op.concurrency is None else str(op.concurrency)]
+        row += ["-" if op.repeat is None else str(op.repeat)]
+        row += (["-" if op.rank is None else str(op.rank)] if show_rank else []) + [
+            fmt_s(op.wall_s)
+        ]
+        row += [fmt_s(op.phases.get(n)) for n in names] + ["FAILED" if op.failed else ""]
+        rows.append(row)
+    align = "".join("l" if h in ("start", "cache") else "r" for h in headers[:-1]) + "l"
+    return table(headers, rows, align)
+
+
+# --------------------------------------------------------------------- results sweeps
+_VERSION_FIRST = ("python", "torch", "lightning", "pytorch-lightning", "transformers", "deepspeed")
+_VERSION_SKIP = ("ckptprof",)  # already in the header
+
+
+def _env_get(env: Mapping[str, Any], *names: str) -> Any:
+    for name in names:
+        for key, value in env.items():
+            if key == name or key.endswith("." + name) or key.endswith("_" + name):
+                return value
+    return None
+
+
+def env_highlights(env: Mapping[str, Any]) -> list[str]:
+    """The few environment facts a reader compares runs by, as short phrases.
+
+    Reads the keys of ``ckptprof.env.capture`` (``storage.*``, ``version.<pkg>``,
+    ``cpu.count``, ``memory.total_bytes``, ``os.kernel``) and tolerates others.
+    """
+    picks: list[str] = []
+    kind = _env_get(env, "storage.kind", "storage_kind")
+    uri = _env_get(env, "storage.uri", "storage_uri")
+    if kind or uri:
+        where = f" at {_short(uri, 40)}" if uri else ""
+        picks.append(f"storage {kind or '?'}{where}")
+    fs = _env_get(env, "storage.fs_type", "fs_type", "fstype")
+    mount = _env_get(env, "storage.mount_options", "mount_options")
+    if fs or mount:
+        opts = f" ({_short(mount, 40)})" if mount else ""
+        picks.append(f"fs {fs or '?'}{opts}")
+    cpus = _env_get(env, "cpu.count", "cpu_count")
+    if isinstance(cpus, int) and not isinstance(cpus, bool):
+        picks.append(f"{cpus} CPUs")
+    memory = _env_get(env, "memory.total_bytes", "memory_bytes")
+    if isinstance(memory, int) and not isinstance(memory, bool):
+        picks.append(f"{memory / 2**30:.0f} GiB RAM")
+    kernel = _env_get(env, "os.kernel", "kernel")
+    if kernel:
+        picks.append(f"kernel {_short(kernel, 20)}")
+    cloud = _env_get(env, "cloud.provider")
+    if cloud:
+        picks.append(f"cloud {cloud}")
+    versions: dict[str, Any] = {}
+    for key, value in env.items():
+        low = key.lower()
+        if low.startswith("version."):
+            versions[key[len("version.") :]] = value
+        elif low.endswith((".version", "_version")):
+            versions[key.rsplit(".", 1)[0] if "." in key else key[: -len("_version")]] = value
+    ordered = [n for n in _VERSION_FIRST if n in versions]
+    ordered += [n for n in versions if n not in ordered]
+    picks += [f"{n} {_short(versions[n], 16)}" for n in ordered if n not in _VERSION_SKIP]
+    return picks
+
+
+def _short(value: Any, limit: int) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _fmt_2(seconds: float) -> str:
+    return f"{seconds:.2f}" if seconds < 100 else f"{seconds:.0f}"
+
+
+def _fmt_part(nbytes: int) -> str:
+    mib = 1024 * 1024
+    return f"{nbytes // mib} MiB" if nbytes % mib == 0 else fmt_bytes(nbytes)
+
+
+def _ceiling_line(sweep: Sweep) -> str | None:
+    c = sweep.ceiling
+    if c is None:
+        return None
+    parts = [f"read {fmt_gbps(c.read_gbps)} GB/s" + (f" ({c.source})" if c.source else "")]
+    if c.request_latency_s is not None:
+        parts.append(f"request latency {c.request_latency_s * 1000:.1f} ms")
+    if c.lower_bound_fetch_s is not None:
+        size = f" for {fmt_bytes(c.nbytes)}" if c.nbytes else ""
+        parts.append(f"lower-bound fetch {fmt_s(c.lower_bound_fetch_s)} s{size}")
+    if c.littles_law_inflight is not None:
+        part = f" of {_fmt_part(c.part_size)}" if c.part_size else ""
+        parts.append(f"Little's Law: {c.littles_law_inflight:.1f} requests{part} in flight")
+    return "ceiling: " + "; ".join(parts)
+
+
+def _sweep_table(sweep: Sweep) -> list[str]:
+    names = phase_order("restore", {r.phase for row in sweep.rows for r in row.breakdown.phases})
+    any_emulated = False
+
+    def build(short: bool) -> list[str]:
+        nonlocal any_emulated
+        labels = [_SHORT_PHASE.get(n, n) if short else n for n in names]
+        headers = ["cache", "conc", "runs", "RTO s (min-max)", *labels, "GB/s", "ceil"]
+        rows = []
+        for row in sweep.rows:
+            b = row.breakdown
+            rto = f"{fmt_s(b.wall_median_s)} ({_fmt_2(b.wall_min_s)}-{_fmt_2(b.wall_max_s)})"
+            cells = [
+                str(b.cache or "-"),
+                "-" if b.concurrency is None else str(b.concurrency),
+                str(b.repeats),
+                rto,
+            ]
+            for name in names:
+                phase = b.phase(name)
+                mark = "*" if phase is not None and phase.emulated else ""
+                any_emulated = any_emulated or bool(mark)
+                cells.append(fmt_s(phase.busy_s) + mark if phase else "-")
+            frac = row.fraction_of_ceiling
+            cells += [fmt_gbps(row.fetch_gbps), "-" if frac is None else f"{frac:.0%}"]
+            rows.append(cells)
+        return table(headers, rows, "lrrl" + "r" * (len(names) + 2))
+
+    lines = build(short=False)
+    if max(len(x) for x in lines) > WIDTH:
+        lines = build(short=True)
+    if any_emulated:
+        lines.append(f"{INDENT}* emulated: an estimate, not a measurement")
+    return lines
+
+
+def render_sweep(sweep: Sweep, by: str = "phase") -> list[str]:
+    """One results file: provenance, spec, environment, ceiling, sweep table, hints."""
+    made = ", ".join(
+        p
+        for p in (
+            f"ckptprof {sweep.version}" if sweep.version else "",
+            f"created {sweep.created}" if sweep.created else "",
+        )
+        if p
+    )
+    lines = _wrap(f"results: {sweep.path}" + (f" ({made})" if made else ""), "", INDENT * 2)
+    for title, mapping in (("spec", sweep.spec), ("options", sweep.options)):
+        text = " ".join(
+            f"{k}={v}" for k, v in mapping.items() if isinstance(v, (str, int, float)) and v != ""
+        )
+        if text:
+            lines += _wrap(f"{title}: {text}", INDENT, INDENT * 3)
+    env = env_highlights(sweep.environment)
+    if env:
+        lines += _pack(env, f"{INDENT}env: ", INDENT * 3, max_lines=2)
+    ceiling = _ceiling_line(sweep)
+    if ceiling:
+        lines += _wrap(ceiling, INDENT, INDENT * 3)
+    if by == "run":
+        lines += _runs_table(sweep.operations, phase_order("restore", _names(sweep.operations)))
+    elif sweep.rows:
+        lines += _sweep_table(sweep)
+    else:
+        lines.append(f"{INDENT}no runs recorded")
+    lines += _hint_lines(sweep.hints)
+    return lines
+
+
+# --------------------------------------------------------------------- entry
+def render_text(report: Report | ReportData, by: str = "phase") -> str:
+    """The whole report: results sweeps first, then trace groups, blank-line separated.
+
+    Args:
+        report: from :func:`ckptprof.report.aggregate` (or straight from ``load``,
+            which is then aggregated here).
+        by: ``phase`` for medians per phase, ``run`` for one row per operation.
+    """
+    if isinstance(report, ReportData):
+        report = aggregate(report)
+    blocks = [render_sweep(s, by) for s in report.sweeps]
+    blocks += [render_group(g, by) for g in report.groups]
+    return "\n\n".join("\n".join(block) for block in blocks) + "\n"

@@ -1,0 +1,131 @@
+"""The storage interface: a handful of primitives per backend (fsspec-style).
+
+A backend is picked from the location (``s3://…`` vs a path) by
+:func:`ckptprof.storage.open_storage`. Phases and spans never care which one
+runs. Backends raise builtin exceptions carrying the location
+(``FileNotFoundError(uri)``, ``PermissionError(uri)``), never their own.
+
+Order of calls a backend sees during a restore: ``list`` (or ``stat`` per
+known file) once, then ``read_into`` concurrently from many threads. During
+generation: ``staging_file`` per file, then ``write_bytes`` for the manifest.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One file or object, ``path`` relative to the storage root with ``/`` separators."""
+
+    path: str
+    size: int
+
+
+@dataclass
+class CacheState:
+    """What was done to a cache and what was measured afterwards."""
+
+    method: str
+    resident_fraction: float | None
+    detail: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RequestStats:
+    """Counters a backend keeps while serving requests (shown on spans)."""
+
+    requests: int = 0
+    retries: int = 0
+    errors: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, requests: int = 0, retries: int = 0, errors: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.retries += retries
+            self.errors += errors
+
+
+class Storage(ABC):
+    """Primitives every backend implements; everything else builds on them."""
+
+    kind: str = "abstract"
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.stats = RequestStats()
+
+    @property
+    def uri(self) -> str:
+        """The location as safe to print: no credentials, no query string."""
+        return self.location
+
+    # ---- reading
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """All objects under the root (recursively), sorted by path."""
+
+    @abstractmethod
+    def stat(self, path: str) -> ObjectInfo:
+        """Size of one object; ``FileNotFoundError`` naming it when absent."""
+
+    @abstractmethod
+    def read_into(self, path: str, offset: int, buffer: memoryview) -> None:
+        """Fill ``buffer`` with the object's bytes from ``offset``, or raise.
+
+        Called concurrently from many threads; must release the GIL while waiting.
+        A short read (object shorter than expected) raises ``EOFError`` naming the path.
+        """
+
+    def read_bytes(self, path: str) -> bytes:
+        size = self.stat(path).size
+        buf = bytearray(size)
+        if size:
+            self.read_into(path, 0, memoryview(buf))
+        return bytes(buf)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    # ---- writing
+    @abstractmethod
+    def staging_file(self, path: str) -> AbstractContextManager[Path]:
+        """A local file to write ``path`` into; published atomically on clean exit."""
+
+    @abstractmethod
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a small object atomically (temp name, then rename/put)."""
+
+    @abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove one object; a missing one is not an error."""
+
+    @abstractmethod
+    def free_bytes(self) -> int | None:
+        """Space left for generation, or None when the backend has no such limit."""
+
+    # ---- cache control (meaningful for POSIX; object stores have no local cache)
+    def evict(self, paths: list[str]) -> CacheState:
+        return CacheState(method="none (no local cache)", resident_fraction=0.0)
+
+    def warm(self, paths: list[str]) -> CacheState:
+        return CacheState(method="none (no local cache)", resident_fraction=None)
+
+    def describe(self) -> dict[str, str]:
+        """Environment of this storage for results (fs type, mount options, endpoint…)."""
+        return {"storage.kind": self.kind, "storage.uri": self.uri}
+
+    def iter_paths(self, infos: list[ObjectInfo]) -> Iterator[str]:
+        for info in infos:
+            yield info.path

@@ -1,0 +1,1 @@
+"""Synthetic mode: realistic checkpoints on a target storage, and the restore runner."""

@@ -1,0 +1,95 @@
+"""A checkpoint layout: how state is planned into files, written, and read back.
+
+Every layout plans pure data (:meth:`Layout.plan`), writes one file at a time
+(:meth:`Layout.write_file`), finds its files the way its framework does
+(:meth:`Layout.discover`, the ``list`` phase), and turns fetched bytes back
+into :class:`~ckptprof.synth.plan.Piece` tensors (:meth:`Layout.deserialize`).
+Resharding onto the target world size is shared (:mod:`ckptprof.synth.reshard`)
+unless the layout's own loader does it (DCP).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ckptprof.synth.plan import CheckpointPlan, FilePlan, Piece, SynthSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from ckptprof.fetch import HostBuffer
+    from ckptprof.storage.base import Storage
+    from ckptprof.synth.fill import RandomFiller
+    from ckptprof.tracing.recorder import Operation
+
+
+class Layout(ABC):
+    name: str
+    format: str
+
+    @abstractmethod
+    def plan(self, spec: SynthSpec) -> CheckpointPlan:
+        """Every file of the checkpoint, as data."""
+
+    @abstractmethod
+    def write_file(self, plan: CheckpointPlan, file: FilePlan, dest: Path, filler: RandomFiller):
+        """Write ``file`` to the local path ``dest`` (random tensor bytes)."""
+
+    def discover(self, storage: Storage, plan: CheckpointPlan) -> list[str]:
+        """Find the files to read as the framework would; returns their paths.
+
+        The default reads nothing beyond the listing the runner already did.
+        """
+        return [f.path for f in plan.files]
+
+    def deserialize(
+        self, plan: CheckpointPlan, file: FilePlan, buffer: HostBuffer
+    ) -> dict[Piece, torch.Tensor]:
+        """Tensors of ``file``'s pieces, read from the fetched bytes."""
+        return {}
+
+    def prepare_pieces(
+        self, plan: CheckpointPlan, pieces: dict[Piece, torch.Tensor]
+    ) -> dict[Piece, torch.Tensor]:
+        """Turn deserialized pieces into row pieces of real tensors (reshard phase)."""
+        return pieces
+
+    def deserialize_all(
+        self, plan: CheckpointPlan, buffers: dict[str, HostBuffer], op: Operation, threads: int
+    ) -> dict[Piece, torch.Tensor]:
+        """The deserialize phase over every data file, ``threads`` at a time."""
+        from ckptprof.phases import Phase
+
+        def one(file: FilePlan) -> dict[Piece, torch.Tensor]:
+            with op.phase(Phase.DESERIALIZE):
+                t0 = time.perf_counter()
+                tensors = self.deserialize(plan, file, buffers[file.path])
+                seconds = time.perf_counter() - t0
+            op.add_file(Phase.DESERIALIZE, file.path, buffers[file.path].size, seconds)
+            return tensors
+
+        pieces: dict[Piece, torch.Tensor] = {}
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            for tensors in pool.map(one, plan.data_files):
+                pieces.update(tensors)
+        return pieces
+
+    def load_targets(
+        self,
+        plan: CheckpointPlan,
+        buffers: dict[str, HostBuffer],
+        world_size: int,
+        op: Operation,
+        threads: int = 1,
+    ) -> list[dict[tuple[str, str], torch.Tensor]]:
+        """deserialize + reshard: the state of each of ``world_size`` target ranks."""
+        from ckptprof.phases import Phase
+        from ckptprof.synth.reshard import reshard
+
+        pieces = self.deserialize_all(plan, buffers, op, threads)
+        with op.phase(Phase.RESHARD):
+            return reshard(self.prepare_pieces(plan, pieces), world_size)

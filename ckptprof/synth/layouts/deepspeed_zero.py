@@ -1,0 +1,168 @@
+"""DeepSpeed ZeRO (stages 1-2) checkpoint folder, as ``engine.save_checkpoint`` writes it.
+
+``latest`` names the tag; ``global_step{N}/mp_rank_00_model_states.pt`` holds the
+bf16 module state dict and engine state; each data-parallel rank writes
+``zero_pp_rank_{r}_mp_rank_00_optim_states.pt`` with its partition of the
+*flattened* fp32 master weights and Adam moments. Those flat partitions cut
+tensors at arbitrary element offsets, so the reshard phase here is ZeRO's own
+cost: concatenate partitions, unflatten into tensors, re-partition.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ckptprof.errors import CkptprofError
+from ckptprof.synth.layouts.base import Layout
+from ckptprof.synth.layouts.small_files import small_file_bytes
+from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
+from ckptprof.synth.plan import (
+    GROUP_MASTER,
+    GROUP_MODEL,
+    CheckpointPlan,
+    FilePlan,
+    Piece,
+    SynthSpec,
+    shard_pieces,
+    state_groups,
+    whole_pieces,
+)
+
+FLAT = "__flat_fp32_group_0__"
+DS_VERSION = "0.19.8"
+
+
+def _flat_groups(spec: SynthSpec) -> list[str]:
+    groups = [g for g, _ in state_groups(spec) if g != GROUP_MODEL]
+    if groups and GROUP_MASTER not in groups:
+        groups.append(GROUP_MASTER)  # ZeRO always keeps fp32 master partitions
+    return groups
+
+
+class DeepSpeedLayout(Layout):
+    name = "deepspeed"
+    format = "deepspeed"
+
+    def plan(self, spec: SynthSpec) -> CheckpointPlan:
+        if spec.files is not None:
+            raise CkptprofError(
+                "--files does not apply to the deepspeed layout: ZeRO writes one optim_states "
+                "file per rank; use --ranks to change the file count."
+            )
+        preset = spec.preset()
+        tag = f"global_step{spec.step}"
+        numel = preset.params
+        align = 2 * spec.ranks
+        padded = (numel + align - 1) // align * align
+        files = [
+            FilePlan("latest", "small"),
+            FilePlan(
+                f"{tag}/mp_rank_00_model_states.pt",
+                "model_states",
+                0,
+                tuple(whole_pieces(preset, GROUP_MODEL, "bfloat16")),
+            ),
+        ]
+        flat = [Piece(g, FLAT, (padded,), "float32", 0, padded) for g in _flat_groups(spec)]
+        if flat:
+            for rank in range(spec.ranks):
+                files.append(
+                    FilePlan(
+                        f"{tag}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt",
+                        "optim",
+                        rank,
+                        tuple(shard_pieces(flat, spec.ranks, rank)),
+                    )
+                )
+        files.append(FilePlan("zero_to_fp32.py", "small"))
+        return CheckpointPlan(spec, preset, tuple(files), extras={"tag": tag, "numel": numel})
+
+    def write_file(self, plan, file, dest: Path, filler) -> None:
+        spec = plan.spec
+        if file.kind == "small":
+            dest.write_bytes(small_file_bytes(spec, file.path))
+        elif file.kind == "model_states":
+            write_torch_save(
+                dest,
+                {
+                    "module": {p.key: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces},
+                    "buffer_names": [],
+                    "optimizer": None,
+                    "param_shapes": [{t.name: t.shape for t in plan.preset.tensors()}],
+                    "frozen_param_shapes": None,
+                    "shared_params": {},
+                    "lr_scheduler": {"last_batch_iteration": spec.step},
+                    "sparse_tensor_module_names": set(),
+                    "skipped_steps": 0,
+                    "global_steps": spec.step,
+                    "global_samples": spec.step * 8,
+                    "dp_world_size": spec.ranks,
+                    "mp_world_size": 1,
+                    "ds_config": {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}},
+                    "ds_version": DS_VERSION,
+                },
+                filler,
+            )
+        else:
+            parts = {p.group: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces}
+            master = parts.pop(GROUP_MASTER)
+            write_torch_save(
+                dest,
+                {
+                    "optimizer_state_dict": {
+                        "loss_scaler": None,
+                        "dynamic_loss_scale": False,
+                        "overflow": False,
+                        "clip_grad": 1.0,
+                        "base_optimizer_state": {
+                            "state": {0: parts},
+                            "param_groups": [{"lr": 2e-5, "betas": (0.9, 0.95), "params": [0]}],
+                        },
+                        "single_partition_of_fp32_groups": [master],
+                        "zero_stage": 2,
+                        "group_paddings": [file.pieces[0].shape[0] - plan.extras["numel"]],
+                        "partition_count": [spec.ranks],
+                        "ds_version": DS_VERSION,
+                    },
+                    "ds_config": {"zero_optimization": {"stage": 2}},
+                    "ds_version": DS_VERSION,
+                },
+                filler,
+            )
+
+    def discover(self, storage, plan) -> list[str]:
+        tag = storage.read_bytes("latest").decode().strip()
+        if tag != plan.extras["tag"]:
+            raise CkptprofError(
+                f"{storage.uri}/latest names {tag!r} but the manifest describes "
+                f"{plan.extras['tag']!r}; regenerate the checkpoint."
+            )
+        return [f.path for f in plan.files]
+
+    def deserialize(self, plan, file, buffer) -> dict[Piece, torch.Tensor]:
+        obj = torch.load(buffer.path, map_location="cpu", mmap=True, weights_only=False)
+        if file.kind == "model_states":
+            return {p: obj["module"][p.key] for p in file.pieces}
+        osd = obj["optimizer_state_dict"]
+        groups = dict(osd["base_optimizer_state"]["state"][0])
+        groups[GROUP_MASTER] = osd["single_partition_of_fp32_groups"][0]
+        return {p: groups[p.group] for p in file.pieces}
+
+    def prepare_pieces(self, plan, loaded: dict[Piece, torch.Tensor]) -> dict[Piece, torch.Tensor]:
+        """Concatenate each group's flat partitions and cut them back into tensors."""
+        out = {p: t for p, t in loaded.items() if p.name != FLAT}
+        flat_groups: dict[str, list[tuple[Piece, torch.Tensor]]] = {}
+        for p, t in loaded.items():
+            if p.name == FLAT:
+                flat_groups.setdefault(p.group, []).append((p, t))
+        for group, parts in flat_groups.items():
+            parts.sort(key=lambda pt: pt[0].row_start)
+            flat = torch.cat([t for _, t in parts])
+            offset = 0
+            for t in plan.preset.tensors():
+                piece = Piece(group, t.name, t.shape, "float32", 0, t.shape[0])
+                out[piece] = flat[offset : offset + t.numel].view(t.shape)
+                offset += t.numel
+        return out

@@ -1,0 +1,128 @@
+"""Hugging Face ``save_pretrained`` / Trainer checkpoint folder.
+
+``model-0000k-of-0000N.safetensors`` shards plus ``model.safetensors.index.json``
+(the weights, bf16, whole tensors in state-dict order), ``optimizer.pt`` (a
+``torch.save`` of the Adam state, as the Trainer writes it), scheduler, RNG,
+trainer state, config and tokenizer files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from ckptprof.synth.layouts.base import Layout
+from ckptprof.synth.layouts.small_files import hf_small_files, small_file_bytes
+from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
+from ckptprof.synth.plan import (
+    GROUP_MODEL,
+    CheckpointPlan,
+    FilePlan,
+    Piece,
+    SynthSpec,
+    pack_in_order,
+    state_groups,
+    whole_pieces,
+)
+
+INDEX = "model.safetensors.index.json"
+MAX_SHARD_BYTES = 5_000_000_000  # transformers' default max_shard_size="5GB"
+_ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "int64": "I64"}
+
+
+def _header(pieces: tuple[Piece, ...]) -> bytes:
+    meta: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for p in pieces:
+        meta[p.key] = {
+            "dtype": _ST_DTYPES[p.dtype],
+            "shape": list(p.piece_shape),
+            "data_offsets": [offset, offset + p.nbytes],
+        }
+        offset += p.nbytes
+    raw = json.dumps(meta, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8)
+
+
+class SafetensorsLayout(Layout):
+    name = "safetensors"
+    format = "safetensors"
+
+    def plan(self, spec: SynthSpec) -> CheckpointPlan:
+        preset = spec.preset()
+        model = whole_pieces(preset, GROUP_MODEL, "bfloat16")
+        shards = spec.files or max(1, math.ceil(spec.full_preset().params * 2 / MAX_SHARD_BYTES))
+        groups = pack_in_order(model, shards)
+        files = [
+            FilePlan(f"model-{k + 1:05d}-of-{shards:05d}.safetensors", "weights", None, tuple(g))
+            for k, g in enumerate(groups)
+        ]
+        files.append(FilePlan(INDEX, "metadata"))
+        optim = [
+            p
+            for group, dtype in state_groups(spec)
+            if group != GROUP_MODEL
+            for p in whole_pieces(preset, group, dtype)
+        ]
+        if optim:
+            files.append(FilePlan("optimizer.pt", "optim", None, tuple(optim)))
+        files += hf_small_files(spec)
+        return CheckpointPlan(spec, preset, tuple(files))
+
+    def write_file(self, plan, file, dest: Path, filler) -> None:
+        if file.path == INDEX:
+            weight_map = {
+                p.key: f.path for f in plan.files if f.kind == "weights" for p in f.pieces
+            }
+            total = sum(f.payload_bytes for f in plan.files if f.kind == "weights")
+            dest.write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+            )
+        elif file.kind == "weights":
+            header = _header(file.pieces)
+            with open(dest, "wb") as handle:
+                handle.write(len(header).to_bytes(8, "little"))
+                handle.write(header)
+            fd = os.open(dest, os.O_WRONLY)
+            try:
+                filler.fill_fd(fd, 8 + len(header), file.payload_bytes)
+            finally:
+                os.close(fd)
+        elif file.kind == "optim":
+            state: dict[int, dict] = {}
+            names = [t.name for t in plan.preset.tensors()]
+            for p in file.pieces:
+                state.setdefault(names.index(p.name), {})[p.group] = fake_tensor(
+                    p.piece_shape, p.dtype
+                )
+            write_torch_save(
+                dest,
+                {
+                    "state": state,
+                    "param_groups": [
+                        {"lr": 2e-5, "betas": (0.9, 0.999), "params": list(range(len(names)))}
+                    ],
+                },
+                filler,
+            )
+        else:
+            dest.write_bytes(small_file_bytes(plan.spec, file.path))
+
+    def discover(self, storage, plan) -> list[str]:
+        index = json.loads(storage.read_bytes(INDEX))
+        shards = sorted(set(index["weight_map"].values()))
+        return shards + [f.path for f in plan.files if f.path not in shards]
+
+    def deserialize(self, plan, file, buffer) -> dict[Piece, torch.Tensor]:
+        if file.kind == "weights":
+            from safetensors import safe_open
+
+            with safe_open(buffer.path, framework="pt") as handle:
+                return {p: handle.get_tensor(p.key) for p in file.pieces}
+        obj = torch.load(buffer.path, map_location="cpu", mmap=True, weights_only=True)
+        names = [t.name for t in plan.preset.tensors()]
+        return {p: obj["state"][names.index(p.name)][p.group] for p in file.pieces}

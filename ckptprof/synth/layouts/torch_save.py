@@ -1,0 +1,77 @@
+"""``torch.save`` per rank: the layout of plain PyTorch and Lightning checkpoints.
+
+Each rank writes ``checkpoint_rank{r}.pt`` holding its shard of the model, the
+Adam state and the loop state; with ``--files N`` each rank's state is split
+into ``N / ranks`` archives ``checkpoint_rank{r}_part{k}.pt`` in state-dict order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ckptprof.synth.layouts.base import Layout
+from ckptprof.synth.layouts.small_files import rng_state, small_file_bytes
+from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
+from ckptprof.synth.plan import (
+    GROUP_MODEL,
+    CheckpointPlan,
+    FilePlan,
+    Piece,
+    SynthSpec,
+    files_per_rank,
+    pack_in_order,
+    shard_pieces,
+    state_groups,
+    whole_pieces,
+)
+
+
+class TorchSaveLayout(Layout):
+    name = "torch"
+    format = "torch"
+
+    def plan(self, spec: SynthSpec) -> CheckpointPlan:
+        preset = spec.preset()
+        per_rank = files_per_rank(spec)
+        files: list[FilePlan] = [FilePlan("config.json", "small")]
+        for rank in range(spec.ranks):
+            pieces: list[Piece] = []
+            for group, dtype in state_groups(spec):
+                pieces += shard_pieces(whole_pieces(preset, group, dtype), spec.ranks, rank)
+            groups = pack_in_order(pieces, per_rank)
+            for k, group_pieces in enumerate(groups):
+                name = (
+                    f"checkpoint_rank{rank}.pt"
+                    if per_rank == 1
+                    else f"checkpoint_rank{rank}_part{k:04d}.pt"
+                )
+                files.append(FilePlan(name, "weights", rank, tuple(group_pieces)))
+        return CheckpointPlan(spec, preset, tuple(files))
+
+    def write_file(self, plan, file, dest: Path, filler) -> None:
+        if not file.pieces:
+            dest.write_bytes(small_file_bytes(plan.spec, file.path))
+            return
+        state: dict[str, dict] = {}
+        for piece in file.pieces:
+            state.setdefault(piece.group, {})[piece.key] = fake_tensor(
+                piece.piece_shape, piece.dtype
+            )
+        obj = {
+            "model": state.pop(GROUP_MODEL, {}),
+            "optimizer": {
+                "state": state,
+                "param_groups": [{"lr": 2e-5, "betas": (0.9, 0.95), "weight_decay": 0.1}],
+            },
+            "global_step": plan.spec.step,
+            "rank": file.rank,
+            "rng": rng_state()["cpu"],
+        }
+        write_torch_save(dest, obj, filler)
+
+    def deserialize(self, plan, file, buffer) -> dict[Piece, torch.Tensor]:
+        obj = torch.load(buffer.path, map_location="cpu", mmap=True, weights_only=True)
+        groups = {GROUP_MODEL: obj["model"], **obj["optimizer"]["state"]}
+        return {p: groups[p.group][p.key] for p in file.pieces}

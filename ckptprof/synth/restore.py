@@ -1,0 +1,519 @@
+"""``ckptprof synth restore``: the six restore phases for real, cold and hot,
+over a sweep of concurrency, repeated, with medians and the full environment.
+
+One run is one ``ckpt.restore`` trace recorded through the same
+:class:`~ckptprof.tracing.recorder.CheckpointTracer` the framework callbacks use.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from ckptprof.errors import CkptprofError
+from ckptprof.fetch import DEFAULT_PART_SIZE, HostBuffer, fetch
+from ckptprof.manifest import MANIFEST_NAME, Manifest, verify_buffers
+from ckptprof.phases import RESTORE_PHASES, Attr, Phase
+from ckptprof.storage import open_storage
+from ckptprof.storage.base import ObjectInfo, Storage
+from ckptprof.synth import ceiling as ceiling_mod
+from ckptprof.synth.layouts import get_layout
+from ckptprof.synth.plan import SynthSpec
+from ckptprof.tracing.recorder import CheckpointTracer, Operation
+
+COLD_RESIDENCY_LIMIT = 0.05
+MEMORY_HEADROOM = 0.85
+
+
+@dataclass
+class RestoreOptions:
+    caches: tuple[str, ...] = ("cold", "hot")
+    concurrency: tuple[int, ...] = (1, 8, 16, 32, 64)
+    repeat: int = 3
+    verify: str = "full"
+    world_size: int | None = None
+    part_size: int = DEFAULT_PART_SIZE
+    ceiling_gbps: float | None = None
+    first_step: bool = True
+    drop_caches: bool = False
+    progress: bool | None = None
+
+    def validate(self) -> None:
+        for cache in self.caches:
+            if cache not in ("cold", "hot"):
+                raise CkptprofError(f"--cache {cache!r} is not valid; expected cold, hot or both.")
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise CkptprofError("--concurrency needs positive integers, e.g. 1,8,16.")
+        if self.repeat < 1:
+            raise CkptprofError(f"--repeat {self.repeat} must be at least 1.")
+        if self.world_size is not None and self.world_size < 1:
+            raise CkptprofError(f"--world-size {self.world_size} must be at least 1.")
+        if self.part_size < 4096:
+            raise CkptprofError(f"--part-size {self.part_size} must be at least 4096 bytes.")
+
+
+@dataclass
+class RunRecord:
+    cache: str
+    concurrency: int
+    repeat: int
+    wall_s: float
+    bytes: int
+    resident_fraction: float | None
+    cache_method: str
+    trace_id: str
+    phases: dict[str, dict] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
+class RestoreRunner:
+    """Runs restores of one synthetic checkpoint; see :func:`run_restore`."""
+
+    def __init__(self, location: str, options: RestoreOptions, tracer: CheckpointTracer) -> None:
+        options.validate()
+        self.options = options
+        self.tracer = tracer
+        self.storage: Storage = open_storage(location)
+        self.manifest = self._read_manifest()
+        try:
+            self.spec = SynthSpec.from_dict(self.manifest.spec)
+        except TypeError as exc:
+            raise CkptprofError(f"{self._where(MANIFEST_NAME)}: bad spec ({exc}).") from None
+        self.layout = get_layout(self.spec.layout)
+        self.plan = self.layout.plan(self.spec)
+        self.world_size = options.world_size or self.spec.ranks
+        self.paths = sorted(self.manifest.files)
+        self.check_listing(self.storage.list())  # fail before any cache work or timing
+        self.model = self.optimizer = None
+
+    # ------------------------------------------------------------ setup
+    def _where(self, path: str) -> str:
+        return f"{self.storage.uri}/{path}"
+
+    def _read_manifest(self) -> Manifest:
+        try:
+            raw = self.storage.read_bytes(MANIFEST_NAME)
+        except FileNotFoundError:
+            if not self.storage.exists("") and not _is_dir(self.storage):
+                raise CkptprofError(
+                    f"{self.storage.uri}: no such checkpoint location; check the path, or "
+                    "create one with `ckptprof synth generate`."
+                ) from None
+            raise CkptprofError(
+                f"{self._where(MANIFEST_NAME)} is missing: this is not a complete ckptprof "
+                "checkpoint (generation unfinished?); run `ckptprof synth generate` first."
+            ) from None
+        return Manifest.from_json(raw, self._where(MANIFEST_NAME))
+
+    def check_memory(self) -> None:
+        """Refuse early when fetched bytes plus the restored state cannot fit."""
+        need = self.manifest.total_bytes + (self.plan.payload_bytes if self.world_size > 1 else 0)
+        avail = psutil.virtual_memory().available
+        if need > avail * MEMORY_HEADROOM:
+            raise CkptprofError(
+                f"restoring {self.storage.uri} needs about {need / 2**30:.1f} GiB of memory "
+                f"(fetched bytes + restored state) but {avail / 2**30:.1f} GiB is available; "
+                "use a checkpoint generated with a smaller --scale or --no-optimizer."
+            )
+
+    def build_model(self) -> bool:
+        """Build the target model when a real step fits beside the fetched bytes."""
+        from ckptprof.synth.model import build_model, training_bytes
+
+        need = self.manifest.total_bytes + training_bytes(self.plan.preset)
+        if self.world_size != 1 or need > psutil.virtual_memory().available * MEMORY_HEADROOM:
+            return False
+        self.model, self.optimizer = build_model(self.plan.preset)
+        return True
+
+    def ceiling(self) -> ceiling_mod.Ceiling:
+        infos = [ObjectInfo(p, e.size) for p, e in self.manifest.files.items()]
+        if self.options.ceiling_gbps:
+            return ceiling_mod.Ceiling(
+                self.options.ceiling_gbps,
+                "--ceiling-gbps",
+                self.options.part_size,
+                self.manifest.total_bytes,
+            )
+        return ceiling_mod.probe(
+            self.storage, infos, self.options.part_size, max(self.options.concurrency)
+        )
+
+    # ------------------------------------------------------------ cache
+    def prepare_cache(self, cache: str):
+        if cache == "hot":
+            return self.storage.warm(self.paths)
+        state = self.storage.evict(self.paths)
+        if (
+            state.resident_fraction is not None
+            and state.resident_fraction > COLD_RESIDENCY_LIMIT
+            and self.options.drop_caches
+        ):
+            from ckptprof.storage import pagecache
+
+            if pagecache.drop_caches():
+                state = self.storage.evict(self.paths)
+                state.method += " + drop_caches (machine-wide)"
+        if state.resident_fraction is not None and state.resident_fraction > COLD_RESIDENCY_LIMIT:
+            raise CkptprofError(
+                f"{self.storage.uri}: {state.resident_fraction:.0%} of the checkpoint is still "
+                f"in the page cache after {state.method}, so a run would not be cold; "
+                "re-run as root with --drop-caches, or use --cache hot."
+            )
+        return state
+
+    # ------------------------------------------------------------ one run
+    def run_once(self, cache: str, concurrency: int, repeat: int) -> RunRecord:
+        state = self.prepare_cache(cache)
+        attrs = {
+            Attr.FORMAT: self.layout.format,
+            Attr.LAYOUT: self.layout.name,
+            Attr.MODEL: self.spec.model,
+            Attr.STORAGE_KIND: self.storage.kind,
+            Attr.STORAGE_URI: self.storage.uri,
+            Attr.CACHE: cache,
+            Attr.CACHE_METHOD: state.method,
+            Attr.CACHE_RESIDENT_FRACTION: state.resident_fraction,
+            Attr.CONCURRENCY: concurrency,
+            Attr.REPEAT: repeat,
+            Attr.WORLD_SIZE: self.world_size,
+            Attr.SAVED_WORLD_SIZE: self.spec.ranks,
+            Attr.VERIFY_MODE: self.options.verify,
+            Attr.STEP: self.spec.step,
+        }
+        buffers: dict[str, HostBuffer] = {}
+        with self.tracer.restore(attrs) as op:
+            try:
+                infos = self._list(op)
+                with op.phase(Phase.FETCH, **{Attr.CONCURRENCY: concurrency}):
+                    buffers = fetch(
+                        self.storage,
+                        infos,
+                        concurrency,
+                        op,
+                        self.options.part_size,
+                        self.options.progress,
+                    )
+                with op.phase(Phase.VERIFY, **{Attr.VERIFY_MODE: self.options.verify}):
+                    verify_buffers(
+                        buffers,
+                        self.manifest,
+                        self.options.verify,
+                        self.storage.uri,
+                        op,
+                        threads=min(concurrency, os.cpu_count() or 1),
+                    )
+                targets = self.layout.load_targets(
+                    self.plan,
+                    buffers,
+                    self.world_size,
+                    op,
+                    threads=min(concurrency, os.cpu_count() or 1),
+                )
+                self._apply(targets, op)
+                del targets
+                for buf in buffers.values():
+                    buf.close()
+                if self.options.first_step:
+                    self._first_step(op)
+            finally:
+                for buf in buffers.values():
+                    buf.close()
+                retries, errors = self.storage.stats.retries, self.storage.stats.errors
+                op.set_attributes({Attr.RETRIES: retries, Attr.ERRORS: errors})
+        summary = op.summary
+        phases = {}
+        for name, stats in summary.phases.items():
+            entry = {"busy_s": stats.busy_s, "bytes": stats.nbytes, "files": len(stats.files)}
+            if stats.nbytes and stats.busy_s:
+                entry["gbps"] = stats.nbytes / stats.busy_s / 1e9
+            if stats.attributes.get(Attr.EMULATED):
+                entry["emulated"] = True
+                entry["emulation_reason"] = stats.attributes.get(Attr.EMULATION_REASON, "")
+            phases[name] = entry
+        ctx = op.span_context
+        return RunRecord(
+            cache,
+            concurrency,
+            repeat,
+            summary.wall_s,
+            self.manifest.total_bytes,
+            state.resident_fraction,
+            state.method,
+            format(ctx.trace_id, "032x") if ctx else "",
+            phases,
+        )
+
+    def _list(self, op: Operation) -> list[ObjectInfo]:
+        """Listing + the layout's own index reads, checked against the manifest."""
+        with op.phase(Phase.LIST) as stats:
+            listed = self.storage.list()
+            self.layout.discover(self.storage, self.plan)
+            infos = self.check_listing(listed)
+            stats.attributes[Attr.FILES] = len(infos)
+            stats.attributes["ckpt.list.requests"] = self.storage.stats.requests
+        return infos
+
+    def check_listing(self, listed: list[ObjectInfo]) -> list[ObjectInfo]:
+        """The manifest's files as listed; a missing or resized file is an error naming it."""
+        by_path = {i.path: i for i in listed}
+        infos = []
+        for path in self.paths:
+            want = self.manifest.files[path]
+            info = by_path.get(path)
+            if info is None:
+                raise CkptprofError(
+                    f"{self._where(path)} is listed in the manifest but missing; "
+                    "restore the file or regenerate the checkpoint."
+                )
+            if info.size != want.size:
+                raise CkptprofError(
+                    f"{self._where(path)} is {info.size} bytes but the manifest says "
+                    f"{want.size} (truncated or replaced); regenerate or restore it."
+                )
+            infos.append(info)
+        return infos
+
+    def _apply(self, targets, op: Operation) -> None:
+        """Load the restored state into the model and optimizer (part of reshard)."""
+        if self.model is None or self.world_size != 1:
+            return
+        import torch
+
+        from ckptprof.synth.plan import GROUP_EXP_AVG, GROUP_EXP_AVG_SQ, GROUP_MODEL
+
+        state = targets[0]
+        with op.phase(Phase.RESHARD):
+            self.model.load_state_dict(
+                {name: t for (group, name), t in state.items() if group == GROUP_MODEL}
+            )
+            if (GROUP_EXP_AVG, "model.norm.weight") in state:
+                names = [n for n, _ in self.model.named_parameters()]
+                step = torch.tensor(float(self.spec.step))
+                self.optimizer.load_state_dict(
+                    {
+                        "state": {
+                            i: {
+                                "step": step.clone(),
+                                "exp_avg": state[(GROUP_EXP_AVG, n)],
+                                "exp_avg_sq": state[(GROUP_EXP_AVG_SQ, n)],
+                            }
+                            for i, n in enumerate(names)
+                        },
+                        "param_groups": [
+                            {**self.optimizer.param_groups[0], "params": list(range(len(names)))}
+                        ],
+                    }
+                )
+
+    def _first_step(self, op: Operation) -> None:
+        import torch
+
+        from ckptprof.synth.model import train_step
+
+        previous = torch.set_flush_denormal(True)
+        try:
+            if self.model is not None and self.world_size == 1:
+                with op.phase(Phase.FIRST_STEP, **{Attr.EMULATED: False}):
+                    train_step(self.model, self.optimizer)
+                return
+            seconds, reason = self._emulated_step_seconds()
+            end = time.time_ns()
+            op.add_interval(Phase.FIRST_STEP, end - int(seconds * 1e9), end)
+            op.set_phase_attributes(
+                Phase.FIRST_STEP, **{Attr.EMULATED: True, Attr.EMULATION_REASON: reason}
+            )
+        finally:
+            torch.set_flush_denormal(previous)
+
+    def _emulated_step_seconds(self) -> tuple[float, str]:
+        """Time 1- and 2-layer models of the same width; extrapolate to all layers."""
+        from dataclasses import replace
+
+        from ckptprof.synth.model import build_model, train_step
+
+        times = []
+        for layers in (1, 2):
+            model, optim = build_model(replace(self.plan.preset, layers=layers))
+            train_step(model, optim)  # warm-up: first-call allocations are not per-layer cost
+            t0 = time.perf_counter()
+            train_step(model, optim)
+            times.append(time.perf_counter() - t0)
+            del model, optim
+        per_layer = max(0.0, times[1] - times[0])
+        total = times[0] + per_layer * (self.plan.preset.layers - 1)
+        why = (
+            f"world size {self.world_size} cannot step in one process"
+            if self.world_size != 1
+            else "model does not fit in memory"
+        )
+        return total, f"{why}; extrapolated from 1- and 2-layer steps of the same width"
+
+
+def _is_dir(storage: Storage) -> bool:
+    root = getattr(storage, "root", None)
+    return bool(root is not None and root.is_dir())
+
+
+# ---------------------------------------------------------------- results
+
+
+def summarize(runs: list[RunRecord], ceiling: ceiling_mod.Ceiling | None) -> list[dict]:
+    groups: dict[tuple[str, int], list[RunRecord]] = {}
+    for run in runs:
+        groups.setdefault((run.cache, run.concurrency), []).append(run)
+    out = []
+    for (cache, conc), items in groups.items():
+        walls = [r.wall_s for r in items]
+        phases = {}
+        for phase in RESTORE_PHASES:
+            values = [r.phases[phase.value]["busy_s"] for r in items if phase.value in r.phases]
+            if values:
+                phases[phase.value] = {
+                    "min_s": min(values),
+                    "median_s": statistics.median(values),
+                    "max_s": max(values),
+                }
+        gbps = [r.phases["fetch"]["gbps"] for r in items if "gbps" in r.phases.get("fetch", {})]
+        entry = {
+            "cache": cache,
+            "concurrency": conc,
+            "repeats": len(items),
+            "rto_s": {"min": min(walls), "median": statistics.median(walls), "max": max(walls)},
+            "phases": phases,
+        }
+        if gbps:
+            entry["fetch_gbps_median"] = statistics.median(gbps)
+            if ceiling and ceiling.read_gbps and cache == "cold":
+                entry["fraction_of_ceiling"] = entry["fetch_gbps_median"] / ceiling.read_gbps
+        out.append(entry)
+    return out
+
+
+def write_results(out_dir: Path, payload: dict, runs: list[RunRecord]) -> tuple[Path, Path]:
+    """results.json and results.csv, each written to a temp name and renamed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = out_dir / "results.json", out_dir / "results.csv"
+    _atomic_write(json_path, json.dumps(payload, indent=2, default=str))
+    buf = io.StringIO()
+    phase_names = [p.value for p in RESTORE_PHASES]
+    writer = csv.writer(buf)
+    writer.writerow(
+        [
+            "cache",
+            "concurrency",
+            "repeat",
+            "rto_s",
+            *[f"{p}_s" for p in phase_names],
+            "bytes",
+            "fetch_gbps",
+            "resident_fraction",
+            "cache_method",
+            "first_step_emulated",
+            "trace_id",
+        ]
+    )
+    for r in runs:
+        writer.writerow(
+            [
+                r.cache,
+                r.concurrency,
+                r.repeat,
+                f"{r.wall_s:.6f}",
+                *[f"{r.phases[p]['busy_s']:.6f}" if p in r.phases else "" for p in phase_names],
+                r.bytes,
+                f"{r.phases.get('fetch', {}).get('gbps', 0):.4f}",
+                "" if r.resident_fraction is None else f"{r.resident_fraction:.4f}",
+                r.cache_method,
+                r.phases.get("first_step", {}).get("emulated", False),
+                r.trace_id,
+            ]
+        )
+    _atomic_write(csv_path, buf.getvalue())
+    return json_path, csv_path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def run_restore(
+    location: str,
+    options: RestoreOptions,
+    out_dir: Path,
+    trace_dir: Path | None = None,
+    echo=print,
+) -> dict:
+    """Probe the ceiling, run the sweep, write results.json/results.csv and traces."""
+    from ckptprof import __version__
+    from ckptprof.env import capture
+    from ckptprof.tracing.export import setup_telemetry
+
+    telemetry = setup_telemetry(trace_dir or out_dir / "traces")
+    tracer = CheckpointTracer(telemetry.provider, framework="synthetic", run_id=telemetry.run_id)
+    try:
+        runner = RestoreRunner(location, options, tracer)
+        runner.check_memory()
+        if options.first_step and not runner.build_model():
+            echo("first_step will be emulated (model does not fit, or world size > 1).")
+        ceiling = runner.ceiling()
+        echo(ceiling.describe())
+        runs: list[RunRecord] = []
+        for concurrency in options.concurrency:
+            for repeat in range(options.repeat):
+                for cache in options.caches:
+                    run = runner.run_once(cache, concurrency, repeat)
+                    runs.append(run)
+                    echo(_run_line(run, ceiling))
+        payload = {
+            "ckptprof_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "location": runner.storage.uri,
+            "spec": runner.spec.to_dict(),
+            "options": {
+                "verify": options.verify,
+                "world_size": runner.world_size,
+                "part_size": options.part_size,
+                "repeat": options.repeat,
+                "caches": list(options.caches),
+                "concurrency": list(options.concurrency),
+            },
+            "environment": capture(runner.storage.describe()),
+            "ceiling": ceiling.to_dict(),
+            "runs": [r.to_dict() for r in runs],
+            "summary": summarize(runs, ceiling),
+            "trace_file": str(telemetry.trace_file),
+        }
+        json_path, csv_path = write_results(out_dir, payload, runs)
+        echo(f"results: {json_path} and {csv_path}; traces: {telemetry.trace_file}")
+        return payload
+    finally:
+        telemetry.shutdown()
+
+
+def _run_line(run: RunRecord, ceiling) -> str:
+    fetch = run.phases.get("fetch", {})
+    frac = ""
+    if fetch.get("gbps") and ceiling.read_gbps and run.cache == "cold":
+        frac = f" ({fetch['gbps'] / ceiling.read_gbps:.0%} of ceiling)"
+    resident = "" if run.resident_fraction is None else f" resident={run.resident_fraction:.1%}"
+    phases = " ".join(f"{k}={v['busy_s']:.3f}" for k, v in run.phases.items())
+    return (
+        f"{run.cache:4} x{run.concurrency:<3} #{run.repeat} RTO {run.wall_s:.3f}s "
+        f"fetch {fetch.get('gbps', 0):.2f} GB/s{frac}{resident} | {phases}"
+    )

@@ -1,0 +1,270 @@
+"""Where spans go: always a local JSON-lines trace file, plus OTLP when the
+standard ``OTEL_*`` variables ask for it.
+
+Export is a guest in the training job: it runs on background threads, an
+unreachable collector or an unwritable trace directory costs one warning, and
+shutdown never waits longer than a bounded time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+from ckptprof.tracing.resource import build_resource
+
+log = logging.getLogger("ckptprof")
+
+TRACE_DIR_ENV = "CKPTPROF_TRACE_DIR"
+DEFAULT_TRACE_DIR = "ckptprof-traces"
+DEFAULT_OTLP_TIMEOUT_S = 3.0
+FILE_FLUSH_TIMEOUT_S = 5.0
+NETWORK_FLUSH_TIMEOUT_S = 2.0
+
+
+def span_to_json_line(span: ReadableSpan) -> str:
+    """The SDK's own span JSON, folded onto one line."""
+    return json.dumps(json.loads(span.to_json(indent=None)), separators=(",", ":"))
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends one span per line to a file; disk trouble is a single warning."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._file = None
+        self._failed = False
+
+    def _open(self):
+        if self._file is None and not self._failed:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            except OSError as exc:
+                self._fail(exc)
+        return self._file
+
+    def _fail(self, exc: OSError) -> None:
+        self._failed = True
+        log.warning(
+            "ckptprof: cannot write the trace file %s (%s); spans are not saved locally. "
+            "Set %s or --trace-dir to a writable directory.",
+            self.path,
+            exc.strerror or exc,
+            TRACE_DIR_ENV,
+        )
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        with self._lock:
+            handle = self._open()
+            if handle is None:
+                return SpanExportResult.FAILURE
+            try:
+                handle.write("".join(span_to_json_line(s) + "\n" for s in spans))
+                handle.flush()
+            except OSError as exc:
+                self._fail(exc)
+                return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                self._file = None
+
+
+class WarnOnceExporter(SpanExporter):
+    """Wraps a network exporter: failures become one warning, never an exception."""
+
+    def __init__(self, inner: SpanExporter, description: str) -> None:
+        self.inner = inner
+        self.description = description
+        self._warned = False
+        self._gate_logs()
+
+    def _gate_logs(self) -> None:
+        """Route the exporter's own retry warnings into our single warning.
+
+        Best effort on a private attribute of the SDK's HTTP client, set on this
+        exporter instance only (the module logger, shared with the user's own
+        exporters, is left alone). Without it, the SDK's warnings show as usual.
+        """
+        client = getattr(self.inner, "_client", None)
+        if client is not None and isinstance(getattr(client, "_logger", None), logging.Logger):
+            gate = logging.Logger(f"ckptprof.otlp.{id(self)}")
+            gate.addFilter(self._gate)
+            client._logger = gate
+
+    def _gate(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            self._warn(record.getMessage()[:300])
+        return False
+
+    def _warn(self, reason: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "ckptprof: could not export spans to %s (%s); training continues and "
+                "spans are still written to the local trace file.",
+                self.description,
+                reason,
+            )
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception as exc:  # noqa: BLE001 - the exporter must never raise into the job
+            self._warn(f"{type(exc).__name__}: {exc}")
+            return SpanExportResult.FAILURE
+        if result is not SpanExportResult.SUCCESS:
+            self._warn("the collector did not accept the batch")
+        return result
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            self.inner.shutdown()
+
+
+def _otlp_requested() -> bool:
+    names = os.environ.get("OTEL_TRACES_EXPORTER", "")
+    if names:
+        return "otlp" in [n.strip() for n in names.split(",")]
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+def _otlp_exporter() -> WarnOnceExporter | None:
+    protocol = os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+    )
+    endpoint = os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"),
+    )
+    try:
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore
+                OTLPSpanExporter,
+            )
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        log.warning(
+            "ckptprof: OTLP export over %s was requested but its exporter is not installed; "
+            "pip install opentelemetry-exporter-otlp-proto-%s",
+            protocol,
+            protocol or "http",
+        )
+        return None
+    # The SDK reads endpoint, headers and compression from the OTEL_* variables. Its
+    # default timeout (10 s of retries) is shortened unless the user set one, so a
+    # collector that is down cannot hold the end of a training job for long.
+    timeout_set = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT" in os.environ or (
+        "OTEL_EXPORTER_OTLP_TIMEOUT" in os.environ
+    )
+    exporter = (
+        OTLPSpanExporter() if timeout_set else OTLPSpanExporter(timeout=DEFAULT_OTLP_TIMEOUT_S)
+    )
+    return WarnOnceExporter(exporter, f"OTLP endpoint {_safe_endpoint(endpoint)}")
+
+
+def _safe_endpoint(url: str) -> str:
+    """The endpoint without credentials or query string."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}" if parts.scheme else url.split("?")[0]
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+@dataclass
+class Telemetry:
+    """A tracer provider owned by ckptprof (never installed as the global one)."""
+
+    provider: TracerProvider
+    trace_file: Path | None
+    run_id: str
+    file_processor: BatchSpanProcessor | None = None
+    network_processor: BatchSpanProcessor | None = None
+
+    def flush(self) -> None:
+        """Make the trace file complete now (bounded); network export stays in background."""
+        if self.file_processor is not None:
+            _bounded(lambda: self.file_processor.force_flush(), FILE_FLUSH_TIMEOUT_S)
+
+    def shutdown(self) -> None:
+        """Flush the trace file, give the network exporter a short chance, never hang."""
+        if self.file_processor is not None:
+            _bounded(self.file_processor.shutdown, FILE_FLUSH_TIMEOUT_S)
+        if self.network_processor is not None:
+            _bounded(self.network_processor.shutdown, NETWORK_FLUSH_TIMEOUT_S, quiet=True)
+
+
+def _bounded(fn, timeout_s: float, quiet: bool = False) -> None:
+    """Run ``fn`` on a daemon thread and stop waiting after ``timeout_s``."""
+    worker = threading.Thread(target=fn, name="ckptprof-export", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive() and not quiet:
+        log.warning("ckptprof: span export did not finish within %.0f s; not waiting.", timeout_s)
+
+
+def resolve_trace_dir(trace_dir: str | os.PathLike | None) -> Path:
+    return Path(trace_dir or os.environ.get(TRACE_DIR_ENV) or DEFAULT_TRACE_DIR)
+
+
+def setup_telemetry(
+    trace_dir: str | os.PathLike | None = None,
+    *,
+    service_name: str | None = None,
+    run_id: str | None = None,
+    otlp: bool | None = None,
+) -> Telemetry:
+    """Build a provider with the trace-file exporter (and OTLP if requested).
+
+    Args:
+        trace_dir: directory for ``<run_id>-<pid>.jsonl``; defaults to
+            ``$CKPTPROF_TRACE_DIR`` or ``./ckptprof-traces``.
+        service_name: ``service.name`` unless ``OTEL_SERVICE_NAME`` is set.
+        run_id: names the trace file and tags spans; generated when omitted.
+        otlp: force OTLP on/off; by default the ``OTEL_*`` variables decide.
+    """
+    run_id = run_id or new_run_id()
+    provider = TracerProvider(resource=build_resource(service_name))
+    trace_file = resolve_trace_dir(trace_dir) / f"{run_id}-{os.getpid()}.jsonl"
+    file_processor = BatchSpanProcessor(
+        JsonLinesSpanExporter(trace_file), schedule_delay_millis=500
+    )
+    provider.add_span_processor(file_processor)
+    network_processor = None
+    if otlp if otlp is not None else _otlp_requested():
+        exporter = _otlp_exporter()
+        if exporter is not None:
+            network_processor = BatchSpanProcessor(exporter)
+            provider.add_span_processor(network_processor)
+    return Telemetry(provider, trace_file, run_id, file_processor, network_processor)

@@ -1,0 +1,363 @@
+"""The one API every producer of checkpoint spans uses.
+
+The synthetic runner and the Lightning / Hugging Face / DeepSpeed adapters all
+record through :class:`CheckpointTracer`; none of them creates phase spans on
+its own. A phase may be entered many times and from several threads (fetch of
+file 2 while file 1 is deserialized): its span covers the real interval from
+first entry to last exit, and ``ckpt.busy_s`` holds the union of the time it
+was actually active, so overlapping phases are never shown as sequential.
+
+The recorder is a guest: an internal error is logged once and swallowed, and an
+exception from the host code is recorded on the root span and re-raised as is.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from ckptprof.phases import FILE_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr, Phase
+
+log = logging.getLogger("ckptprof")
+# Functions that already logged an internal error: one warning per process, not per call.
+_warned: set[str] = set()
+
+AttrValue = str | bool | int | float
+
+
+def _guest(fn):
+    """Log an internal failure once per function and carry on."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - profiling must never break the job
+            if fn.__qualname__ not in _warned:
+                _warned.add(fn.__qualname__)
+                log.warning("ckptprof: internal error in %s ignored: %r", fn.__qualname__, exc)
+            return None
+
+    return wrapper
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    total, cur_start, cur_end = 0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+@dataclass
+class FileRecord:
+    path: str
+    nbytes: int
+    seconds: float
+    start_ns: int | None = None
+
+
+@dataclass
+class PhaseStats:
+    """What one phase did within one operation; becomes the phase span."""
+
+    phase: str
+    intervals: list[tuple[int, int]] = field(default_factory=list)
+    nbytes: int = 0
+    files: list[FileRecord] = field(default_factory=list)
+    attributes: dict[str, AttrValue] = field(default_factory=dict)
+
+    @property
+    def start_ns(self) -> int:
+        return min(s for s, _ in self.intervals)
+
+    @property
+    def end_ns(self) -> int:
+        return max(e for _, e in self.intervals)
+
+    @property
+    def busy_s(self) -> float:
+        return _union_ns(self.intervals) / 1e9
+
+    def span_attributes(self) -> dict[str, AttrValue]:
+        attrs: dict[str, AttrValue] = {Attr.BUSY_S: round(self.busy_s, 6)}
+        if self.nbytes:
+            attrs[Attr.BYTES] = self.nbytes
+            if self.busy_s > 0:
+                attrs[Attr.THROUGHPUT_GBPS] = round(self.nbytes / self.busy_s / 1e9, 4)
+        if self.files:
+            lat = [f.seconds for f in self.files]
+            attrs[Attr.FILES] = len(self.files)
+            attrs[Attr.FILE_LATENCY_MIN_S] = round(min(lat), 6)
+            attrs[Attr.FILE_LATENCY_MEDIAN_S] = round(statistics.median(lat), 6)
+            attrs[Attr.FILE_LATENCY_MAX_S] = round(max(lat), 6)
+        attrs.update(self.attributes)
+        return attrs
+
+
+@dataclass
+class OperationSummary:
+    """A finished save/restore in numbers (what the one-line log summary prints)."""
+
+    kind: str
+    wall_s: float
+    phases: dict[str, PhaseStats]
+    attributes: dict[str, AttrValue]
+
+    @property
+    def phase_sum_s(self) -> float:
+        return sum(p.busy_s for p in self.phases.values())
+
+    def largest_phase(self) -> tuple[str, float] | None:
+        if not self.phases:
+            return None
+        name, stats = max(self.phases.items(), key=lambda kv: kv[1].busy_s)
+        return name, stats.busy_s
+
+    def one_line(self) -> str:
+        label = "RTO" if self.kind == "restore" else "save"
+        parts = [f"ckptprof: {label} {self.wall_s:.3f}s"]
+        largest = self.largest_phase()
+        if largest:
+            share = largest[1] / self.wall_s * 100 if self.wall_s else 0.0
+            parts.append(f"largest phase {largest[0]} {largest[1]:.3f}s ({share:.0f}%)")
+        parts.append(" ".join(f"{n}={p.busy_s:.3f}s" for n, p in self.phases.items()))
+        return "; ".join(parts)
+
+
+class Operation:
+    """One save or restore: a root span plus aggregated phase spans.
+
+    Use it as a context manager (``with tracer.restore(...) as op``) or call
+    :meth:`finish` yourself when the end is in another callback (e.g. the first
+    training step after a framework resume).
+    """
+
+    def __init__(
+        self,
+        tracer: trace.Tracer,
+        kind: str,
+        attributes: Mapping[str, AttrValue],
+        per_file_spans: bool,
+        links: list[Link] | None = None,
+    ) -> None:
+        self.kind = kind
+        self._tracer = tracer
+        self._per_file_spans = per_file_spans
+        self._lock = threading.Lock()
+        self._phases: dict[str, PhaseStats] = {}
+        self._attributes: dict[str, AttrValue] = dict(attributes)
+        self._start_ns = time.time_ns()
+        self._end_ns: int | None = None
+        self._summary: OperationSummary | None = None
+        self._span = self._start_root(links)
+
+    @_guest
+    def _start_root(self, links):
+        name = RESTORE_SPAN if self.kind == "restore" else SAVE_SPAN
+        return self._tracer.start_span(
+            name,
+            kind=SpanKind.INTERNAL,
+            attributes=self._attributes,
+            start_time=self._start_ns,
+            links=links or None,
+        )
+
+    # ----------------------------------------------------------- recording
+    @property
+    def finished(self) -> bool:
+        return self._end_ns is not None
+
+    @property
+    def span_context(self):
+        return self._span.get_span_context() if self._span is not None else None
+
+    def _stats(self, phase: Phase | str) -> PhaseStats:
+        name = phase.value if isinstance(phase, Phase) else str(phase)
+        with self._lock:
+            stats = self._phases.get(name)
+            if stats is None:
+                stats = self._phases[name] = PhaseStats(name)
+            return stats
+
+    @contextmanager
+    def phase(self, phase: Phase | str, **attributes: AttrValue) -> Iterator[PhaseStats]:
+        """Time one stretch of ``phase``; may be entered many times, from many threads."""
+        stats = self._stats(phase)
+        start = time.time_ns()
+        try:
+            yield stats
+        finally:
+            end = time.time_ns()
+            with self._lock:
+                stats.intervals.append((start, end))
+                stats.attributes.update(attributes)
+
+    def add_interval(self, phase: Phase | str, start_ns: int, end_ns: int) -> None:
+        """Record a stretch of ``phase`` measured elsewhere (e.g. in a worker)."""
+        stats = self._stats(phase)
+        with self._lock:
+            stats.intervals.append((start_ns, end_ns))
+
+    def add_file(
+        self,
+        phase: Phase | str,
+        path: str,
+        nbytes: int,
+        seconds: float,
+        start_ns: int | None = None,
+    ) -> None:
+        """Aggregate one file's work onto the phase span (thread-safe)."""
+        stats = self._stats(phase)
+        with self._lock:
+            stats.files.append(FileRecord(str(path), int(nbytes), float(seconds), start_ns))
+            stats.nbytes += int(nbytes)
+
+    def add_bytes(self, phase: Phase | str, nbytes: int) -> None:
+        stats = self._stats(phase)
+        with self._lock:
+            stats.nbytes += int(nbytes)
+
+    def set_phase_attributes(self, phase: Phase | str, **attributes: AttrValue) -> None:
+        stats = self._stats(phase)
+        with self._lock:
+            stats.attributes.update(attributes)
+
+    def set_attributes(self, attributes: Mapping[str, AttrValue]) -> None:
+        with self._lock:
+            self._attributes.update(attributes)
+
+    # ----------------------------------------------------------- finishing
+    def __enter__(self) -> Operation:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finish(error=exc)
+
+    def finish(self, error: BaseException | None = None) -> OperationSummary | None:
+        """End the root span and emit the phase spans. Idempotent."""
+        if self._summary is not None:
+            return self._summary
+        self._end_ns = time.time_ns()
+        self._summary = self._emit(error)
+        return self._summary
+
+    @property
+    def summary(self) -> OperationSummary | None:
+        return self._summary
+
+    @_guest
+    def _emit(self, error: BaseException | None) -> OperationSummary:
+        wall_s = (self._end_ns - self._start_ns) / 1e9
+        with self._lock:
+            phases = {n: s for n, s in self._phases.items() if s.intervals}
+        summary = OperationSummary(self.kind, wall_s, phases, dict(self._attributes))
+        root = self._span
+        if root is None:
+            return summary
+        ctx = trace.set_span_in_context(root)
+        for stats in phases.values():
+            span = self._tracer.start_span(
+                Phase(stats.phase).span_name
+                if stats.phase in Phase._value2member_map_
+                else f"ckpt.{stats.phase}",
+                context=ctx,
+                start_time=stats.start_ns,
+                attributes=stats.span_attributes(),
+            )
+            if self._per_file_spans:
+                self._emit_files(span, stats)
+            span.end(end_time=stats.end_ns)
+        root.set_attributes(self._attributes)
+        root.set_attribute(Attr.WALL_S, round(wall_s, 6))
+        root.set_attribute(Attr.PHASE_SUM_S, round(summary.phase_sum_s, 6))
+        if error is not None:
+            root.record_exception(error)
+            root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        root.end(end_time=self._end_ns)
+        return summary
+
+    def _emit_files(self, parent, stats: PhaseStats) -> None:
+        ctx = trace.set_span_in_context(parent)
+        for rec in stats.files:
+            start = rec.start_ns if rec.start_ns is not None else stats.start_ns
+            child = self._tracer.start_span(
+                FILE_SPAN,
+                context=ctx,
+                start_time=start,
+                attributes={Attr.PATH: rec.path, Attr.BYTES: rec.nbytes},
+            )
+            child.end(end_time=start + int(rec.seconds * 1e9))
+
+
+class CheckpointTracer:
+    """Creates save/restore operations on a tracer provider.
+
+    Args:
+        tracer_provider: where spans go; defaults to the global provider (which
+            ckptprof never sets). Pass ``setup_telemetry().provider`` for the
+            trace file + OTLP behaviour of the CLI.
+        framework: value of ``ckpt.framework`` on every root span.
+        run_id: value of ``ckpt.run_id``.
+        per_file_spans: also emit one ``ckpt.file`` child span per file.
+
+    Example::
+
+        tracer = CheckpointTracer(telemetry.provider, framework="lightning")
+        with tracer.restore({Attr.FORMAT: "torch"}) as op:
+            with op.phase(Phase.FETCH):
+                ...
+    """
+
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None = None,
+        *,
+        framework: str = "synthetic",
+        run_id: str | None = None,
+        per_file_spans: bool = False,
+    ) -> None:
+        from ckptprof import __version__
+
+        provider = tracer_provider or trace.get_tracer_provider()
+        self._tracer = provider.get_tracer("ckptprof", __version__)
+        self.framework = framework
+        self.run_id = run_id
+        self.per_file_spans = per_file_spans
+
+    def _base(self, attributes: Mapping[str, Any] | None) -> dict[str, AttrValue]:
+        base: dict[str, AttrValue] = {Attr.FRAMEWORK: self.framework}
+        if self.run_id:
+            base[Attr.RUN_ID] = self.run_id
+        for key, value in (attributes or {}).items():
+            if value is not None:
+                base[key] = value
+        return base
+
+    def restore(
+        self, attributes: Mapping[str, Any] | None = None, links: list[Link] | None = None
+    ) -> Operation:
+        return Operation(
+            self._tracer, "restore", self._base(attributes), self.per_file_spans, links
+        )
+
+    def save(
+        self, attributes: Mapping[str, Any] | None = None, links: list[Link] | None = None
+    ) -> Operation:
+        return Operation(self._tracer, "save", self._base(attributes), self.per_file_spans, links)

@@ -1,0 +1,159 @@
+"""Export: the trace file always, OTLP when the OTEL_* variables ask, never hurting the caller."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from ckptprof import CheckpointTracer, Phase
+from ckptprof.tracing.export import setup_telemetry
+from tests.conftest import read_spans
+
+
+def record_one_restore(telemetry):
+    tracer = CheckpointTracer(telemetry.provider, framework="synthetic", run_id=telemetry.run_id)
+    with tracer.restore({"ckpt.format": "torch"}) as op:
+        with op.phase(Phase.LIST):
+            pass
+        with op.phase(Phase.FETCH):
+            op.add_file(Phase.FETCH, "a", 10, 0.001)
+    return op
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def clean_otel_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("OTEL_"):
+            monkeypatch.delenv(key)
+    return monkeypatch
+
+
+def test_trace_file_is_one_sdk_span_json_per_line(tmp_path, clean_otel_env):
+    telemetry = setup_telemetry(tmp_path)
+    record_one_restore(telemetry)
+    telemetry.shutdown()
+    lines = telemetry.trace_file.read_text().splitlines()
+    assert len(lines) == 3 and all(line.startswith("{") for line in lines)
+    spans = read_spans(telemetry.trace_file)
+    names = {s["name"] for s in spans}
+    assert names == {"ckpt.restore", "ckpt.list", "ckpt.fetch"}
+    root = next(s for s in spans if s["name"] == "ckpt.restore")
+    assert root["parent_id"] is None
+    assert root["attributes"]["ckpt.run_id"] == telemetry.run_id
+    assert root["resource"]["attributes"]["service.name"] == "ckptprof"
+    assert "host.name" in root["resource"]["attributes"]
+    children = [s for s in spans if s["parent_id"]]
+    assert {c["parent_id"] for c in children} == {root["context"]["span_id"]}
+
+
+def test_trace_dir_from_env_and_service_name(tmp_path, clean_otel_env):
+    clean_otel_env.setenv("CKPTPROF_TRACE_DIR", str(tmp_path / "from-env"))
+    clean_otel_env.setenv("OTEL_SERVICE_NAME", "llm-pretrain")
+    telemetry = setup_telemetry()
+    record_one_restore(telemetry)
+    telemetry.shutdown()
+    assert telemetry.trace_file.parent == tmp_path / "from-env"
+    spans = read_spans(telemetry.trace_file)
+    assert spans[0]["resource"]["attributes"]["service.name"] == "llm-pretrain"
+
+
+def test_unwritable_trace_dir_is_one_warning(tmp_path, clean_otel_env, caplog):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    telemetry = setup_telemetry(blocker / "traces")
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        for _ in range(3):
+            op = record_one_restore(telemetry)
+            assert op.summary is not None  # the caller got its result
+        telemetry.shutdown()
+    warnings = [r for r in caplog.records if "cannot write the trace file" in r.message]
+    assert len(warnings) == 1
+    assert "CKPTPROF_TRACE_DIR" in warnings[0].message
+
+
+def test_unreachable_collector_is_one_warning_and_no_hang(tmp_path, clean_otel_env, caplog):
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    telemetry = setup_telemetry(tmp_path)
+    assert telemetry.network_processor is not None
+    with caplog.at_level(logging.WARNING):
+        started = time.monotonic()
+        for _ in range(5):
+            record_one_restore(telemetry)
+        recording = time.monotonic() - started
+        telemetry.shutdown()
+        total = time.monotonic() - started
+    # export runs in the background: recording itself never waits on the network,
+    # and shutdown gives up after a bounded wait (generous bounds: machines are noisy)
+    assert recording < 2.0
+    assert total < 15.0
+    ours = [r for r in caplog.records if r.name == "ckptprof" and "could not export" in r.message]
+    sdk = [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")]
+    assert len(ours) == 1 and not sdk
+    assert len(read_spans(telemetry.trace_file)) == 15  # the local file still has everything
+
+
+def test_otlp_export_reaches_a_collector(tmp_path, clean_otel_env):
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    received: list[bytes] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        clean_otel_env.setenv(
+            "OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}"
+        )
+        telemetry = setup_telemetry(tmp_path)
+        record_one_restore(telemetry)
+        telemetry.shutdown()
+    finally:
+        server.shutdown()
+    names = set()
+    for body in received:
+        request = ExportTraceServiceRequest.FromString(body)
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                names.update(span.name for span in ss.spans)
+    assert names == {"ckpt.restore", "ckpt.list", "ckpt.fetch"}
+
+
+def test_otel_traces_exporter_none_disables_otlp(tmp_path, clean_otel_env):
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    clean_otel_env.setenv("OTEL_TRACES_EXPORTER", "none")
+    telemetry = setup_telemetry(tmp_path)
+    assert telemetry.network_processor is None
+    telemetry.shutdown()
+
+
+def test_cloud_detection_reads_local_files_only(tmp_path):
+    from ckptprof.tracing.resource import detect_cloud_provider
+
+    (tmp_path / "sys_vendor").write_text("Amazon EC2\n")
+    assert detect_cloud_provider(tmp_path) == "aws"
+    (tmp_path / "sys_vendor").write_text("QEMU\n")
+    assert detect_cloud_provider(tmp_path) is None
+    assert detect_cloud_provider(tmp_path / "missing") is None

@@ -1,0 +1,543 @@
+"""``ckptprof report``: traces written by the real recorder, a results.json fixture, hints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptprof.errors import CkptprofError
+from ckptprof.phases import Attr, Phase
+from ckptprof.report import aggregate, load, render_json, render_text, write_plot
+from ckptprof.report import hints as H
+from ckptprof.report.aggregate import Breakdown, PhaseRow, SweepRow
+from ckptprof.report.load import Ceiling
+from ckptprof.tracing import CheckpointTracer, setup_telemetry
+from ckptprof.tracing import recorder as recorder_module
+
+MB = 1_000_000
+MiB = 1024 * 1024
+
+
+# --------------------------------------------------------------------- recording helpers
+class Clock:
+    """Stands in for the recorder's ``time`` module so wall times are exact."""
+
+    def __init__(self) -> None:
+        self.ns = 1_800_000_000 * 10**9
+
+    def time_ns(self) -> int:
+        return self.ns
+
+    def advance(self, seconds: float) -> None:
+        self.ns += round(seconds * 1e9)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(recorder_module, "time", fake)
+    return fake
+
+
+def ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+def record_restore(tracer, clock, attrs, wall, phases, files=(), kind="restore"):
+    """One operation: ``phases`` are (phase, start offset s, duration s) intervals."""
+    with getattr(tracer, kind)(attrs) as op:
+        t0 = clock.ns
+        for phase, start, duration in phases:
+            op.add_interval(phase, t0 + ns(start), t0 + ns(start + duration))
+        for phase, nbytes, seconds in files:
+            op.add_file(phase, f"shard-{nbytes}-{seconds}", nbytes, seconds)
+        clock.advance(wall)
+
+
+def write_trace(directory: Path, record, run_id="run-a", per_file_spans=False) -> Path:
+    telemetry = setup_telemetry(directory, run_id=run_id, otlp=False)
+    tracer = CheckpointTracer(telemetry.provider, run_id=run_id, per_file_spans=per_file_spans)
+    record(tracer)
+    telemetry.shutdown()
+    assert telemetry.trace_file is not None and telemetry.trace_file.exists()
+    return telemetry.trace_file
+
+
+COLD = {Attr.CACHE: "cold", Attr.CONCURRENCY: 8, Attr.FORMAT: "torch", Attr.STORAGE_KIND: "posix"}
+
+
+@pytest.fixture
+def three_restores(tmp_path, clock) -> Path:
+    """Fetch 0.1/0.3/0.2 s, walls 1/3/2 s; phases recorded out of canonical order."""
+
+    def record(tracer):
+        for repeat, (fetch, wall) in enumerate([(0.1, 1.0), (0.3, 3.0), (0.2, 2.0)]):
+            record_restore(
+                tracer,
+                clock,
+                {**COLD, Attr.REPEAT: repeat},
+                wall,
+                [(Phase.FIRST_STEP, 0.5, 0.1), (Phase.FETCH, 0.02, fetch), (Phase.LIST, 0.0, 0.02)],
+                files=[(Phase.FETCH, 100 * MB, fetch / 3)] * 3,
+            )
+
+    return write_trace(tmp_path / "traces", record, per_file_spans=True)
+
+
+# --------------------------------------------------------------------- traces
+def test_trace_group_medians_and_canonical_phase_order(three_restores):
+    report = aggregate(load([three_restores]))
+    assert len(report.groups) == 1
+    group = report.groups[0]
+    b = group.breakdown
+    assert group.kind == "restore"
+    assert group.config == {
+        "framework": "synthetic",
+        "format": "torch",
+        "storage": "posix",
+        "cache": "cold",
+        "concurrency": 8,
+    }
+    assert b.repeats == 3
+    assert (b.wall_min_s, b.wall_median_s, b.wall_max_s) == (1.0, 2.0, 3.0)
+    assert [r.phase for r in b.phases] == ["list", "fetch", "first_step"]
+    fetch = b.phase(Phase.FETCH)
+    assert fetch.busy_s == pytest.approx(0.2)
+    assert fetch.share == pytest.approx(0.1)
+    assert fetch.nbytes == 300 * MB
+    assert fetch.files == 3  # ckpt.file child spans are not phases
+    assert fetch.gbps == pytest.approx(1.5)  # median of 3.0, 1.0, 1.5 GB/s
+
+    text = render_text(report)
+    rows = [
+        line.split()[0]
+        for line in text.splitlines()
+        if re.match(r"  (list|fetch|first_step) ", line)
+    ]
+    assert rows == ["list", "fetch", "first_step"]
+    assert "3 restores, RTO median 2.000 s (min 1.000, max 3.000)" in text
+    assert re.search(r"fetch\s+0\.200\s+10\.0%\s+300\.00 MB\s+1\.50\s+3", text)
+    assert "sum of phases 0.320 s vs wall (critical path) 2.000 s" in text
+    assert "overlapped" not in text
+    assert all(len(line) <= 100 for line in text.splitlines())
+
+
+def test_overlapping_phases_are_reported_not_summed(tmp_path, clock):
+    def record(tracer):
+        record_restore(
+            tracer,
+            clock,
+            COLD,
+            1.0,
+            [(Phase.FETCH, 0.0, 0.8), (Phase.DESERIALIZE, 0.2, 0.8)],
+        )
+
+    report = aggregate(load([write_trace(tmp_path, record)]))
+    b = report.groups[0].breakdown
+    assert b.phase_sum_s == pytest.approx(1.6)
+    assert b.overlapped
+    text = render_text(report)
+    assert "sum of phases 1.600 s vs wall (critical path) 1.000 s: phases overlapped" in text
+
+
+def test_time_outside_phases_is_named(tmp_path, clock):
+    def record(tracer):
+        record_restore(tracer, clock, COLD, 2.0, [(Phase.FETCH, 0.0, 1.0)])
+
+    text = render_text(aggregate(load([write_trace(tmp_path, record)])))
+    assert "1.000 s (50% of RTO) outside any phase" in text
+
+
+def test_slowest_rank_is_named_and_sets_the_rto(tmp_path, clock):
+    walls = {0: 1.0, 1: 1.2, 2: 2.5, 3: 1.1}
+
+    def record(tracer):
+        for rank, wall in walls.items():
+            record_restore(
+                tracer,
+                clock,
+                {**COLD, Attr.RANK: rank, Attr.WORLD_SIZE: 4},
+                wall,
+                [(Phase.FETCH, 0.0, wall / 2)],
+            )
+
+    report = aggregate(load([write_trace(tmp_path, record, run_id="job-7")]))
+    group = report.groups[0]
+    assert group.ranks is not None
+    assert (group.ranks.slowest_rank, group.ranks.slowest_wall_s) == (2, 2.5)
+    assert (group.ranks.fastest_rank, group.ranks.ranks) == (0, 4)
+    # one restore of four ranks: its RTO is the slowest rank's, its phases that rank's
+    assert group.breakdown.repeats == 1
+    assert group.breakdown.wall_median_s == 2.5
+    assert group.breakdown.phase("fetch").busy_s == pytest.approx(1.25)
+    assert "slowest rank 2: RTO 2.500 s; fastest rank 0: 1.000 s (4 ranks" in render_text(report)
+
+
+def test_single_rank_runs_name_no_slowest_rank(three_restores):
+    report = aggregate(load([three_restores]))
+    assert report.groups[0].ranks is None
+    assert "slowest rank" not in render_text(report)
+
+
+def test_groups_split_by_configuration_and_kind(tmp_path, clock):
+    def record(tracer):
+        record_restore(tracer, clock, {**COLD, Attr.CACHE: "hot"}, 0.5, [(Phase.FETCH, 0, 0.1)])
+        record_restore(tracer, clock, COLD, 2.0, [(Phase.FETCH, 0, 1.0)])
+        record_restore(
+            tracer,
+            clock,
+            {Attr.FORMAT: "torch"},
+            0.4,
+            [(Phase.COMMIT, 0.3, 0.1), (Phase.SERIALIZE, 0.0, 0.1), (Phase.WRITE, 0.1, 0.2)],
+            kind="save",
+        )
+
+    report = aggregate(load([write_trace(tmp_path, record)]))
+    assert [(g.kind, g.config.get("cache")) for g in report.groups] == [
+        ("restore", "cold"),
+        ("restore", "hot"),
+        ("save", None),
+    ]
+    save = report.groups[2].breakdown
+    assert [r.phase for r in save.phases] == ["serialize", "write", "commit"]
+    text = render_text(report)
+    assert "1 save, save time median 0.400 s" in text
+
+
+def test_failed_restore_is_counted_but_not_in_medians(tmp_path, clock):
+    def record(tracer):
+        record_restore(tracer, clock, COLD, 1.0, [(Phase.FETCH, 0, 0.5)])
+        with pytest.raises(OSError), tracer.restore(COLD) as op:
+            op.add_interval(Phase.FETCH, clock.ns, clock.ns + ns(0.1))
+            clock.advance(9.0)
+            raise OSError("disk gone")
+
+    report = aggregate(load([write_trace(tmp_path, record)]))
+    group = report.groups[0]
+    assert (group.failed, group.breakdown.repeats, group.breakdown.wall_median_s) == (1, 1, 1.0)
+    assert "1 failed, not counted: OSError: disk gone" in render_text(report)
+
+
+def test_malformed_lines_are_skipped_with_one_warning(three_restores, capsys):
+    with open(three_restores, "a", encoding="utf-8") as handle:
+        handle.write('{"name": "ckpt.fetch", trunc\n')
+        handle.write("not json at all\n")
+    data = load([three_restores.parent])
+    assert len(data.operations) == 3
+    assert len(data.warnings) == 1
+    assert "skipped 2 malformed lines in 1 trace file" in data.warnings[0]
+
+    from ckptprof.cli.report import run
+
+    assert run(argparse.Namespace(paths=[str(three_restores)], by="phase", format="table")) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("ckptprof: warning:") == 1
+    assert "skipped 2 malformed lines" in captured.err
+    assert "3 restores" in captured.out
+
+
+def test_file_that_is_not_json_lines_raises_naming_it(tmp_path):
+    bad = tmp_path / "notes.jsonl"
+    bad.write_text("this is a log file\nnot spans\n")
+    with pytest.raises(CkptprofError, match=r"notes\.jsonl: not a ckptprof trace file.*pass"):
+        load([bad])
+
+
+def test_missing_path_raises_naming_it(tmp_path):
+    with pytest.raises(CkptprofError, match=r"nowhere: no such file or directory"):
+        load([tmp_path / "nowhere"])
+
+
+def test_directory_without_traces_raises(tmp_path):
+    (tmp_path / "readme.txt").write_text("hi")
+    with pytest.raises(CkptprofError, match=r"no trace files"):
+        load([tmp_path])
+
+
+def test_by_run_lists_each_operation(three_restores):
+    text = render_text(aggregate(load([three_restores])), by="run")
+    walls = re.findall(r"^  \S+\s+cold\s+8\s+\d\s+(\d\.\d{3})", text, flags=re.M)
+    assert walls == ["1.000", "3.000", "2.000"]
+
+
+# --------------------------------------------------------------------- results.json
+def results_doc() -> dict:
+    def run(cache, conc, repeat, wall, fetch, verify=0.1, resident=0.0):
+        return {
+            "cache": cache,
+            "concurrency": conc,
+            "repeat": repeat,
+            "wall_s": wall,
+            "bytes": 1_200 * MB,
+            "resident_fraction": resident,
+            "cache_method": "posix_fadvise(DONTNEED)" if cache == "cold" else "read",
+            "trace_id": f"0x{repeat:032x}",
+            "phases": {
+                "list": {"busy_s": 0.01, "bytes": 0, "files": 12},
+                "fetch": {"busy_s": fetch, "bytes": 1_200 * MB, "files": 12, "gbps": 1.2 / fetch},
+                "verify": {"busy_s": verify, "bytes": 1_200 * MB, "files": 12},
+                "deserialize": {"busy_s": 0.2},
+                "reshard": {"busy_s": 0.05},
+                "first_step": {"busy_s": 0.1, "emulated": False},
+            },
+        }
+
+    runs = [
+        run("cold", 1, 0, 4.0, 3.0),
+        run("cold", 1, 1, 4.4, 3.4),
+        run("cold", 1, 2, 4.2, 3.2),
+        run("cold", 16, 0, 1.5, 1.0, resident=0.02),
+        run("cold", 16, 1, 1.7, 1.2, resident=0.03),
+        run("hot", 16, 0, 0.6, 0.2),
+    ]
+    return {
+        "ckptprof_version": "0.1.0",
+        "created": "2026-11-29T22:19:51Z",
+        "spec": {"model": "llama2-7b", "layout": "torch", "scale": 0.01, "ranks": 1},
+        "environment": {
+            "date": "2026-11-29T22:19:51Z",
+            "host.name": "vm",
+            "version.python": "3.11.7",
+            "os.kernel": "6.1.0",
+            "cpu.count": 16,
+            "memory.total_bytes": 128_000_000_000,
+            "version.ckptprof": "0.1.0",
+            "version.torch": "2.13.0",
+            "storage.kind": "posix",
+            "storage.uri": "/data/ckpt",
+            "storage.fs_type": "ext4",
+            "storage.mount_options": "rw,relatime",
+        },
+        "ceiling": {
+            "read_gbps": 1.5,
+            "source": "probe",
+            "request_latency_s": 0.004,
+            "part_size": 16 * MiB,
+            "littles_law_inflight": 6.2,
+            "lower_bound_fetch_s": 0.8,
+            "bytes": 1_200 * MB,
+        },
+        "runs": runs,
+        "summary": [
+            {
+                "cache": "cold",
+                "concurrency": 1,
+                "repeats": 3,
+                "rto_s": {"min": 4.0, "median": 4.2, "max": 4.4},
+                "fetch_gbps_median": 0.375,
+                "fraction_of_ceiling": 0.25,
+                "phases": {"fetch": {"min_s": 3.0, "median_s": 3.2, "max_s": 3.4}},
+            }
+        ],
+    }
+
+
+@pytest.fixture
+def results_dir(tmp_path) -> Path:
+    folder = tmp_path / "run1"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(results_doc(), indent=2))
+    return folder
+
+
+def test_results_sweep_table(results_dir):
+    report = aggregate(load([results_dir / "results.json"]))
+    (sweep,) = report.sweeps
+    cells = [(r.breakdown.cache, r.breakdown.concurrency, r.breakdown.repeats) for r in sweep.rows]
+    assert cells == [("cold", 1, 3), ("cold", 16, 2), ("hot", 16, 1)]
+    cold1, cold16, hot16 = sweep.rows
+    assert cold1.breakdown.wall_median_s == 4.2
+    assert cold1.fraction_of_ceiling == 0.25  # the runner's own figure
+    assert cold16.breakdown.wall_median_s == pytest.approx(1.6)
+    assert cold16.fetch_gbps == pytest.approx((1.2 + 1.0) / 2)  # median of 1.2 and 1.0 GB/s
+    assert cold16.fraction_of_ceiling == pytest.approx(1.1 / 1.5)
+    assert cold16.breakdown.resident_fraction == 0.03
+
+    text = render_text(report)
+    lines = text.splitlines()
+    ceiling = next(i for i, line in enumerate(lines) if "ceiling:" in line)
+    table = next(i for i, line in enumerate(lines) if line.lstrip().startswith("cache"))
+    assert ceiling < table
+    assert "read 1.50 GB/s (probe)" in text
+    assert "lower-bound fetch 0.800 s" in text
+    assert "Little's Law: 6.2 requests of 16 MiB in flight" in text
+    first = next(i for i, line in enumerate(lines) if line.startswith("  env: "))
+    env = " ".join(line.strip() for line in lines[first : first + 2])
+    assert env.startswith("env: storage posix at /data/ckpt, fs ext4 (rw,relatime), 16 CPUs")
+    assert "119 GiB RAM" in env and "python 3.11.7, torch 2.13.0" in env
+    assert hot16.fraction_of_ceiling is None  # page cache is not bounded by the storage ceiling
+    assert re.search(r"cold\s+1\s+3\s+4\.200 \(4\.00-4\.40\)\s+0\.010\s+3\.200", text)
+    assert re.search(r"cold\s+16\s+2\s+1\.600 .*\s1\.10\s+73%$", text, flags=re.M)
+    assert all(len(line) <= 100 for line in lines)
+
+
+def test_directory_with_results_json_uses_it_not_its_traces(results_dir, clock):
+    def record(tracer):
+        record_restore(tracer, clock, COLD, 1.0, [(Phase.FETCH, 0, 0.5)])
+
+    write_trace(results_dir / "traces", record)
+    data = load([results_dir])
+    assert len(data.results) == 1 and data.operations == []
+
+
+def test_results_hints_fire_on_the_fixture(results_dir):
+    (sweep,) = aggregate(load([results_dir])).sweeps
+    codes = [h.code for h in sweep.hints]
+    assert codes == ["low-concurrency"]
+    assert "use concurrency 7 or more" in sweep.hints[0].message
+    assert "c=1 cold: 25%" in sweep.hints[0].message
+
+
+def test_results_file_that_is_not_json_raises(tmp_path):
+    bad = tmp_path / "results.json"
+    bad.write_text('{"runs": [')
+    with pytest.raises(CkptprofError, match=r"results\.json: not valid JSON"):
+        load([bad])
+
+
+def test_json_format_prints_the_aggregate(results_dir, three_restores, capsys):
+    from ckptprof.cli.report import run
+
+    assert (
+        run(argparse.Namespace(paths=[str(results_dir), str(three_restores)], format="json")) == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["groups"][0]["breakdown"]["wall_median_s"] == 2.0
+    assert doc["groups"][0]["breakdown"]["overlapped"] is False
+    assert doc["sweeps"][0]["ceiling"]["read_gbps"] == 1.5
+    assert doc["sweeps"][0]["hints"][0]["code"] == "low-concurrency"
+    assert json.loads(render_json(aggregate(load([results_dir]))))["groups"] == []
+
+
+# --------------------------------------------------------------------- CLI and plot
+def test_cli_parser_help_and_defaults(three_restores, capsys):
+    from ckptprof.cli import report as report_cli
+
+    parser = argparse.ArgumentParser(prog="ckptprof")
+    report_cli.add_parser(parser.add_subparsers(dest="command"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["report", "--help"])
+    help_text = capsys.readouterr().out
+    assert "ckptprof report ckptprof-traces/" in help_text and "--plot" in help_text
+    args = parser.parse_args(["report", str(three_restores)])
+    assert (args.by, args.format, args.plot, args.func) == ("phase", "table", None, report_cli.run)
+    assert args.func(args) == 0
+    assert "RTO median 2.000 s" in capsys.readouterr().out
+
+
+def test_plot_writes_a_png(results_dir, three_restores, tmp_path):
+    pytest.importorskip("matplotlib")
+    from ckptprof.cli.report import print_report
+
+    out = tmp_path / "report.png"
+    written = write_plot(aggregate(load([results_dir, three_restores])), out)
+    assert written == out
+    print_report([str(results_dir)], plot=str(tmp_path / "again.png"))
+    assert (tmp_path / "again.png").read_bytes()[:4] == b"\x89PNG"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 10_000
+    assert not list(tmp_path.glob(".report.png.*"))  # no temp file left behind
+
+
+def test_plot_without_matplotlib_says_how_to_install(results_dir, tmp_path, monkeypatch):
+    for name in list(sys.modules):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(CkptprofError, match=r"pip install 'ckptprof\[plot\]'"):
+        write_plot(aggregate(load([results_dir])), tmp_path / "x.png")
+
+
+# --------------------------------------------------------------------- hints (no files)
+def breakdown(rto=10.0, cache="cold", resident=None, concurrency=8, **phases) -> Breakdown:
+    """``phases``: name=(busy_s, bytes, files, emulated)."""
+    rows = []
+    for name, (busy, nbytes, files, emulated) in phases.items():
+        rows.append(PhaseRow(name, busy, busy / rto, nbytes, files, None, emulated, None))
+    return Breakdown("cell", "restore", 3, rto, rto, rto, rows, cache, concurrency, resident)
+
+
+def codes(b: Breakdown) -> list[str]:
+    return [h.code for h in H.breakdown_hints(b)]
+
+
+def test_verify_hint_fires_only_above_its_threshold():
+    assert codes(breakdown(verify=(2.5, None, None, False))) == []  # exactly 25%
+    assert codes(breakdown(verify=(2.6, None, None, False))) == ["verify-dominates"]
+    assert (
+        "--verify sample" in H.verify_dominates(breakdown(verify=(3.0, None, None, False))).message
+    )
+
+
+def test_deserialize_hint_fires_only_above_its_threshold():
+    assert codes(breakdown(deserialize=(3.5, None, None, False))) == []
+    hint = H.deserialize_dominates(breakdown(deserialize=(3.6, None, None, False)))
+    assert hint is not None and "mmap" in hint.message and "safetensors" in hint.message
+
+
+def test_small_files_hint_by_count_size_and_list_share():
+    small = 1 * MiB
+    assert codes(breakdown(fetch=(1.0, 256 * small, 256, False))) == []  # not more than 256
+    assert codes(breakdown(fetch=(1.0, 257 * small, 257, False))) == ["many-small-files"]
+    big = H.SMALL_FILE_MAX_BYTES
+    assert codes(breakdown(fetch=(1.0, 300 * big, 300, False))) == []  # files not small
+    assert codes(breakdown(list=(1.0, None, None, False))) == []  # exactly 10%
+    hint = H.many_small_files(breakdown(list=(1.1, None, 4, False)))
+    assert hint is not None and "list takes 11%" in hint.message and "pack" in hint.message
+
+
+def test_emulated_phase_hint():
+    assert codes(breakdown(first_step=(1.0, None, None, False))) == []
+    hint = H.emulated_phases(breakdown(first_step=(1.0, None, None, True)))
+    assert hint is not None and "first_step was emulated" in hint.message
+    assert "estimates" in hint.message
+
+
+def test_not_really_cold_hint():
+    assert codes(breakdown(resident=0.05)) == []
+    assert codes(breakdown(resident=0.06)) == ["not-cold"]
+    assert codes(breakdown(resident=0.9, cache="hot")) == []
+
+
+def sweep_row(concurrency, fraction, cache="cold") -> SweepRow:
+    b = breakdown(concurrency=concurrency, cache=cache)
+    return SweepRow(b, None if fraction is None else fraction * 1.5, fraction)
+
+
+CEILING = Ceiling(read_gbps=1.5, request_latency_s=0.004, littles_law_inflight=6.2)
+
+
+def test_low_concurrency_hint_thresholds():
+    assert H.low_concurrency([sweep_row(4, 0.60)], CEILING) is None  # at 60%
+    assert H.low_concurrency([sweep_row(8, 0.10)], CEILING) is None  # 8 > 6.2 in flight
+    assert H.low_concurrency([sweep_row(4, 0.30, "hot")], CEILING) is None
+    assert H.low_concurrency([sweep_row(4, 0.30)], None) is None
+    hint = H.low_concurrency([sweep_row(1, 0.2), sweep_row(4, 0.59), sweep_row(8, 0.9)], CEILING)
+    assert hint is not None
+    assert "c=1 cold: 20%, c=4 cold: 59%" in hint.message
+    assert "use concurrency 7 or more" in hint.message
+
+
+def test_fetch_far_below_ceiling_hint_thresholds():
+    assert H.fetch_below_ceiling([sweep_row(16, 0.50)], CEILING) is None
+    assert H.fetch_below_ceiling([sweep_row(16, 0.40, "hot")], CEILING) is None
+    # low concurrency explains it: that hint, not this one
+    assert H.fetch_below_ceiling([sweep_row(4, 0.40)], CEILING) is None
+    hint = H.fetch_below_ceiling([sweep_row(16, 0.49), sweep_row(32, 0.30)], CEILING)
+    assert hint is not None and "only 30%" in hint.message and "concurrency 32" in hint.message
+
+
+def test_merge_names_the_worst_cell_and_the_others():
+    rows = [
+        Breakdown(label, "restore", 1, 1.0, 1.0, 1.0, [PhaseRow("verify", v, v, None, None, None)])
+        for label, v in (("cold c=1", 0.3), ("cold c=8", 0.5), ("hot c=8", 0.1))
+    ]
+    merged = H.merge([h for b in rows for h in H.breakdown_hints(b)], total=3)
+    assert len(merged) == 1
+    assert merged[0].message.startswith("cold c=8: verify takes 50%")
+    assert merged[0].message.endswith("(also cold c=1)")
