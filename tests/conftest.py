@@ -43,7 +43,9 @@ def checkpoints(tmp_path_factory):
     return get
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: dict | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """Run the real ``ckptprof`` command in a subprocess."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("CKPTPROF_DEBUG", None)

@@ -28,9 +28,24 @@ def ckpt_copy(checkpoints, tmp_path):
 
 
 def restore_cli(path, *extra):
-    return run_cli("synth", "restore", str(path), "--cache", "hot", "--concurrency", "2",
-                   "--repeat", "1", "--ceiling-gbps", "1", "--no-report", "--no-first-step",
-                   "--out", str(path.parent / "out"), *extra)
+    return run_cli(
+        "synth",
+        "restore",
+        str(path),
+        "--cache",
+        "hot",
+        "--concurrency",
+        "2",
+        "--repeat",
+        "1",
+        "--ceiling-gbps",
+        "1",
+        "--no-report",
+        "--no-first-step",
+        "--out",
+        str(path.parent / "out"),
+        *extra,
+    )
 
 
 def test_missing_dest(tmp_path):

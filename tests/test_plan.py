@@ -21,8 +21,14 @@ from ckptprof.synth.reshard import plan_reshard
 
 @pytest.mark.parametrize(
     "name,billions",
-    [("llama2-7b", 6.74), ("llama2-13b", 13.02), ("llama3-8b", 8.03), ("llama3-70b", 70.55),
-     ("llama3-405b", 405.85), ("mistral-7b", 7.24)],
+    [
+        ("llama2-7b", 6.74),
+        ("llama2-13b", 13.02),
+        ("llama3-8b", 8.03),
+        ("llama3-70b", 70.55),
+        ("llama3-405b", 405.85),
+        ("mistral-7b", 7.24),
+    ],
 )
 def test_presets_have_the_published_parameter_counts(name, billions):
     assert PRESETS[name].params / 1e9 == pytest.approx(billions, abs=0.01)
@@ -79,8 +85,9 @@ def test_pack_in_order_makes_exactly_n_nonempty_contiguous_files(count):
     assert len(groups) == count and all(groups)
     flat = [p for g in groups for p in g]
     assert sum(p.nbytes for p in flat) == sum(p.nbytes for p in pieces)
-    assert [p.name for p in flat] == sorted([p.name for p in flat], key=[
-        q.name for q in pieces].index)  # state-dict order kept
+    assert [p.name for p in flat] == sorted(
+        [p.name for p in flat], key=[q.name for q in pieces].index
+    )  # state-dict order kept
 
 
 def test_pack_refuses_more_files_than_rows():

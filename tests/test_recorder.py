@@ -59,6 +59,7 @@ def test_overlapping_phases_keep_real_intervals(memory):
     provider, exporter = memory
     tracer = CheckpointTracer(provider)
     with tracer.restore() as op:
+
         def fetch_worker():
             with op.phase(Phase.FETCH):
                 time.sleep(0.2)

@@ -122,14 +122,14 @@ def test_safetensors_shards_match_their_index(checkpoints):
     index = json.loads((path / "model.safetensors.index.json").read_text())
     for name, shard in list(index["weight_map"].items())[:20]:
         with safe_open(str(path / shard), framework="pt") as handle:
-            assert name in handle.keys()
+            assert name in handle.keys()  # noqa: SIM118 - safe_open is not a dict
 
 
 def test_random_bytes_do_not_compress(checkpoints):
     import zlib
 
     path = checkpoints("safetensors")
-    shard = sorted(path.glob("model-*.safetensors"))[0].read_bytes()[-(4 << 20):]
+    shard = sorted(path.glob("model-*.safetensors"))[0].read_bytes()[-(4 << 20) :]
     assert len(zlib.compress(shard, 6)) > 0.9 * len(shard)
 
 
@@ -155,8 +155,9 @@ def test_many_small_files_vs_packed(checkpoints, tmp_path):
 
 
 def test_emulated_first_step_is_marked(checkpoints, tmp_path):
-    payload = restore(checkpoints("torch", 2), tmp_path, world_size=3, caches=("hot",),
-                      concurrency=(2,))
+    payload = restore(
+        checkpoints("torch", 2), tmp_path, world_size=3, caches=("hot",), concurrency=(2,)
+    )
     first = payload["runs"][0]["phases"]["first_step"]
     assert first["emulated"] is True and "extrapolated" in first["emulation_reason"]
     roots, children = restore_spans(payload)
