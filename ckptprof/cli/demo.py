@@ -83,6 +83,7 @@ def run(args) -> int:
             ceiling_gbps=None,
             first_step=True,
             drop_caches=False,
+            per_file_spans=False,
             out=out,
             trace_dir=None,
             report=False,

@@ -164,6 +164,11 @@ def add_parser(commands) -> None:
         help="trace file directory (default $CKPTPROF_TRACE_DIR or OUT/traces)",
     )
     res.add_argument(
+        "--per-file-spans",
+        action="store_true",
+        help="also emit one ckpt.file span per file (default: aggregated on the phase)",
+    )
+    res.add_argument(
         "--report",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -244,6 +249,7 @@ def run_restore(args) -> int:
         ceiling_gbps=args.ceiling_gbps,
         first_step=args.first_step,
         drop_caches=args.drop_caches,
+        per_file_spans=args.per_file_spans,
     )
     run_restore(args.dest, options, args.out, args.trace_dir)
     if args.report:

@@ -18,6 +18,7 @@ from ckptprof.storage.base import ObjectInfo, Storage
 
 PROBE_BYTES = 512 << 20
 LATENCY_SAMPLES = 5
+PROBE_PASSES = 2
 
 
 @dataclass
@@ -83,24 +84,27 @@ def probe(
             t0 = time.perf_counter()
             storage.read_into(req.path, req.offset, scratch.view[: req.length])
             latencies.append(time.perf_counter() - t0)
-        storage.evict(paths)
 
         def read(i_req):
             i, req = i_req
             slot = (i % max(1, concurrency)) * part_size
             storage.read_into(req.path, req.offset, scratch.view[slot : slot + req.length])
 
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(max(1, concurrency)) as pool:
-            list(pool.map(read, enumerate(reqs)))
-        seconds = time.perf_counter() - t0
+        seconds = float("inf")
+        for _ in range(PROBE_PASSES):  # best of a few passes: the ceiling is the best case
+            storage.evict(paths)
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(max(1, concurrency)) as pool:
+                list(pool.map(read, enumerate(reqs)))
+            seconds = min(seconds, time.perf_counter() - t0)
         storage.evict(paths)
     finally:
         scratch.close()
     nbytes = sum(r.length for r in reqs)
     return Ceiling(
         read_gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0,
-        source=f"probe: cold read of {nbytes >> 20} MiB at {concurrency} in flight",
+        source=f"probe: best of {PROBE_PASSES} cold reads of {nbytes >> 20} MiB at "
+        f"{concurrency} in flight",
         part_size=part_size,
         bytes=sum(f.size for f in files),
         request_latency_s=statistics.median(latencies) if latencies else None,

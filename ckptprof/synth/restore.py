@@ -44,6 +44,7 @@ class RestoreOptions:
     ceiling_gbps: float | None = None
     first_step: bool = True
     drop_caches: bool = False
+    per_file_spans: bool = False
     progress: bool | None = None
 
     def validate(self) -> None:
@@ -465,7 +466,12 @@ def run_restore(
     from ckptprof.tracing.export import setup_telemetry
 
     telemetry = setup_telemetry(trace_dir or out_dir / "traces")
-    tracer = CheckpointTracer(telemetry.provider, framework="synthetic", run_id=telemetry.run_id)
+    tracer = CheckpointTracer(
+        telemetry.provider,
+        framework="synthetic",
+        run_id=telemetry.run_id,
+        per_file_spans=options.per_file_spans,
+    )
     try:
         runner = RestoreRunner(location, options, tracer)
         runner.check_memory()

@@ -1,0 +1,84 @@
+"""The command line end to end: generate, restore, report on the traces it wrote."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import TINY_SCALE, read_spans, run_cli
+
+
+def test_help_reads_well():
+    for args in (
+        ["--help"],
+        ["synth", "generate", "--help"],
+        ["synth", "restore", "--help"],
+        ["report", "--help"],
+        ["demo", "--help"],
+    ):
+        result = run_cli(*args)
+        assert result.returncode == 0 and "usage: ckptprof" in result.stdout
+    assert "examples:" in run_cli("synth", "restore", "--help").stdout
+
+
+def test_dry_run_plans_without_writing(tmp_path):
+    dest = tmp_path / "plan"
+    result = run_cli(
+        "synth",
+        "generate",
+        str(dest),
+        "--model",
+        "llama3-70b",
+        "--layout",
+        "deepspeed",
+        "--ranks",
+        "64",
+        "--dry-run",
+        "--bandwidth-gbps",
+        "5",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "70.55 B params" in result.stdout
+    assert "zero_pp_rank_63_mp_rank_00_optim_states.pt" in result.stdout or "64 optim" in (
+        result.stdout
+    )
+    assert "s at 5 GB/s" in result.stdout
+    assert not dest.exists()
+
+
+def test_generate_restore_report_through_the_cli(tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    gen = run_cli(
+        "synth", "generate", str(ckpt), "--layout", "safetensors", "--scale", str(TINY_SCALE)
+    )
+    assert gen.returncode == 0, gen.stderr
+    assert "wrote" in gen.stdout
+    res = run_cli(
+        "synth",
+        "restore",
+        str(ckpt),
+        "--concurrency",
+        "2",
+        "--repeat",
+        "2",
+        "--verify",
+        "sample",
+        "--per-file-spans",
+        "--out",
+        str(out),
+    )
+    assert res.returncode == 0, res.stderr
+    assert "ceiling" in res.stdout and "cold x2" in res.stdout and "hot  x2" in res.stdout
+    assert "cache  conc" in res.stdout  # the report printed at the end
+    results = json.loads((out / "results.json").read_text())
+    assert {(s["cache"], s["repeats"]) for s in results["summary"]} == {("cold", 2), ("hot", 2)}
+    traces = list((out / "traces").glob("*.jsonl"))
+    assert len(traces) == 1
+    spans = read_spans(traces[0])
+    assert any(s["name"] == "ckpt.file" for s in spans)
+    rep = run_cli("report", str(out / "traces"))
+    assert rep.returncode == 0, rep.stderr
+    for phase in ("list", "fetch", "verify", "deserialize", "reshard", "first_step"):
+        assert f"\n  {phase}" in rep.stdout
+    assert "4 restores" in rep.stdout or "restores" in rep.stdout
+    as_json = json.loads(run_cli("report", str(out), "--format", "json").stdout)
+    assert as_json
