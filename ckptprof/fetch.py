@@ -19,6 +19,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -118,6 +119,54 @@ class _FileClock:
         self.pending = 0
 
 
+def _execute(
+    files: list[ObjectInfo],
+    reqs: list[ReadRequest],
+    concurrency: int,
+    do_part,
+    op: Operation | None,
+    desc: str,
+    progress: bool | None,
+) -> None:
+    """Run ``do_part(req)`` for every request, ``concurrency`` at a time, timing each file."""
+    clocks = {f.path: _FileClock() for f in files}
+    sizes = {f.path: f.size for f in files}
+    for r in reqs:
+        clocks[r.path].pending += 1
+    lock = threading.Lock()
+    bar = tqdm(
+        total=sum(sizes.values()),
+        unit="B",
+        unit_scale=True,
+        desc=desc,
+        disable=None if progress is None else not progress,
+        leave=False,
+    )
+
+    def run(req: ReadRequest) -> None:
+        start = time.time_ns()
+        if req.length:
+            do_part(req)
+        end = time.time_ns()
+        with lock:
+            clock = clocks[req.path]
+            clock.start_ns = start if clock.start_ns is None else min(clock.start_ns, start)
+            clock.end_ns = max(clock.end_ns, end)
+            clock.pending -= 1
+            done = clock.pending == 0
+            bar.update(req.length)
+        if done and op is not None:
+            seconds = (clock.end_ns - clock.start_ns) / 1e9
+            op.add_file(Phase.FETCH, req.path, sizes[req.path], seconds, clock.start_ns)
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            for future in [pool.submit(run, r) for r in reqs]:
+                future.result()
+    finally:
+        bar.close()
+
+
 def fetch(
     storage: Storage,
     files: list[ObjectInfo],
@@ -128,50 +177,52 @@ def fetch(
 ) -> dict[str, HostBuffer]:
     """Read ``files`` fully into memory with ``concurrency`` requests in flight."""
     buffers = {f.path: HostBuffer(f.size, f.path) for f in files}
-    reqs = plan_reads(files, part_size)
-    clocks = {f.path: _FileClock() for f in files}
-    for r in reqs:
-        clocks[r.path].pending += 1
-    lock = threading.Lock()
-    bar = tqdm(
-        total=sum(f.size for f in files),
-        unit="B",
-        unit_scale=True,
-        desc=f"fetch x{concurrency}",
-        disable=None if progress is None else not progress,
-        leave=False,
-    )
 
-    def run(req: ReadRequest) -> None:
-        start = time.time_ns()
-        if req.length:
-            view = buffers[req.path].view[req.offset : req.offset + req.length]
-            storage.read_into(req.path, req.offset, view)
-        end = time.time_ns()
-        with lock:
-            clock = clocks[req.path]
-            clock.start_ns = start if clock.start_ns is None else min(clock.start_ns, start)
-            clock.end_ns = max(clock.end_ns, end)
-            clock.pending -= 1
-            done = clock.pending == 0
-            bar.update(req.length)
-        if done and op is not None:
-            op.add_file(
-                Phase.FETCH,
-                req.path,
-                buffers[req.path].size,
-                (clock.end_ns - clock.start_ns) / 1e9,
-                clock.start_ns,
-            )
+    def part(req: ReadRequest) -> None:
+        view = buffers[req.path].view[req.offset : req.offset + req.length]
+        storage.read_into(req.path, req.offset, view)
 
     try:
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            for future in [pool.submit(run, r) for r in reqs]:
-                future.result()
+        reqs = plan_reads(files, part_size)
+        _execute(files, reqs, concurrency, part, op, f"fetch x{concurrency}", progress)
     except BaseException:
         for buf in buffers.values():
             buf.close()
         raise
-    finally:
-        bar.close()
     return buffers
+
+
+def download(
+    storage: Storage,
+    files: list[ObjectInfo],
+    dest: Path,
+    concurrency: int,
+    op: Operation | None = None,
+    part_size: int = DEFAULT_PART_SIZE,
+    progress: bool | None = None,
+) -> None:
+    """Copy ``files`` into the local directory ``dest``, ``concurrency`` ranged reads in
+    flight (what ``s5cmd cp`` or ``aws s3 cp`` do before a job loads from local disk)."""
+    fds: dict[str, int] = {}
+    local = threading.local()
+    try:
+        for f in files:
+            target = dest / f.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fds[f.path] = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.ftruncate(fds[f.path], f.size)
+
+        def part(req: ReadRequest) -> None:
+            if getattr(local, "buf", None) is None:
+                local.buf = memoryview(bytearray(part_size))
+            view = local.buf[: req.length]
+            storage.read_into(req.path, req.offset, view)
+            written = 0
+            while written < req.length:
+                written += os.pwrite(fds[req.path], view[written:], req.offset + written)
+
+        reqs = plan_reads(files, part_size)
+        _execute(files, reqs, concurrency, part, op, f"download x{concurrency}", progress)
+    finally:
+        for fd in fds.values():
+            os.close(fd)

@@ -84,6 +84,7 @@ def run(args) -> int:
             first_step=True,
             drop_caches=False,
             per_file_spans=False,
+            stage=None,
             out=out,
             trace_dir=None,
             report=False,

@@ -164,6 +164,13 @@ def add_parser(commands) -> None:
         help="trace file directory (default $CKPTPROF_TRACE_DIR or OUT/traces)",
     )
     res.add_argument(
+        "--stage",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="download to a local DIR first, then read from there (like s5cmd cp)",
+    )
+    res.add_argument(
         "--per-file-spans",
         action="store_true",
         help="also emit one ckpt.file span per file (default: aggregated on the phase)",
@@ -250,6 +257,7 @@ def run_restore(args) -> int:
         first_step=args.first_step,
         drop_caches=args.drop_caches,
         per_file_spans=args.per_file_spans,
+        stage_dir=args.stage,
     )
     run_restore(args.dest, options, args.out, args.trace_dir)
     if args.report:

@@ -6,15 +6,12 @@ from ckptprof.storage.base import CacheState, ObjectInfo, RequestStats, Storage
 from ckptprof.storage.posix import PosixStorage
 
 
-def open_storage(location: str) -> Storage:
-    """``s3://bucket/prefix`` → the S3 backend; anything else → a POSIX path."""
+def open_storage(location: str, max_concurrency: int = 64) -> Storage:
+    """``s3://bucket/prefix`` → the S3 backend (boto3, imported lazily); else a POSIX path."""
     if location.startswith("s3://"):
-        from ckptprof.errors import CkptprofError
+        from ckptprof.storage.s3 import S3Storage
 
-        raise CkptprofError(
-            f"{location}: the s3:// backend is not available in this version; "
-            "use a local or mounted path."
-        )
+        return S3Storage(location, max_concurrency=max_concurrency)
     return PosixStorage(location)
 
 

@@ -91,6 +91,10 @@ class Storage(ABC):
             self.read_into(path, 0, memoryview(buf))
         return bytes(buf)
 
+    @abstractmethod
+    def location_exists(self) -> bool:
+        """Whether the root (directory, or any object under the prefix) exists."""
+
     def exists(self, path: str) -> bool:
         try:
             self.stat(path)

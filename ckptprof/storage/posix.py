@@ -65,6 +65,9 @@ class PosixStorage(Storage):
         self.stats.count(requests=1)
         return sorted(infos, key=lambda i: i.path)
 
+    def location_exists(self) -> bool:
+        return self.root.is_dir()
+
     def stat(self, path: str) -> ObjectInfo:
         try:
             return ObjectInfo(path, self._full(path).stat().st_size)

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -18,11 +19,11 @@ from pathlib import Path
 
 import psutil
 
-from ckptprof.errors import CkptprofError
-from ckptprof.fetch import DEFAULT_PART_SIZE, HostBuffer, fetch
+from ckptprof.errors import CkptprofError, StorageError
+from ckptprof.fetch import DEFAULT_PART_SIZE, HostBuffer, download, fetch
 from ckptprof.manifest import MANIFEST_NAME, Manifest, verify_buffers
 from ckptprof.phases import RESTORE_PHASES, Attr, Phase
-from ckptprof.storage import open_storage
+from ckptprof.storage import PosixStorage, open_storage
 from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.synth import ceiling as ceiling_mod
 from ckptprof.synth.layouts import get_layout
@@ -30,6 +31,8 @@ from ckptprof.synth.plan import SynthSpec
 from ckptprof.tracing.recorder import CheckpointTracer, Operation
 
 COLD_RESIDENCY_LIMIT = 0.05
+# failures worth counting and moving past in a sweep; anything else stops it at once
+TRANSIENT_ERRORS = (StorageError, EOFError, ConnectionError, TimeoutError)
 MEMORY_HEADROOM = 0.85
 
 
@@ -45,6 +48,7 @@ class RestoreOptions:
     first_step: bool = True
     drop_caches: bool = False
     per_file_spans: bool = False
+    stage_dir: Path | None = None
     progress: bool | None = None
 
     def validate(self) -> None:
@@ -84,7 +88,7 @@ class RestoreRunner:
         options.validate()
         self.options = options
         self.tracer = tracer
-        self.storage: Storage = open_storage(location)
+        self.storage: Storage = open_storage(location, max(options.concurrency))
         self.manifest = self._read_manifest()
         try:
             self.spec = SynthSpec.from_dict(self.manifest.spec)
@@ -105,7 +109,7 @@ class RestoreRunner:
         try:
             raw = self.storage.read_bytes(MANIFEST_NAME)
         except FileNotFoundError:
-            if not self.storage.exists("") and not _is_dir(self.storage):
+            if not self.storage.location_exists():
                 raise CkptprofError(
                     f"{self.storage.uri}: no such checkpoint location; check the path, or "
                     "create one with `ckptprof synth generate`."
@@ -193,18 +197,16 @@ class RestoreRunner:
             Attr.STEP: self.spec.step,
         }
         buffers: dict[str, HostBuffer] = {}
+        before = (
+            self.storage.stats.retries,
+            self.storage.stats.errors,
+            self.storage.stats.requests,
+        )
         with self.tracer.restore(attrs) as op:
             try:
                 infos = self._list(op)
                 with op.phase(Phase.FETCH, **{Attr.CONCURRENCY: concurrency}):
-                    buffers = fetch(
-                        self.storage,
-                        infos,
-                        concurrency,
-                        op,
-                        self.options.part_size,
-                        self.options.progress,
-                    )
+                    buffers = self._fetch(infos, concurrency, op)
                 with op.phase(Phase.VERIFY, **{Attr.VERIFY_MODE: self.options.verify}):
                     verify_buffers(
                         buffers,
@@ -230,8 +232,14 @@ class RestoreRunner:
             finally:
                 for buf in buffers.values():
                     buf.close()
-                retries, errors = self.storage.stats.retries, self.storage.stats.errors
-                op.set_attributes({Attr.RETRIES: retries, Attr.ERRORS: errors})
+                stats = self.storage.stats
+                op.set_attributes(
+                    {
+                        Attr.RETRIES: stats.retries - before[0],
+                        Attr.ERRORS: stats.errors - before[1],
+                        "ckpt.requests": stats.requests - before[2],
+                    }
+                )
         summary = op.summary
         phases = {}
         for name, stats in summary.phases.items():
@@ -264,6 +272,32 @@ class RestoreRunner:
             stats.attributes[Attr.FILES] = len(infos)
             stats.attributes["ckpt.list.requests"] = self.storage.stats.requests
         return infos
+
+    def _fetch(self, infos: list[ObjectInfo], concurrency: int, op: Operation):
+        """Straight into memory, or (``--stage DIR``) download to local disk, then read."""
+        part, progress = self.options.part_size, self.options.progress
+        stage = self.options.stage_dir
+        if stage is None:
+            return fetch(self.storage, infos, concurrency, op, part, progress)
+        stage = Path(stage) / "ckptprof-stage"
+        shutil.rmtree(stage, ignore_errors=True)
+        try:
+            t0 = time.perf_counter()
+            download(self.storage, infos, stage, concurrency, op, part, progress)
+            t1 = time.perf_counter()
+            buffers = fetch(PosixStorage(str(stage)), infos, concurrency, None, part, progress)
+            t2 = time.perf_counter()
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        op.set_phase_attributes(
+            Phase.FETCH,
+            **{
+                "ckpt.fetch.stage_dir": str(stage),
+                "ckpt.fetch.stage_download_s": round(t1 - t0, 6),
+                "ckpt.fetch.stage_read_s": round(t2 - t1, 6),
+            },
+        )
+        return buffers
 
     def check_listing(self, listed: list[ObjectInfo]) -> list[ObjectInfo]:
         """The manifest's files as listed; a missing or resized file is an error naming it."""
@@ -359,11 +393,6 @@ class RestoreRunner:
             else "model does not fit in memory"
         )
         return total, f"{why}; extrapolated from 1- and 2-layer steps of the same width"
-
-
-def _is_dir(storage: Storage) -> bool:
-    root = getattr(storage, "root", None)
-    return bool(root is not None and root.is_dir())
 
 
 # ---------------------------------------------------------------- results
@@ -480,12 +509,28 @@ def run_restore(
         ceiling = runner.ceiling()
         echo(ceiling.describe())
         runs: list[RunRecord] = []
+        failures: list[dict] = []
         for concurrency in options.concurrency:
             for repeat in range(options.repeat):
                 for cache in options.caches:
-                    run = runner.run_once(cache, concurrency, repeat)
+                    try:
+                        run = runner.run_once(cache, concurrency, repeat)
+                    except TRANSIENT_ERRORS as exc:
+                        # a storage failure that retries could not absorb: count it, go on
+                        failures.append(
+                            {
+                                "cache": cache,
+                                "concurrency": concurrency,
+                                "repeat": repeat,
+                                "error": str(exc),
+                            }
+                        )
+                        echo(f"{cache:4} x{concurrency:<3} #{repeat} FAILED: {exc}")
+                        continue
                     runs.append(run)
                     echo(_run_line(run, ceiling))
+        attempted = len(runs) + len(failures)
+        stats = runner.storage.stats
         payload = {
             "ckptprof_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -499,14 +544,33 @@ def run_restore(
                 "caches": list(options.caches),
                 "concurrency": list(options.concurrency),
             },
-            "environment": capture(runner.storage.describe()),
+            "environment": capture(
+                {**runner.storage.describe(), "fetch.part_size": str(options.part_size)}
+            ),
             "ceiling": ceiling.to_dict(),
             "runs": [r.to_dict() for r in runs],
             "summary": summarize(runs, ceiling),
+            "success_rate": len(runs) / attempted if attempted else 0.0,
+            "failures": failures,
+            "requests": {
+                "requests": stats.requests,
+                "retries": stats.retries,
+                "errors": stats.errors,
+            },
             "trace_file": str(telemetry.trace_file),
         }
         json_path, csv_path = write_results(out_dir, payload, runs)
         echo(f"results: {json_path} and {csv_path}; traces: {telemetry.trace_file}")
+        if stats.retries or stats.errors or failures:
+            echo(
+                f"storage: {stats.requests} requests, {stats.retries} retries, "
+                f"{stats.errors} failed attempts; runs succeeded: {len(runs)}/{attempted}"
+            )
+        if failures:
+            raise StorageError(
+                f"{len(failures)} of {attempted} runs failed (success rate "
+                f"{len(runs) / attempted:.0%}); first: {failures[0]['error']}"
+            )
         return payload
     finally:
         telemetry.shutdown()

@@ -1,0 +1,253 @@
+"""S3 and S3-compatible stores (MinIO, Ceph, SeaweedFS …) through boto3.
+
+Configuration is boto3's own: credentials from the standard chain, the endpoint
+from ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``, the region from
+``AWS_REGION``/``AWS_DEFAULT_REGION``, retries from ``AWS_RETRY_MODE`` /
+``AWS_MAX_ATTEMPTS``; ckptprof only sizes the connection pool to the concurrency.
+Every attempt that fails (5xx, throttling, timeouts, connection errors) is counted
+in :attr:`Storage.stats`, and botocore's retries are counted from the responses.
+Nothing that identifies a credential is ever put in a span, log or result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ckptprof.errors import CkptprofError, StorageError
+from ckptprof.storage.base import CacheState, ObjectInfo, Storage
+
+DEFAULT_PART_SIZE = 16 << 20
+_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+_DENIED = {
+    "403",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AllAccessDisabled",
+}
+
+
+def split_s3_uri(location: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` → (``bucket``, ``a/b/``); the prefix always ends in ``/`` if set."""
+    parts = urlsplit(location)
+    if parts.scheme != "s3" or not parts.netloc:
+        raise CkptprofError(f"{location!r} is not an S3 location; expected s3://bucket/prefix.")
+    prefix = parts.path.strip("/")
+    return parts.netloc, f"{prefix}/" if prefix else ""
+
+
+def safe_endpoint(url: str | None) -> str:
+    """An endpoint URL without user info or query string (nothing secret)."""
+    if not url:
+        return "aws default"
+    parts = urlsplit(url)
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname or ''}{port}"
+
+
+class S3Storage(Storage):
+    kind = "s3"
+
+    def __init__(self, location: str, max_concurrency: int = 64) -> None:
+        super().__init__(location)
+        self.bucket, self.prefix = split_s3_uri(location)
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise CkptprofError(
+                f"{location}: S3 needs boto3; pip install 'ckptprof[s3]'."
+            ) from None
+        self._config = Config(
+            max_pool_connections=max(10, max_concurrency),
+            tcp_keepalive=True,
+        )
+        session = boto3.session.Session()
+        self.client = session.client("s3", config=self._config)
+        self.client.meta.events.register_first("needs-retry.s3", self._on_attempt)
+        self.client.meta.events.register("after-call.s3", self._on_call)
+
+    # ------------------------------------------------------------ accounting
+    def _on_attempt(self, response=None, caught_exception=None, **_):
+        """Runs after every attempt, before botocore decides to retry; counts failures."""
+        failed = caught_exception is not None
+        if response is not None and not failed:
+            http, parsed = response
+            code = (parsed or {}).get("Error", {}).get("Code", "")
+            failed = http.status_code >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout")
+        if failed:
+            self.stats.count(errors=1)
+        return None  # never changes botocore's decision
+
+    def _on_call(self, parsed=None, **_):
+        retries = ((parsed or {}).get("ResponseMetadata") or {}).get("RetryAttempts", 0)
+        self.stats.count(requests=1, retries=retries)
+
+    # ------------------------------------------------------------ naming
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+    def _key(self, path: str) -> str:
+        return self.prefix + path
+
+    def _where(self, path: str) -> str:
+        return f"s3://{self.bucket}/{self._key(path)}"
+
+    def _translate(self, exc: Exception, path: str) -> Exception:
+        """boto errors → builtin exceptions naming the object (fsspec style)."""
+        from botocore.exceptions import (
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+        )
+
+        where = self._where(path)
+        if isinstance(exc, NoCredentialsError):
+            return CkptprofError(
+                f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                "AWS_PROFILE, or an instance role."
+            )
+        if isinstance(exc, EndpointConnectionError):
+            return StorageError(
+                f"{where}: cannot reach the S3 endpoint "
+                f"{safe_endpoint(self.client.meta.endpoint_url)}; check AWS_ENDPOINT_URL."
+            )
+        if isinstance(exc, ClientError):
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            attempts = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+            if code == "NoSuchBucket":
+                return FileNotFoundError(f"s3://{self.bucket} (the bucket does not exist)")
+            if code in _NOT_FOUND:
+                return FileNotFoundError(where)
+            if code in _DENIED:
+                return PermissionError(f"{where} ({code}: access denied for these credentials)")
+            if code == "InvalidRange":
+                return EOFError(f"{where}: object is shorter than expected")
+            return StorageError(
+                f"{where}: {code or 'error'} {error.get('Message', '')} "
+                f"after {attempts + 1} attempts".strip()
+            )
+        return StorageError(f"{where}: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------ reading
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        infos = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._key(prefix)
+            )
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    infos.append(ObjectInfo(obj["Key"][len(self.prefix) :], obj["Size"]))
+        except Exception as exc:  # noqa: BLE001 - translated below
+            raise self._translate(exc, prefix) from None
+        return sorted(infos, key=lambda i: i.path)
+
+    def stat(self, path: str) -> ObjectInfo:
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(path))
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, path) from None
+        return ObjectInfo(path, head["ContentLength"])
+
+    def read_into(self, path: str, offset: int, buffer: memoryview) -> None:
+        want = len(buffer)
+        try:
+            resp = self.client.get_object(
+                Bucket=self.bucket,
+                Key=self._key(path),
+                Range=f"bytes={offset}-{offset + want - 1}",
+            )
+            body = resp["Body"]
+            done = 0
+            with contextlib.closing(body):
+                while done < want:
+                    n = body.readinto(buffer[done:])
+                    if not n:
+                        break
+                    done += n
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, path) from None
+        if done != want:
+            self.stats.count(errors=1)
+            raise EOFError(
+                f"{self._where(path)}: expected {want} bytes from offset {offset}, got {done}"
+            )
+
+    def location_exists(self) -> bool:
+        try:
+            resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
+        except Exception as exc:  # noqa: BLE001
+            translated = self._translate(exc, "")
+            if isinstance(translated, FileNotFoundError):
+                return False
+            raise translated from None
+        return bool(resp.get("KeyCount"))
+
+    # ------------------------------------------------------------ writing
+    @contextmanager
+    def staging_file(self, path: str) -> Iterator[Path]:
+        """Write locally, then upload with multipart and concurrency."""
+        from boto3.s3.transfer import TransferConfig
+
+        with tempfile.TemporaryDirectory(prefix="ckptprof-upload-") as tmp:
+            local = Path(tmp) / Path(path).name
+            yield local
+            transfer = TransferConfig(
+                multipart_threshold=DEFAULT_PART_SIZE,
+                multipart_chunksize=DEFAULT_PART_SIZE,
+                max_concurrency=min(16, self._config.max_pool_connections),
+            )
+            try:
+                self.client.upload_file(str(local), self.bucket, self._key(path), Config=transfer)
+            except Exception as exc:  # noqa: BLE001
+                raise self._translate(getattr(exc, "last_exception", None) or exc, path) from None
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data)
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, path) from None
+
+    def delete(self, path: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(path))
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, path) from None
+
+    def free_bytes(self) -> int | None:
+        return None
+
+    # ------------------------------------------------------------ cache
+    def evict(self, paths: list[str]) -> CacheState:
+        return CacheState("none: object storage, nothing cached locally", None)
+
+    def warm(self, paths: list[str]) -> CacheState:
+        return CacheState("none: object storage, nothing cached locally", None)
+
+    def describe(self) -> dict[str, str]:
+        info = super().describe()
+        retries = self.client.meta.config.retries or {}
+        info.update(
+            {
+                "s3.endpoint": safe_endpoint(self.client.meta.endpoint_url),
+                "s3.region": self.client.meta.region_name or "",
+                "s3.addressing_style": (self.client.meta.config.s3 or {}).get(
+                    "addressing_style", "auto"
+                ),
+                "s3.retry_mode": str(retries.get("mode", os.environ.get("AWS_RETRY_MODE", ""))),
+                "s3.max_attempts": str(
+                    retries.get("total_max_attempts", os.environ.get("AWS_MAX_ATTEMPTS", ""))
+                ),
+                "s3.max_pool_connections": str(self._config.max_pool_connections),
+            }
+        )
+        return info
