@@ -56,3 +56,32 @@ def run_cli(
         env=full_env,
         timeout=timeout,
     )
+
+
+# A real S3 server (SeaweedFS) on 127.0.0.1 and a fault-injecting proxy: tests/s3infra.py
+from tests.s3infra import fault_proxy, s3_bucket, seaweed  # noqa: E402, F401
+
+
+@pytest.fixture
+def s3_env(monkeypatch, seaweed, tmp_path):
+    """Point boto3 (through the standard variables only) at the loopback server."""
+
+    def configure(endpoint_url: str | None = None, credentials=None, max_attempts: int = 3):
+        key, secret = credentials or seaweed.admin_credentials
+        for name in list(os.environ):
+            if name.startswith("AWS_"):
+                monkeypatch.delenv(name)
+        config = tmp_path / "aws-config"
+        config.write_text("[default]\ns3 =\n    addressing_style = path\n")
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint_url or seaweed.endpoint_url)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        monkeypatch.setenv("AWS_RETRY_MODE", "standard")
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", str(max_attempts))
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        return dict(os.environ)
+
+    return configure

@@ -42,6 +42,27 @@ def split_s3_uri(location: str) -> tuple[str, str]:
     return parts.netloc, f"{prefix}/" if prefix else ""
 
 
+INSTANCE_CREDENTIALS_ENV = "CKPTPROF_S3_INSTANCE_CREDENTIALS"
+
+
+def _session(boto3):
+    """boto3's standard credential chain, minus the metadata-address providers.
+
+    The EC2 instance role (169.254.169.254) and ECS task role (169.254.170.2) are
+    found by calling a metadata address; ckptprof never does that on its own.
+    Set ``CKPTPROF_S3_INSTANCE_CREDENTIALS=1`` to allow them on EC2/ECS.
+    """
+    import botocore.session
+
+    core = botocore.session.get_session()
+    if os.environ.get(INSTANCE_CREDENTIALS_ENV) != "1":
+        resolver = core.get_component("credential_provider")
+        for name in ("iam-role", "container-role"):
+            with contextlib.suppress(Exception):
+                resolver.remove(name)
+    return boto3.session.Session(botocore_session=core)
+
+
 def safe_endpoint(url: str | None) -> str:
     """An endpoint URL without user info or query string (nothing secret)."""
     if not url:
@@ -68,8 +89,7 @@ class S3Storage(Storage):
             max_pool_connections=max(10, max_concurrency),
             tcp_keepalive=True,
         )
-        session = boto3.session.Session()
-        self.client = session.client("s3", config=self._config)
+        self.client = _session(boto3).client("s3", config=self._config)
         self.client.meta.events.register_first("needs-retry.s3", self._on_attempt)
         self.client.meta.events.register("after-call.s3", self._on_call)
 
@@ -111,8 +131,8 @@ class S3Storage(Storage):
         where = self._where(path)
         if isinstance(exc, NoCredentialsError):
             return CkptprofError(
-                f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
-                "AWS_PROFILE, or an instance role."
+                f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+                f"or AWS_PROFILE (for an EC2/ECS role, set {INSTANCE_CREDENTIALS_ENV}=1)."
             )
         if isinstance(exc, EndpointConnectionError):
             return StorageError(

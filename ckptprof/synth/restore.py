@@ -76,6 +76,8 @@ class RunRecord:
     cache_method: str
     trace_id: str
     phases: dict[str, dict] = field(default_factory=dict)
+    retries: int = 0
+    errors: int = 0
 
     def to_dict(self) -> dict:
         return dict(vars(self))
@@ -261,7 +263,35 @@ class RestoreRunner:
             state.method,
             format(ctx.trace_id, "032x") if ctx else "",
             phases,
+            int(summary.attributes.get(Attr.RETRIES, 0)),
+            int(summary.attributes.get(Attr.ERRORS, 0)),
         )
+
+    def sweep(self, on_run=None, echo=print) -> tuple[list[RunRecord], list[dict]]:
+        """Every (concurrency, repeat, cache) run; transient storage failures are
+        recorded and the sweep goes on (they make the success rate)."""
+        runs: list[RunRecord] = []
+        failures: list[dict] = []
+        for concurrency in self.options.concurrency:
+            for repeat in range(self.options.repeat):
+                for cache in self.options.caches:
+                    try:
+                        run = self.run_once(cache, concurrency, repeat)
+                    except TRANSIENT_ERRORS as exc:
+                        failures.append(
+                            {
+                                "cache": cache,
+                                "concurrency": concurrency,
+                                "repeat": repeat,
+                                "error": str(exc),
+                            }
+                        )
+                        echo(f"{cache:4} x{concurrency:<3} #{repeat} FAILED: {exc}")
+                        continue
+                    runs.append(run)
+                    if on_run is not None:
+                        on_run(run)
+        return runs, failures
 
     def _list(self, op: Operation) -> list[ObjectInfo]:
         """Listing + the layout's own index reads, checked against the manifest."""
@@ -450,6 +480,8 @@ def write_results(out_dir: Path, payload: dict, runs: list[RunRecord]) -> tuple[
             "resident_fraction",
             "cache_method",
             "first_step_emulated",
+            "retries",
+            "errors",
             "trace_id",
         ]
     )
@@ -466,6 +498,8 @@ def write_results(out_dir: Path, payload: dict, runs: list[RunRecord]) -> tuple[
                 "" if r.resident_fraction is None else f"{r.resident_fraction:.4f}",
                 r.cache_method,
                 r.phases.get("first_step", {}).get("emulated", False),
+                r.retries,
+                r.errors,
                 r.trace_id,
             ]
         )
@@ -508,27 +542,7 @@ def run_restore(
             echo("first_step will be emulated (model does not fit, or world size > 1).")
         ceiling = runner.ceiling()
         echo(ceiling.describe())
-        runs: list[RunRecord] = []
-        failures: list[dict] = []
-        for concurrency in options.concurrency:
-            for repeat in range(options.repeat):
-                for cache in options.caches:
-                    try:
-                        run = runner.run_once(cache, concurrency, repeat)
-                    except TRANSIENT_ERRORS as exc:
-                        # a storage failure that retries could not absorb: count it, go on
-                        failures.append(
-                            {
-                                "cache": cache,
-                                "concurrency": concurrency,
-                                "repeat": repeat,
-                                "error": str(exc),
-                            }
-                        )
-                        echo(f"{cache:4} x{concurrency:<3} #{repeat} FAILED: {exc}")
-                        continue
-                    runs.append(run)
-                    echo(_run_line(run, ceiling))
+        runs, failures = runner.sweep(lambda run: echo(_run_line(run, ceiling)), echo)
         attempted = len(runs) + len(failures)
         stats = runner.storage.stats
         payload = {

@@ -1,0 +1,273 @@
+"""s3:// works like a path: generate, restore, stage, retries, errors, no secrets leaked.
+
+Everything runs against a real SeaweedFS S3 server on 127.0.0.1 (tests/s3infra.py),
+through boto3 over HTTP, configured only by the standard AWS_* variables.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from ckptprof.errors import StorageError
+from ckptprof.fetch import fetch
+from ckptprof.manifest import MANIFEST_NAME
+from ckptprof.phases import RESTORE_PHASES
+from ckptprof.storage import open_storage
+from ckptprof.synth.generate import generate
+from ckptprof.synth.plan import SynthSpec
+from ckptprof.synth.restore import RestoreOptions, run_restore
+from tests.conftest import TINY_SCALE, read_spans, run_cli
+from tests.test_bad_input import assert_one_line_error
+
+LAYOUTS = ["torch", "safetensors", "dcp", "deepspeed"]
+
+
+def s3_generate(bucket: str, layout: str = "torch", ranks: int = 1, **kw) -> str:
+    location = f"s3://{bucket}/ckpt/{layout}-{uuid.uuid4().hex[:6]}"
+    generate(
+        location, SynthSpec("llama2-7b", layout, TINY_SCALE, ranks=ranks, **kw), progress=False
+    )
+    return location
+
+
+def restore(location, tmp_path, **kw):
+    options = RestoreOptions(
+        caches=("cold",),
+        concurrency=kw.pop("concurrency", (4,)),
+        repeat=kw.pop("repeat", 1),
+        progress=False,
+        **kw,
+    )
+    return run_restore(location, options, tmp_path / "out", echo=lambda *_: None)
+
+
+def phase_spans(payload):
+    spans = read_spans(payload["trace_file"])
+    roots = [s for s in spans if s["name"] == "ckpt.restore"]
+    kids = {}
+    for s in spans:
+        if s["parent_id"]:
+            kids.setdefault(s["parent_id"], {})[s["name"]] = s
+    return roots, [kids[r["context"]["span_id"]] for r in roots]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_generate_and_restore_through_s3(layout, s3_bucket, s3_env, tmp_path):
+    s3_env()
+    ranks = 2 if layout in ("dcp", "deepspeed") else 1
+    location = s3_generate(s3_bucket.name, layout, ranks)
+    manifest = json.loads(open_storage(location).read_bytes(MANIFEST_NAME))
+    total = sum(f["size"] for f in manifest["files"].values())
+    payload = restore(location, tmp_path)
+    roots, phases = phase_spans(payload)
+    assert {p.span_name for p in RESTORE_PHASES} <= set(phases[0])
+    assert phases[0]["ckpt.fetch"]["attributes"]["ckpt.bytes"] == total
+    assert phases[0]["ckpt.list"]["attributes"]["ckpt.files"] == len(manifest["files"])
+    attrs = roots[0]["attributes"]
+    assert attrs["ckpt.storage.kind"] == "s3"
+    assert attrs["ckpt.storage.uri"] == location
+    env = payload["environment"]
+    assert env["s3.endpoint"].startswith("http://127.0.0.1:")
+    assert env["s3.region"] == "us-east-1" and env["s3.addressing_style"]
+    assert env["fetch.part_size"] == str(16 << 20)
+
+
+def test_generation_uses_multipart_upload(s3_bucket, s3_env):
+    s3_env()
+    location = s3_generate(s3_bucket.name, "torch")  # one ~35 MB object
+    key = location.split("/", 3)[3] + "/checkpoint_rank0.pt"
+    head = s3_bucket.client.head_object(Bucket=s3_bucket.name, Key=key)
+    assert head["ContentLength"] > 16 << 20
+    assert "-" in head["ETag"]  # a multipart ETag is "<md5>-<parts>"
+
+
+def test_stage_mode_downloads_then_reads(s3_bucket, s3_env, tmp_path):
+    s3_env()
+    location = s3_generate(s3_bucket.name, "safetensors")
+    payload = restore(location, tmp_path, stage_dir=tmp_path / "stage")
+    _, phases = phase_spans(payload)
+    fetch_attrs = phases[0]["ckpt.fetch"]["attributes"]
+    assert fetch_attrs["ckpt.fetch.stage_download_s"] > 0
+    assert fetch_attrs["ckpt.fetch.stage_read_s"] > 0
+    assert not (tmp_path / "stage" / "ckptprof-stage").exists()  # staged copy cleaned up
+
+
+def test_injected_503s_are_retried_and_counted(s3_bucket, s3_env, fault_proxy, tmp_path):
+    s3_env()
+    location = s3_generate(s3_bucket.name, "torch", optimizer=False)
+    s3_env(endpoint_url=fault_proxy.endpoint_url, max_attempts=5)
+    fault_proxy.fail_every(4, status=503, code="SlowDown")
+    payload = restore(location, tmp_path, concurrency=(2,), part_size=1 << 20, verify="full")
+    injected = fault_proxy.failures_injected
+    assert injected > 0
+    # every injected 503 was seen as a failed attempt and retried (ceiling probe included)
+    assert payload["requests"]["errors"] == injected
+    assert payload["requests"]["retries"] == injected
+    run = payload["runs"][0]
+    assert run["retries"] > 0 and run["errors"] == run["retries"]
+    roots, _ = phase_spans(payload)
+    assert roots[0]["attributes"]["ckpt.retries"] == run["retries"] > 0
+    assert payload["success_rate"] == 1.0
+
+
+def test_littles_law_with_added_latency(s3_bucket, s3_env, fault_proxy, tmp_path):
+    """20 ms per request: 16 in flight moves far more bytes per second than 1."""
+    s3_env()
+    location = s3_generate(s3_bucket.name, "torch", optimizer=False)
+    s3_env(endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.latency_s = 0.020
+    storage = open_storage(location, max_concurrency=16)
+    infos = [i for i in storage.list() if i.path != MANIFEST_NAME]
+    rates = {}
+    for concurrency in (1, 16):
+        import time
+
+        t0 = time.perf_counter()
+        buffers = fetch(storage, infos, concurrency, part_size=256 << 10, progress=False)
+        rates[concurrency] = sum(i.size for i in infos) / (time.perf_counter() - t0)
+        for buf in buffers.values():
+            buf.close()
+    # at concurrency 1 every 256 KiB waits 20 ms; Little's Law: 16 in flight ≈ 16x
+    assert rates[16] > 3 * rates[1], rates
+
+
+def s3_cli(*args, env):
+    return run_cli(*args, env=env)
+
+
+def test_missing_bucket_prefix_and_denied(s3_bucket, s3_env, seaweed, tmp_path):
+    env = s3_env()
+    out = ["--out", str(tmp_path / "o"), "--no-report", "--ceiling-gbps", "1", "--repeat", "1"]
+    missing_bucket = s3_cli("synth", "restore", "s3://no-such-bucket-ckptprof/x", *out, env=env)
+    assert_one_line_error(missing_bucket, "s3://no-such-bucket-ckptprof")
+    missing_prefix = s3_cli(
+        "synth", "restore", f"s3://{s3_bucket.name}/nothing-here", *out, env=env
+    )
+    assert_one_line_error(missing_prefix, f"s3://{s3_bucket.name}/nothing-here", "no such")
+    location = s3_generate(s3_bucket.name, "torch", optimizer=False)
+    denied_env = s3_env(credentials=seaweed.limited_credentials)
+    denied_env["AWS_SESSION_TOKEN"] = "SESSIONTOKEN-never-shown"
+    denied = s3_cli("synth", "restore", location, *out, env=denied_env)
+    line = assert_one_line_error(denied, "access denied")
+    for secret_text in (*seaweed.limited_credentials, "SESSIONTOKEN"):
+        assert secret_text not in denied.stderr + denied.stdout
+    assert line
+
+
+def test_object_deleted_between_list_and_fetch(s3_bucket, s3_env):
+    s3_env()
+    location = s3_generate(s3_bucket.name, "torch", optimizer=False)
+    storage = open_storage(location)
+    infos = storage.list()
+    victim = next(i for i in infos if i.path.endswith(".pt"))
+    s3_bucket.client.delete_object(
+        Bucket=s3_bucket.name, Key=location.split("/", 3)[3] + "/" + victim.path
+    )
+    with pytest.raises(FileNotFoundError, match=victim.path):
+        fetch(storage, infos, 4, progress=False)
+
+
+def test_truncated_object_names_it(s3_bucket, s3_env, tmp_path):
+    env = s3_env()
+    location = s3_generate(s3_bucket.name, "torch", optimizer=False)
+    key = location.split("/", 3)[3] + "/checkpoint_rank0.pt"
+    body = s3_bucket.client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read()
+    s3_bucket.client.put_object(Bucket=s3_bucket.name, Key=key, Body=body[: len(body) // 3])
+    result = s3_cli(
+        "synth",
+        "restore",
+        location,
+        "--out",
+        str(tmp_path / "o"),
+        "--no-report",
+        "--ceiling-gbps",
+        "1",
+        "--repeat",
+        "1",
+        env=env,
+    )
+    assert_one_line_error(result, "checkpoint_rank0.pt", "truncated")
+
+
+def test_short_body_mid_transfer_names_the_object(s3_bucket, s3_env, fault_proxy):
+    s3_env()
+    location = s3_generate(s3_bucket.name, "torch", optimizer=False)
+    s3_env(endpoint_url=fault_proxy.endpoint_url, max_attempts=1)
+    storage = open_storage(location)
+    infos = [i for i in storage.list() if i.path == "checkpoint_rank0.pt"]
+    fault_proxy.truncate_next_get(100)
+    with pytest.raises((EOFError, StorageError), match="checkpoint_rank0.pt"):
+        fetch(storage, infos, 1, part_size=1 << 20, progress=False)
+    assert fault_proxy.truncations == 1
+
+
+def test_failed_runs_make_the_success_rate(s3_bucket, s3_env, fault_proxy, tmp_path):
+    """Errors that retries cannot absorb fail a run; the sweep goes on and reports."""
+    from ckptprof.synth.restore import RestoreRunner
+    from ckptprof.tracing import CheckpointTracer, setup_telemetry
+
+    s3_env()
+    location = s3_generate(s3_bucket.name, "torch", optimizer=False)
+    s3_env(endpoint_url=fault_proxy.endpoint_url, max_attempts=1)
+    telemetry = setup_telemetry(tmp_path)
+    options = RestoreOptions(
+        caches=("cold",),
+        concurrency=(1,),
+        repeat=2,
+        ceiling_gbps=1.0,
+        first_step=False,
+        progress=False,
+    )
+    runner = RestoreRunner(location, options, CheckpointTracer(telemetry.provider))
+    fault_proxy.fail_every(3, status=500, code="InternalError")
+    runs, failures = runner.sweep(echo=lambda *_: None)
+    telemetry.shutdown()
+    assert len(runs) + len(failures) == 2 and failures
+    assert all("InternalError" in f["error"] and location in f["error"] for f in failures)
+    failed_roots = [
+        s
+        for s in read_spans(telemetry.trace_file)
+        if s["name"] == "ckpt.restore" and s["status"]["status_code"] == "ERROR"
+    ]
+    assert len(failed_roots) == len(failures)
+
+
+def test_no_secrets_in_spans_results_or_logs(s3_bucket, s3_env, seaweed, tmp_path):
+    env = s3_env()
+    key, secret = seaweed.admin_credentials
+    location = s3_generate(s3_bucket.name, "torch", optimizer=False)
+    presigned = location + "?X-Amz-Signature=deadbeef&X-Amz-Credential=" + key
+    result = s3_cli(
+        "synth",
+        "restore",
+        presigned,
+        "--out",
+        str(tmp_path / "o"),
+        "--repeat",
+        "1",
+        "--cache",
+        "cold",
+        "--concurrency",
+        "2",
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    everything = result.stdout + result.stderr
+    for path in (tmp_path / "o").rglob("*"):
+        if path.is_file():
+            everything += path.read_text(errors="replace")
+    for secret_text in (key, secret, "X-Amz-Signature", "deadbeef"):
+        assert secret_text not in everything, secret_text
+    assert location in everything  # the clean URI is there
+
+
+def test_safe_endpoint_strips_userinfo_and_query():
+    from ckptprof.storage.s3 import safe_endpoint, split_s3_uri
+
+    assert safe_endpoint("http://user:pw@127.0.0.1:9000/?token=x") == "http://127.0.0.1:9000"
+    assert split_s3_uri("s3://b/a/b?X-Amz-Signature=1") == ("b", "a/b/")
+    with pytest.raises(Exception, match="s3://bucket/prefix"):
+        split_s3_uri("s3:/nobucket")
