@@ -13,6 +13,9 @@ import pytest
 from ckptprof.synth.generate import generate
 from ckptprof.synth.plan import SynthSpec
 
+# A real S3 server (SeaweedFS) on 127.0.0.1 and a fault-injecting proxy: tests/s3infra.py
+pytest_plugins = ["tests.s3infra"]
+
 # real tensor names and counts of llama2-7b, widths shrunk: ~140 MB with Adam state
 SMALL_SCALE = 0.002
 TINY_SCALE = 0.0005
@@ -56,10 +59,6 @@ def run_cli(
         env=full_env,
         timeout=timeout,
     )
-
-
-# A real S3 server (SeaweedFS) on 127.0.0.1 and a fault-injecting proxy: tests/s3infra.py
-from tests.s3infra import fault_proxy, s3_bucket, seaweed  # noqa: E402, F401
 
 
 @pytest.fixture

@@ -16,17 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 from botocore.exceptions import ClientError, IncompleteReadError, ResponseStreamingError
 
-from tests.s3infra import (
-    FaultProxy,
-    SeaweedS3,
-    SeaweedStartError,
-    fault_proxy,
-    find_weed,
-    s3_bucket,
-    seaweed,
-)
-
-__all__ = ["fault_proxy", "s3_bucket", "seaweed"]  # fixtures, imported for pytest
+from tests.s3infra import FaultProxy, SeaweedS3, SeaweedStartError, find_weed
 
 MiB = 1024 * 1024
 BIG = 40 * MiB
