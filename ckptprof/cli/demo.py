@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ckptprof.cli.synth import _int_list
+
 DEMO_EXAMPLES = """examples:
   ckptprof demo                                   # llama2-7b at 1% scale, ~0.7 GB, about a minute
   ckptprof demo --layout dcp --ranks 2 --world-size 1
@@ -34,7 +36,9 @@ def add_parser(commands) -> None:
     demo.add_argument("--scale", type=float, default=0.01)
     demo.add_argument("--full", action="store_true", help="full size (--scale 1)")
     demo.add_argument("--optimizer", action=argparse.BooleanOptionalAction, default=True)
-    demo.add_argument("--concurrency", default="1,8")
+    demo.add_argument(
+        "--concurrency", type=_int_list, default=(1, 8), help="requests in flight (default 1,8)"
+    )
     demo.add_argument("--repeat", type=int, default=3)
     demo.add_argument(
         "--plot",
@@ -46,51 +50,27 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    from ckptprof.cli import synth
     from ckptprof.cli.report import print_report
+    from ckptprof.synth.generate import generate
+    from ckptprof.synth.plan import SynthSpec
+    from ckptprof.synth.restore import RestoreOptions, run_restore
 
     ckpt = args.dir / "checkpoint"
     out = args.dir / "results"
     scale = 1.0 if args.full else args.scale
+    spec = SynthSpec(args.model, args.layout, scale, ranks=args.ranks, optimizer=args.optimizer)
     print(f"== generate {args.model} x{scale:g} ({args.layout}) in {ckpt}")
-    synth.run_generate(
-        argparse.Namespace(
-            dest=str(ckpt),
-            model=args.model,
-            layout=args.layout,
-            ranks=args.ranks,
-            scale=scale,
-            optimizer=args.optimizer,
-            master_weights=False,
-            files=None,
-            step=1000,
-            seed=0,
-            dry_run=False,
-            bandwidth_gbps=None,
-            force=True,
-        )
+    result = generate(str(ckpt), spec, force=True)
+    print(f"wrote {len(result.manifest.files)} files, {result.total_bytes / 1e9:.3f} GB")
+    levels = ",".join(map(str, args.concurrency))
+    print(f"== restore (cold and hot, {levels} in flight, {args.repeat} repeats)")
+    options = RestoreOptions(
+        caches=("cold", "hot"),
+        concurrency=args.concurrency,
+        repeat=args.repeat,
+        world_size=args.world_size,
     )
-    print(f"== restore (cold and hot, {args.concurrency} in flight, {args.repeat} repeats)")
-    synth.run_restore(
-        argparse.Namespace(
-            dest=str(ckpt),
-            cache="cold,hot",
-            concurrency=synth._int_list(args.concurrency),
-            repeat=args.repeat,
-            verify="full",
-            world_size=args.world_size,
-            part_size=16 << 20,
-            ceiling_gbps=None,
-            first_step=True,
-            drop_caches=False,
-            per_file_spans=False,
-            stage=None,
-            out=out,
-            trace_dir=None,
-            report=False,
-        )
-    )
+    run_restore(str(ckpt), options, out)
     print("== report")
-    plot = args.dir / "report.png" if args.plot else None
-    print_report([str(out / "results.json")], plot=plot)
+    print_report([str(out / "results.json")], plot=args.dir / "report.png" if args.plot else None)
     return 0

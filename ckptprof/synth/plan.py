@@ -212,6 +212,20 @@ def pack_in_order(pieces: list[Piece], count: int) -> list[list[Piece]]:
     return groups
 
 
+def rank_files(spec: SynthSpec, preset: ModelPreset) -> list[tuple[int, int, list[Piece]]]:
+    """(rank, file index, pieces) for layouts where every rank writes its own shard of
+    every state group, split into ``--files / ranks`` files per rank."""
+    per_rank = files_per_rank(spec)
+    out = []
+    for rank in range(spec.ranks):
+        pieces: list[Piece] = []
+        for group, dtype in state_groups(spec):
+            pieces += shard_pieces(whole_pieces(preset, group, dtype), spec.ranks, rank)
+        for k, group_pieces in enumerate(pack_in_order(pieces, per_rank)):
+            out.append((rank, k, group_pieces))
+    return out
+
+
 def files_per_rank(spec: SynthSpec, default: int = 1) -> int:
     if spec.files is None:
         return default

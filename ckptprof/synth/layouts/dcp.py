@@ -39,14 +39,9 @@ from ckptprof.synth.plan import (
     GROUP_MODEL,
     CheckpointPlan,
     FilePlan,
-    Piece,
     SynthSpec,
-    files_per_rank,
-    pack_in_order,
-    shard_pieces,
+    rank_files,
     shard_rows,
-    state_groups,
-    whole_pieces,
 )
 
 METADATA = ".metadata"
@@ -70,14 +65,10 @@ class DcpLayout(Layout):
 
     def plan(self, spec: SynthSpec) -> CheckpointPlan:
         preset = spec.preset()
-        per_rank = files_per_rank(spec)
-        files = []
-        for rank in range(spec.ranks):
-            pieces: list[Piece] = []
-            for group, dtype in state_groups(spec):
-                pieces += shard_pieces(whole_pieces(preset, group, dtype), spec.ranks, rank)
-            for k, group_pieces in enumerate(pack_in_order(pieces, per_rank)):
-                files.append(FilePlan(f"__{rank}_{k}.distcp", "weights", rank, tuple(group_pieces)))
+        files = [
+            FilePlan(f"__{rank}_{k}.distcp", "weights", rank, tuple(pieces))
+            for rank, k, pieces in rank_files(spec, preset)
+        ]
         files.append(FilePlan(METADATA, "metadata"))  # last: it needs every item's offset
         return CheckpointPlan(spec, preset, tuple(files), extras={"items": {}})
 

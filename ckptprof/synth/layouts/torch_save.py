@@ -21,10 +21,7 @@ from ckptprof.synth.plan import (
     Piece,
     SynthSpec,
     files_per_rank,
-    pack_in_order,
-    shard_pieces,
-    state_groups,
-    whole_pieces,
+    rank_files,
 )
 
 
@@ -34,20 +31,13 @@ class TorchSaveLayout(Layout):
 
     def plan(self, spec: SynthSpec) -> CheckpointPlan:
         preset = spec.preset()
-        per_rank = files_per_rank(spec)
+        single = files_per_rank(spec) == 1
         files: list[FilePlan] = [FilePlan("config.json", "small")]
-        for rank in range(spec.ranks):
-            pieces: list[Piece] = []
-            for group, dtype in state_groups(spec):
-                pieces += shard_pieces(whole_pieces(preset, group, dtype), spec.ranks, rank)
-            groups = pack_in_order(pieces, per_rank)
-            for k, group_pieces in enumerate(groups):
-                name = (
-                    f"checkpoint_rank{rank}.pt"
-                    if per_rank == 1
-                    else f"checkpoint_rank{rank}_part{k:04d}.pt"
-                )
-                files.append(FilePlan(name, "weights", rank, tuple(group_pieces)))
+        for rank, k, pieces in rank_files(spec, preset):
+            name = (
+                f"checkpoint_rank{rank}.pt" if single else f"checkpoint_rank{rank}_part{k:04d}.pt"
+            )
+            files.append(FilePlan(name, "weights", rank, tuple(pieces)))
         return CheckpointPlan(spec, preset, tuple(files))
 
     def write_file(self, plan, file, dest: Path, filler) -> None:
