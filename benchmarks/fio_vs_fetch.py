@@ -16,9 +16,14 @@ Extra columns (clearly not ckptprof's fetch):
   pre-faulted buffer at the same queue depth: the read path without the cost of fresh
   memory.
 - ``--diagnose`` adds: ``fio-buf`` (fio, buffered, io_uring, same qd: the kernel's buffered
-  path without Python), ``falloc`` (ckptprof's HostBuffers, ``posix_fallocate`` d before the
-  reads, then ``read_into``), and ``odirect`` (O_DIRECT ``preadv`` straight into fresh
-  HostBuffers from the same thread pool: no page-cache copy).
+  path without Python), ``falloc`` (ckptprof's HostBuffers ``posix_fallocate``d before the
+  reads, then ``read_into``), ``populate`` (each part's pages faulted in by one
+  ``madvise(MADV_POPULATE_WRITE)`` in its thread, then ``read_into``), and ``odirect``
+  (O_DIRECT ``preadv`` straight into fresh HostBuffers from the same thread pool: no
+  page-cache copy). None of these change ckptprof; they show where its time goes.
+
+After each qd group a small probe times one thread writing a fresh 256 MiB memfd: the
+price of the fresh memory that every fetched byte lands in.
 
 Run ``python benchmarks/fio_vs_fetch.py --help``; see benchmarks/README.md.
 """
@@ -51,6 +56,7 @@ TARGET = 0.9
 COLD_LIMIT = 0.05  # the same limit ckptprof uses to call a run cold
 BUSY_OTHER = 0.25  # cores busy outside the benchmark above which a run is flagged
 DIO_ALIGN = 4096
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
 MAX_FILENAME_ARG = 100_000  # below Linux's 128 KiB limit for one argv string
 
 
@@ -153,6 +159,27 @@ def background_load(seconds: float = 1.0) -> dict:
 def describe_load(load: dict) -> str:
     who = ", ".join(f"{name} {cores:.2f}" for name, cores in load["top"]) or "nobody"
     return f"{load['busy_cores']:.2f} cores busy while idle (top: {who})"
+
+
+FRESH_PROBE = 256 << 20
+
+
+def fresh_memory_gbps(size: int = FRESH_PROBE) -> float:
+    """GB/s of one thread writing a new memfd mapping: the price of fresh memory right now.
+
+    fetch() lands every byte in fresh memfd pages (a fault and a zeroed page per 4 KiB);
+    fio reuses one buffer. On a VM this price moves with the host (the dev VM has shown
+    0.6-1.9 GB/s). Runs after each qd group, never between an eviction and a timed run.
+    """
+    buf = HostBuffer(size, "fio-vs-fetch-memprobe")
+    chunk = bytes(4 << 20)
+    try:
+        t0 = time.perf_counter()
+        for offset in range(0, size, len(chunk)):
+            buf.view[offset : offset + len(chunk)] = chunk
+        return size / (time.perf_counter() - t0) / 1e9
+    finally:
+        buf.close()
 
 
 class Probe:
@@ -527,6 +554,28 @@ class Bench:
             b.close()
         return self.total, seconds, probe, {"fallocate_s": t_alloc}
 
+    def populate(self, qd: int) -> tuple:
+        with Probe(self.dev) as probe:
+            t0 = time.perf_counter()
+            bufs = {f.path: HostBuffer(f.size, f.path) for f in self.files}
+
+            def read(req) -> None:
+                buf = bufs[req.path]
+                # fault the part's pages in with one call, then read into them; HostBuffer
+                # has no public handle on its mapping, hence _map (benchmark only)
+                buf._map.madvise(MADV_POPULATE_WRITE, req.offset, req.length)
+                self.storage.read_into(
+                    req.path, req.offset, buf.view[req.offset : req.offset + req.length]
+                )
+
+            with ThreadPoolExecutor(max_workers=qd) as pool:
+                list(pool.map(read, self.reqs))
+            seconds = time.perf_counter() - t0
+        self._verify_once("populate", bufs)
+        for b in bufs.values():
+            b.close()
+        return self.total, seconds, probe, {}
+
     def odirect(self, qd: int) -> tuple:
         with Probe(self.dev) as probe:
             t0 = time.perf_counter()
@@ -611,6 +660,8 @@ LABELS = {
     "reuse": "ckptprof storage.read_into into one reused, pre-faulted buffer (read path only)",
     "fio-buf": "fio, buffered, io_uring, one reused buffer (kernel buffered path, no Python)",
     "falloc": "fetch's buffers posix_fallocate'd first, then read_into (diagnostic)",
+    "populate": "fetch's buffers, each part madvise(MADV_POPULATE_WRITE)d by its thread "
+    "right before read_into (diagnostic)",
     "odirect": "O_DIRECT preadv into fresh HostBuffers, same pool (diagnostic)",
 }
 
@@ -816,7 +867,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--diagnose",
         action="store_true",
-        help="add fio buffered, fallocate'd buffers and O_DIRECT columns",
+        help="add diagnostic columns: fio buffered, fallocate, populate, O_DIRECT",
     )
     ap.add_argument("--keep", action="store_true", help="keep a checkpoint this script made")
     ap.add_argument(
@@ -849,7 +900,7 @@ def main(argv: list[str] | None = None) -> int:
         print_env(env)
         methods = ["fio", "fetch"] + ([] if args.no_reuse else ["reuse"])
         if args.diagnose:
-            methods += ["fio-buf", "falloc", "odirect"]
+            methods += ["fio-buf", "falloc", "populate", "odirect"]
         print("\nmethods (evicted and checked cold before every run; order rotates per repeat)")
         for m in methods:
             print(f"  {m:<8} {LABELS[m]}")
@@ -862,6 +913,7 @@ def main(argv: list[str] | None = None) -> int:
 
         bench = Bench(root, files, args.part_size, env["block_device"])
         runs: list[Run] = []
+        mem_probes: list[dict] = []
         t_start = time.perf_counter()
         for rep in range(-args.warmup, args.repeat):
             shift = rep % len(methods)
@@ -875,8 +927,15 @@ def main(argv: list[str] | None = None) -> int:
                     if r.other_cores is not None and r.other_cores > BUSY_OTHER:
                         flag += f" (other {r.other_cores:.1f} cores)"
                     parts.append(f"{m} {r.gbps:.2f}{flag}")
+                mem = fresh_memory_gbps()
+                mem_probes.append({"repeat": rep, "qd": qd, "gbps": mem})
                 tag = "warm-up" if rep < 0 else f"repeat {rep + 1}"
-                print(f"  {tag:<9} qd {qd:>3}: " + ", ".join(parts) + " GB/s", flush=True)
+                print(
+                    f"  {tag:<9} qd {qd:>3}: "
+                    + ", ".join(parts)
+                    + f" GB/s  [fresh memory {mem:.2f}]",
+                    flush=True,
+                )
         elapsed = time.perf_counter() - t_start
         not_cold = [r for r in runs if not r.cold and r.repeat >= 0]
         print(
@@ -887,6 +946,12 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{k} {'ok' if v else 'MISMATCH'}" for k, v in bench.verified.items())
         )
         timed = [r for r in runs if r.repeat >= 0]
+        mem_rates = [p["gbps"] for p in mem_probes if p["repeat"] >= 0] or [0.0]
+        mem_med, mem_lo, mem_hi = stats(mem_rates)
+        print(
+            f"fresh memory (one thread writing a new {FRESH_PROBE >> 20} MiB memfd, after each qd"
+            f" group): {mem_med:.2f} GB/s median ({mem_lo:.2f}-{mem_hi:.2f})"
+        )
         busy = [r for r in timed if r.other_cores is not None and r.other_cores > BUSY_OTHER]
         env["background_after"] = background_load()
         print(
@@ -936,6 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
                         "methods": {m: LABELS[m] for m in methods},
                         "summary": {str(k): v for k, v in summary.items()},
                         "runs": [r.to_dict() for r in runs],
+                        "fresh_memory_probes": mem_probes,
                     },
                     indent=2,
                 )

