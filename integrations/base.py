@@ -1,0 +1,287 @@
+"""What every framework adapter shares: telemetry, undoable patches, the restore/save
+operation lifecycle, per-file list/fetch/verify/deserialize, and the manifest.
+
+Adapters (Lightning, Hugging Face, DeepSpeed) only decide *where* in their framework
+each phase starts and ends; the phase model, export and file handling live here and in
+:mod:`ckptprof.tracing`. Everything here is a guest in the training job: bookkeeping
+errors are logged once and swallowed, the framework's own exceptions pass unchanged,
+and every patch is made on one object's instance and undone by :meth:`detach`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ckptprof.errors import VerifyError
+from ckptprof.manifest import Manifest, entry_for_bytes, verify_buffers
+from ckptprof.phases import Attr, Phase
+from ckptprof.tracing.export import Telemetry, setup_telemetry
+from ckptprof.tracing.recorder import CheckpointTracer, Operation, OperationSummary
+
+log = logging.getLogger("ckptprof")
+
+MANIFEST_SUFFIX = ".ckptprof.json"
+VERIFY_MODES = ("full", "size", "none")
+
+
+def shared_run_id() -> str | None:
+    """One run id for every rank of a distributed job, so the report can group ranks.
+
+    ``CKPTPROF_RUN_ID`` wins; else torchrun's ``TORCHELASTIC_RUN_ID``; else, when
+    ``WORLD_SIZE`` > 1, the rendezvous address and port every rank shares, with the date.
+    """
+    if os.environ.get("CKPTPROF_RUN_ID"):
+        return os.environ["CKPTPROF_RUN_ID"]
+    if os.environ.get("TORCHELASTIC_RUN_ID") not in (None, "", "none"):
+        return os.environ["TORCHELASTIC_RUN_ID"]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("MASTER_PORT"):
+        day = time.strftime("%Y%m%d")
+        return f"{day}-{os.environ.get('MASTER_ADDR', 'localhost')}-{os.environ['MASTER_PORT']}"
+    return None
+
+
+def manifest_path(checkpoint: str) -> str:
+    """Sidecar manifest of a checkpoint file (or folder)."""
+    return str(checkpoint).rstrip("/") + MANIFEST_SUFFIX
+
+
+class Instrumentation:
+    """Shared state of one adapter instance.
+
+    Args:
+        framework: value of ``ckpt.framework``.
+        trace_dir: trace-file directory (default ``$CKPTPROF_TRACE_DIR`` or ``./ckptprof-traces``).
+        tracer_provider: record into this provider instead of ckptprof's own (no trace file).
+        verify: at save, write a manifest with sizes (``size``) or sizes and xxh3 hashes
+            (``full``, costs one read of each saved file); at resume, check against it.
+        rank: ``ckpt.rank`` of this process (default from ``RANK``).
+    """
+
+    def __init__(
+        self,
+        framework: str,
+        *,
+        trace_dir: str | os.PathLike | None = None,
+        tracer_provider=None,
+        verify: str = "size",
+        rank: int | None = None,
+    ) -> None:
+        if verify not in VERIFY_MODES:
+            from ckptprof.errors import CkptprofError
+
+            raise CkptprofError(f"verify={verify!r} is not valid; expected one of {VERIFY_MODES}.")
+        self.framework = framework
+        self.verify = verify
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        self._trace_dir = trace_dir
+        self._provider = tracer_provider
+        self.telemetry: Telemetry | None = None
+        self.tracer: CheckpointTracer | None = None
+        self._patches: list[tuple[Any, str, bool, Any]] = []
+        self.restore_op: Operation | None = None
+        self.save_op: Operation | None = None
+        self.last_restore: OperationSummary | None = None
+        self.last_save: OperationSummary | None = None
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Create the tracer (lazily, in the process that trains)."""
+        if self.tracer is not None:
+            return
+        provider = self._provider
+        run_id = shared_run_id()
+        if provider is None:
+            self.telemetry = setup_telemetry(self._trace_dir, run_id=run_id)
+            provider = self.telemetry.provider
+            run_id = self.telemetry.run_id
+        self.tracer = CheckpointTracer(provider, framework=self.framework, run_id=run_id)
+
+    def detach(self) -> None:
+        """Undo every patch (newest first) and flush spans; safe to call twice."""
+        while self._patches:
+            obj, name, had_own, previous = self._patches.pop()
+            try:
+                if had_own:
+                    setattr(obj, name, previous)
+                else:
+                    delattr(obj, name)
+            except Exception as exc:  # noqa: BLE001
+                self.warn_once("detach", exc)
+        for op in (self.restore_op, self.save_op):
+            if op is not None and not op.finished:
+                op.finish()
+        if self.telemetry is not None:
+            self.telemetry.flush()
+
+    def close(self) -> None:
+        self.detach()
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
+
+    def warn_once(self, where: str, exc: BaseException) -> None:
+        if where not in self._warned:
+            self._warned.add(where)
+            log.warning("ckptprof: internal error in %s ignored: %r", where, exc)
+
+    # ------------------------------------------------------------------ patching
+    def patch(self, obj: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+        """Replace ``obj.name`` on this instance only with ``make(original)``; once."""
+        original = getattr(obj, name)
+        if getattr(original, "__ckptprof_owner__", None) is self:
+            return
+        wrapper = make(original)
+        functools.update_wrapper(wrapper, original, updated=())
+        wrapper.__ckptprof_owner__ = self
+        had_own = name in getattr(obj, "__dict__", {})
+        self._patches.append((obj, name, had_own, obj.__dict__.get(name) if had_own else None))
+        setattr(obj, name, wrapper)
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._patches)
+
+    # ------------------------------------------------------------------ operations
+    def begin_restore(self, attributes: dict[str, Any]) -> Operation | None:
+        try:
+            self.start()
+            if self.restore_op is not None and not self.restore_op.finished:
+                self.restore_op.finish()
+            self.restore_op = self.tracer.restore(self._attrs(attributes))
+            return self.restore_op
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("begin_restore", exc)
+            return None
+
+    def end_restore(self, error: BaseException | None = None) -> OperationSummary | None:
+        op, self.restore_op = self.restore_op, None
+        if op is None:
+            return None
+        try:
+            summary = op.finish(error)
+            self.last_restore = summary
+            if summary is not None:
+                log.info("%s", summary.one_line())
+                if self.telemetry is not None:
+                    self.telemetry.flush()
+            return summary
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("end_restore", exc)
+            return None
+
+    def begin_save(self, attributes: dict[str, Any]) -> Operation | None:
+        try:
+            self.start()
+            self.save_op = self.tracer.save(self._attrs(attributes))
+            return self.save_op
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("begin_save", exc)
+            return None
+
+    def end_save(self, error: BaseException | None = None) -> OperationSummary | None:
+        op, self.save_op = self.save_op, None
+        if op is None:
+            return None
+        try:
+            self.last_save = op.finish(error)
+            return self.last_save
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("end_save", exc)
+            return None
+
+    def _attrs(self, attributes: dict[str, Any]) -> dict[str, Any]:
+        return {Attr.RANK: self.rank, **attributes}
+
+    # ------------------------------------------------------------------ files
+    def read_file(self, path: str, op: Operation | None):
+        """list + fetch + verify of one checkpoint file; returns a HostBuffer.
+
+        Reads through ckptprof's storage layer (POSIX path or ``s3://``), so the bytes a
+        framework then deserializes are exactly the bytes that were timed and checked.
+        """
+        from ckptprof.fetch import fetch
+        from ckptprof.storage import open_storage
+
+        parent, name = os.path.split(str(path).rstrip("/"))
+        storage = open_storage(parent or ".")
+        with _phase(op, Phase.LIST):
+            info = storage.stat(name)
+            manifest = self._load_manifest(storage, name)
+        with _phase(op, Phase.FETCH):
+            buffers = fetch(storage, [info], concurrency=4, op=op, progress=False)
+        with _phase(op, Phase.VERIFY) as stats:
+            mode = self.verify if manifest is not None else "none"
+            if manifest is not None and manifest.spec.get("verify") == "size" and mode == "full":
+                mode = "size"  # the save recorded sizes only
+            if stats is not None:
+                stats.attributes[Attr.VERIFY_MODE] = mode if manifest else "none (no manifest)"
+            if manifest is not None and mode != "none" and name in manifest.files:
+                verify_buffers(buffers, manifest, mode, parent or ".", op)
+        return buffers[name]
+
+    def _load_manifest(self, storage, name: str) -> Manifest | None:
+        sidecar = name + MANIFEST_SUFFIX
+        try:
+            raw = storage.read_bytes(sidecar)
+        except FileNotFoundError:
+            return None
+        try:
+            return Manifest.from_json(raw, sidecar)
+        except Exception:  # noqa: BLE001 - a broken sidecar is not the job's problem
+            log.warning("ckptprof: ignoring unreadable manifest %s", sidecar)
+            return None
+
+    def write_manifest(self, path: str, op: Operation | None) -> None:
+        """After a save: record the file's size (and hash with verify='full') beside it."""
+        if self.verify == "none":
+            return
+        try:
+            with _phase(op, Phase.COMMIT):
+                p = Path(path)
+                if self.verify == "full":
+                    with open(p, "rb") as handle:
+                        entry = entry_for_bytes(handle.read())
+                else:
+                    from ckptprof.manifest import FileEntry
+
+                    entry = FileEntry(p.stat().st_size, "", "")
+                tmp = p.with_name(p.name + MANIFEST_SUFFIX + ".partial")
+                tmp.write_bytes(Manifest({p.name: entry}, spec={"verify": self.verify}).to_json())
+                os.replace(tmp, manifest_path(str(p)))
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("write_manifest", exc)
+
+    def remove_manifest(self, path: str) -> None:
+        try:
+            Path(manifest_path(str(path))).unlink(missing_ok=True)
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("remove_manifest", exc)
+
+
+class _NullPhase:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _phase(op: Operation | None, phase: Phase):
+    return op.phase(phase) if op is not None else _NullPhase()
+
+
+def timed(op: Operation | None, phase: Phase, fn: Callable, *args, **kwargs):
+    """Run the framework's ``fn`` inside ``phase`` (or plainly without an operation)."""
+    if op is None:
+        return fn(*args, **kwargs)
+    with op.phase(phase):
+        return fn(*args, **kwargs)
+
+
+__all__ = ["Instrumentation", "VerifyError", "manifest_path", "timed"]

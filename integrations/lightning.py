@@ -1,0 +1,256 @@
+"""PyTorch Lightning: ``Trainer(callbacks=[CkptProf()])`` traces every save and resume.
+
+Where each phase is measured (Lightning 2.x):
+
+* resume: ``strategy.checkpoint_io.load_checkpoint`` is wrapped on the trainer's own
+  CheckpointIO instance. For the default ``TorchCheckpointIO`` ckptprof reads the file
+  itself (``list``: stat + manifest; ``fetch``: bytes into memory; ``verify``: against the
+  manifest written at save), then calls Lightning's own ``pl_load`` on those bytes
+  (``deserialize``). A custom CheckpointIO is timed as a whole (``deserialize``, marked
+  ``ckpt.fused_fetch``). ``reshard`` covers applying model state (until callbacks'
+  ``on_load_checkpoint``) and ``restore_training_state`` (optimizers, schedulers, loops)
+  until ``resume_end``; ``first_step`` runs until the first ``on_train_batch_end``.
+* save: ``trainer.save_checkpoint`` is the ``ckpt.save`` root; ``serialize`` is
+  ``dump_checkpoint`` (building the dict), ``write`` is ``checkpoint_io.save_checkpoint``,
+  ``commit`` writes the manifest beside the file. Removing an old checkpoint removes its
+  manifest too.
+
+Only the attached trainer's objects are patched (instance attributes, never classes),
+and :meth:`CkptProf.teardown` undoes them. Lightning's ``ckpt_path="last"`` lookup runs
+before callbacks are set up, so it is not part of ``list``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from ckptprof.integrations.base import Instrumentation, timed
+from ckptprof.phases import Attr, Phase
+
+log = logging.getLogger("ckptprof")
+
+
+def _KEEP_ON_CPU(storage, location):  # noqa: N802 - TorchCheckpointIO's default map_location
+    return storage
+
+
+class CkptProf(Callback):
+    """Trace checkpoint saves and resumes of a Lightning ``Trainer``.
+
+    Args:
+        trace_dir: where the JSON-lines trace goes (default ``$CKPTPROF_TRACE_DIR`` or
+            ``./ckptprof-traces``); OTLP follows the standard ``OTEL_*`` variables.
+        verify: ``size`` (default), ``full`` (xxh3 of every saved byte, one extra read per
+            save) or ``none``; resumes check against what the save recorded.
+        tracer_provider: record into this OpenTelemetry provider instead.
+
+    Example::
+
+        trainer = Trainer(callbacks=[CkptProf()])
+        trainer.fit(model, ckpt_path="last")
+    """
+
+    def __init__(self, trace_dir=None, verify: str = "size", tracer_provider=None) -> None:
+        self._inst = Instrumentation(
+            "lightning", trace_dir=trace_dir, verify=verify, tracer_provider=tracer_provider
+        )
+        self._trainer = None
+        self._awaiting_first_step = False
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def last_restore(self):
+        """Summary of the last traced resume (RTO, phases), or None."""
+        return self._inst.last_restore
+
+    @property
+    def last_save(self):
+        return self._inst.last_save
+
+    def save(self, filepath: str) -> None:
+        """Save a checkpoint now, traced (for emergency saves from outside the loop)."""
+        if self._trainer is None:
+            raise RuntimeError(
+                "`CkptProf.save()` needs the callback attached to a running Trainer."
+            )
+        self._trainer.save_checkpoint(filepath)
+
+    # ------------------------------------------------------------------ hooks
+    @override
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self._trainer is trainer and self._inst.attached:
+            return
+        try:
+            self._trainer = trainer
+            self._inst.rank = trainer.global_rank
+            self._attach(trainer)
+        except Exception as exc:  # noqa: BLE001
+            self._inst.warn_once("setup", exc)
+
+    @override
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        op = self._inst.restore_op
+        if op is not None and self._load_end_ns is not None:
+            import time
+
+            op.add_interval(Phase.RESHARD, self._load_end_ns, time.time_ns())
+            self._load_end_ns = None
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self._awaiting_first_step:
+            return
+        self._awaiting_first_step = False
+        op = self._inst.restore_op
+        if op is not None and self._resume_end_ns is not None:
+            import time
+
+            op.add_interval(Phase.FIRST_STEP, self._resume_end_ns, time.time_ns())
+        op_attrs = {Attr.STEP: trainer.global_step}
+        if op is not None:
+            op.set_attributes(op_attrs)
+        summary = self._inst.end_restore()
+        if summary is not None and trainer.is_global_zero:
+            log.warning("%s", summary.one_line())
+
+    @override
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._inst.detach()
+
+    # ------------------------------------------------------------------ wiring
+    _load_end_ns: int | None = None
+    _resume_end_ns: int | None = None
+
+    def _attach(self, trainer) -> None:
+        inst = self._inst
+        io = trainer.strategy.checkpoint_io
+        connector = trainer._checkpoint_connector
+        plain_torch_io = type(io).__name__ == "TorchCheckpointIO"
+
+        def restore_attrs(path) -> dict:
+            return {
+                Attr.FORMAT: "torch",
+                Attr.PATH: str(path),
+                Attr.WORLD_SIZE: trainer.world_size,
+                Attr.STORAGE_KIND: "s3" if str(path).startswith("s3://") else "posix",
+                "ckpt.strategy": type(trainer.strategy).__name__,
+            }
+
+        def wrap_load(original):
+            def load_checkpoint(path, map_location=_KEEP_ON_CPU, weights_only=None, **kwargs):
+                import time
+
+                op = inst.begin_restore(restore_attrs(path))
+                try:
+                    if plain_torch_io and op is not None:
+                        from lightning.fabric.utilities.cloud_io import _load as pl_load
+
+                        buffer = inst.read_file(str(path), op)
+                        try:
+                            with op.phase(Phase.DESERIALIZE):
+                                result = pl_load(
+                                    buffer.reader(),
+                                    map_location=map_location,
+                                    weights_only=weights_only,
+                                )
+                        finally:
+                            buffer.close()
+                    else:
+                        if op is not None:
+                            op.set_phase_attributes(Phase.DESERIALIZE, **{"ckpt.fused_fetch": True})
+                        result = timed(
+                            op,
+                            Phase.DESERIALIZE,
+                            original,
+                            path,
+                            map_location=map_location,
+                            weights_only=weights_only,
+                            **kwargs,
+                        )
+                except BaseException as exc:
+                    inst.end_restore(exc)
+                    raise
+                self._load_end_ns = time.time_ns()
+                return result
+
+            return load_checkpoint
+
+        def wrap_restore_training_state(original):
+            def restore_training_state(*args, **kwargs):
+                return timed(inst.restore_op, Phase.RESHARD, original, *args, **kwargs)
+
+            return restore_training_state
+
+        def wrap_resume_end(original):
+            def resume_end(*args, **kwargs):
+                import time
+
+                result = original(*args, **kwargs)
+                if inst.restore_op is not None:
+                    self._resume_end_ns = time.time_ns()
+                    self._awaiting_first_step = True
+                return result
+
+            return resume_end
+
+        def wrap_save_checkpoint(original):
+            def save_checkpoint(filepath, *args, **kwargs):
+                inst.begin_save(
+                    {
+                        Attr.FORMAT: "torch",
+                        Attr.PATH: str(filepath),
+                        Attr.STEP: trainer.global_step,
+                        Attr.WORLD_SIZE: trainer.world_size,
+                    }
+                )
+                try:
+                    result = original(filepath, *args, **kwargs)
+                except BaseException as exc:
+                    inst.end_save(exc)
+                    raise
+                inst.end_save()
+                return result
+
+            return save_checkpoint
+
+        def wrap_dump(original):
+            def dump_checkpoint(*args, **kwargs):
+                return timed(inst.save_op, Phase.SERIALIZE, original, *args, **kwargs)
+
+            return dump_checkpoint
+
+        def wrap_io_save(original):
+            def io_save_checkpoint(checkpoint, path, *args, **kwargs):
+                op = inst.save_op
+                result = timed(op, Phase.WRITE, original, checkpoint, path, *args, **kwargs)
+                if op is not None:
+                    try:
+                        import os
+
+                        op.add_bytes(Phase.WRITE, os.path.getsize(path))
+                    except OSError:
+                        pass  # async IO: the file is written in the background
+                inst.write_manifest(str(path), op)
+                return result
+
+            return io_save_checkpoint
+
+        def wrap_io_remove(original):
+            def remove_checkpoint(path, *args, **kwargs):
+                result = original(path, *args, **kwargs)
+                inst.remove_manifest(str(path))
+                return result
+
+            return remove_checkpoint
+
+        inst.patch(io, "load_checkpoint", wrap_load)
+        inst.patch(io, "save_checkpoint", wrap_io_save)
+        inst.patch(io, "remove_checkpoint", wrap_io_remove)
+        inst.patch(connector, "restore_training_state", wrap_restore_training_state)
+        inst.patch(connector, "resume_end", wrap_resume_end)
+        inst.patch(connector, "dump_checkpoint", wrap_dump)
+        inst.patch(trainer, "save_checkpoint", wrap_save_checkpoint)

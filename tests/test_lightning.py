@@ -1,0 +1,182 @@
+"""The Lightning callback with real Lightning training on CPU and real checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from ckptprof.errors import VerifyError
+from ckptprof.integrations.base import manifest_path
+from ckptprof.integrations.lightning import CkptProf
+from tests.conftest import read_spans
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_resume.py"
+sys.path.insert(0, str(EXAMPLE.parent))
+from lightning_resume import TinyModel, data  # noqa: E402
+
+RESTORE_PHASES = {
+    "ckpt.list",
+    "ckpt.fetch",
+    "ckpt.verify",
+    "ckpt.deserialize",
+    "ckpt.reshard",
+    "ckpt.first_step",
+}
+
+
+def spans_in(directory: Path) -> list[dict]:
+    return [s for f in sorted(directory.glob("*.jsonl")) for s in read_spans(f)]
+
+
+def children(spans, root):
+    return {s["name"]: s for s in spans if s["parent_id"] == root["context"]["span_id"]}
+
+
+def make_trainer(root: Path, max_steps: int, callback: CkptProf | None, **kw) -> L.Trainer:
+    callbacks = [
+        L.pytorch.callbacks.ModelCheckpoint(
+            dirpath=root / "ckpt", save_last=True, every_n_train_steps=5
+        )
+    ]
+    if callback is not None:
+        callbacks.append(callback)
+    return L.Trainer(
+        default_root_dir=root,
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        **kw,
+    )
+
+
+def run_example(directory: Path, phase: str, devices: int = 1, env=None):
+    import os
+
+    return subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--dir",
+            str(directory),
+            "--phase",
+            phase,
+            "--devices",
+            str(devices),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_save_then_resume_last_in_a_fresh_process(tmp_path):
+    first = run_example(tmp_path, "train")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_example(tmp_path, "resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "ckptprof: RTO" in second.stderr  # the one-line summary after resume
+    spans = spans_in(tmp_path / "traces")
+    saves = [s for s in spans if s["name"] == "ckpt.save"]
+    assert len(saves) >= 4  # every 5 steps + last, in both runs
+    save_phases = children(spans, saves[0])
+    assert {"ckpt.serialize", "ckpt.write", "ckpt.commit"} <= set(save_phases)
+    restores = [s for s in spans if s["name"] == "ckpt.restore"]
+    assert len(restores) == 1
+    phases = children(spans, restores[0])
+    assert set(phases) >= RESTORE_PHASES
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert restores[0]["attributes"]["ckpt.path"] == str(last)
+    assert phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] == last.stat().st_size
+    assert restores[0]["attributes"]["ckpt.framework"] == "lightning"
+    assert restores[0]["attributes"]["ckpt.step"] >= 10
+    assert Path(manifest_path(str(last))).exists()
+
+
+def test_resume_restores_the_same_state_and_adds_nothing_to_the_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    model = TinyModel()
+    make_trainer(tmp_path, 10, CkptProf(trace_dir=tmp_path / "t")).fit(model, data())
+    ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    assert not any("CkptProf" in key for key in ckpt.get("callbacks", {}))
+    resumed = TinyModel()
+    trainer = make_trainer(tmp_path, 10, CkptProf(trace_dir=tmp_path / "t"))
+    trainer.fit(resumed, data(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    for key, value in ckpt["state_dict"].items():
+        assert torch.equal(resumed.state_dict()[key], value)
+
+
+def test_corrupted_checkpoint_fails_verify_naming_the_file(tmp_path):
+    make_trainer(tmp_path, 5, CkptProf(trace_dir=tmp_path / "t", verify="full")).fit(
+        TinyModel(), data()
+    )
+    path = tmp_path / "ckpt" / "last.ckpt"
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x55
+    path.write_bytes(bytes(raw))
+    trainer = make_trainer(tmp_path, 10, CkptProf(trace_dir=tmp_path / "t", verify="full"))
+    with pytest.raises(VerifyError, match="last.ckpt.*does not match"):
+        trainer.fit(TinyModel(), data(), ckpt_path=str(path))
+
+
+def test_teardown_undoes_every_patch_and_attach_is_idempotent(tmp_path):
+    callback = CkptProf(trace_dir=tmp_path / "t")
+    trainer = make_trainer(tmp_path, 3, callback)
+    io = trainer.strategy.checkpoint_io
+    before = {n for n in vars(io)}
+    trainer.fit(TinyModel(), data())
+    assert not callback._inst.attached
+    assert {n for n in vars(io)} == before  # no instance attribute left behind
+    assert "save_checkpoint" not in vars(trainer)
+    assert "resume_end" not in vars(trainer._checkpoint_connector)
+    # attaching twice to the same trainer wraps once
+    callback.setup(trainer, None, "fit")
+    callback.setup(trainer, None, "fit")
+    assert len(callback._inst._patches) == 7
+    callback.teardown(trainer, None, "fit")
+    assert "load_checkpoint" not in vars(io)
+
+
+def test_unreachable_collector_does_not_break_training(tmp_path, monkeypatch, caplog):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    callback = CkptProf(trace_dir=tmp_path / "t")
+    with caplog.at_level(logging.WARNING):
+        make_trainer(tmp_path, 10, callback).fit(TinyModel(), data())
+        trainer = make_trainer(tmp_path, 12, callback)
+        trainer.fit(TinyModel(), data(), ckpt_path="last")
+        callback._inst.close()
+    assert trainer.global_step == 12
+    assert callback.last_restore is not None and callback.last_restore.wall_s > 0
+    assert len([r for r in caplog.records if "could not export" in r.message]) == 1
+
+
+def test_ddp_two_processes_tag_ranks(tmp_path):
+    first = run_example(tmp_path, "train", devices=2)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_example(tmp_path, "resume", devices=2)
+    assert second.returncode == 0, second.stderr[-3000:]
+    restores = [s for s in spans_in(tmp_path / "traces") if s["name"] == "ckpt.restore"]
+    assert sorted(r["attributes"]["ckpt.rank"] for r in restores) == [0, 1]
+    assert {r["attributes"]["ckpt.world_size"] for r in restores} == {2}
+    assert len({r["attributes"]["ckpt.run_id"] for r in restores}) == 1  # one run, two ranks
+    report = subprocess.run(
+        [sys.executable, "-m", "ckptprof", "report", str(tmp_path / "traces")],
+        capture_output=True,
+        text=True,
+    )
+    assert "slowest rank" in report.stdout
