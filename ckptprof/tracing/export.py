@@ -91,6 +91,11 @@ class JsonLinesSpanExporter(SpanExporter):
                 self._file = None
 
 
+# Endpoints already warned about, process-wide: a job that makes several exporters
+# (one per fit) still gets one warning per unreachable collector.
+_WARNED_ENDPOINTS: set[str] = set()
+
+
 class WarnOnceExporter(SpanExporter):
     """Wraps a network exporter: failures become one warning, never an exception."""
 
@@ -119,8 +124,9 @@ class WarnOnceExporter(SpanExporter):
         return False
 
     def _warn(self, reason: str) -> None:
-        if not self._warned:
+        if not self._warned and self.description not in _WARNED_ENDPOINTS:
             self._warned = True
+            _WARNED_ENDPOINTS.add(self.description)
             log.warning(
                 "ckptprof: could not export spans to %s (%s); training continues and "
                 "spans are still written to the local trace file.",
