@@ -160,9 +160,13 @@ def _execute(
             op.add_file(Phase.FETCH, req.path, sizes[req.path], seconds, clock.start_ns)
 
     try:
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+        try:
             for future in [pool.submit(run, r) for r in reqs]:
                 future.result()
+        finally:
+            # on the first failure, drop the queued parts instead of reading them all
+            pool.shutdown(wait=True, cancel_futures=True)
     finally:
         bar.close()
 

@@ -230,6 +230,12 @@ class SeaweedS3:
         return READONLY_CREDENTIALS
 
     @property
+    def connections(self) -> int:
+        """Client connections accepted so far (keep-alive reuse keeps this low)."""
+        with self._lock:
+            return self._connections_seen
+
+    @property
     def port(self) -> int:
         return self.ports["s3.port"]
 
@@ -688,6 +694,7 @@ class FaultProxy:
         self._failures = 0
         self._truncations = 0
         self._conns: set[socket.socket] = set()
+        self._connections_seen = 0
         self._server: _ProxyServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -767,10 +774,17 @@ class FaultProxy:
         with self._lock:
             if add:
                 self._conns.add(conn)
+                self._connections_seen += 1
             else:
                 self._conns.discard(conn)
 
     # -- lifecycle ----------------------------------------------------------------------
+    @property
+    def connections(self) -> int:
+        """Client connections accepted so far (keep-alive reuse keeps this low)."""
+        with self._lock:
+            return self._connections_seen
+
     @property
     def port(self) -> int:
         assert self._server is not None, "not started"

@@ -139,3 +139,31 @@ def test_interrupted_generation_never_looks_complete(tmp_path):
     assert not (dest / MANIFEST_NAME).exists()
     assert not list(dest.glob("*.partial"))
     assert_one_line_error(restore_cli(dest), MANIFEST_NAME, "is missing")
+
+
+def test_force_never_deletes_what_ckptprof_did_not_write(tmp_path):
+    dest = tmp_path / "checkpoint"
+    dest.mkdir()
+    (dest / "my-training-run.pt").write_bytes(b"precious")
+    result = run_cli("synth", "generate", str(dest), "--scale", str(TINY_SCALE), "--force")
+    assert_one_line_error(result, "not a ckptprof checkpoint", "--force will not delete")
+    assert (dest / "my-training-run.pt").read_bytes() == b"precious"
+
+
+def test_corrupt_bytes_of_the_right_size_name_the_file(ckpt_copy):
+    target = ckpt_copy / "checkpoint_rank0.pt"
+    data = bytearray(target.read_bytes())
+    data[:64] = b"\0" * 64  # the zip header: torch.load cannot parse it
+    target.write_bytes(bytes(data))
+    result = restore_cli(ckpt_copy, "--verify", "size")
+    assert_one_line_error(result, "checkpoint_rank0.pt", "corrupt", "--verify full")
+
+
+def test_other_url_schemes_are_refused_without_echoing_secrets(tmp_path):
+    url = "https://bucket.s3.amazonaws.com/ckpt?X-Amz-Signature=abc123&X-Amz-Credential=AKIA"
+    line = assert_one_line_error(restore_cli_url(url, tmp_path), "https://", "s3://bucket/prefix")
+    assert "abc123" not in line and "AKIA" not in line
+
+
+def restore_cli_url(url, tmp_path):
+    return run_cli("synth", "restore", url, "--out", str(tmp_path / "o"), "--no-report")

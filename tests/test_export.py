@@ -157,3 +157,20 @@ def test_cloud_detection_reads_local_files_only(tmp_path):
     (tmp_path / "sys_vendor").write_text("QEMU\n")
     assert detect_cloud_provider(tmp_path) is None
     assert detect_cloud_provider(tmp_path / "missing") is None
+
+
+def test_trace_file_ignores_the_jobs_sampler(tmp_path, clean_otel_env):
+    clean_otel_env.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    clean_otel_env.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "0")  # invalid: one warning only
+    telemetry = setup_telemetry(tmp_path)
+    record_one_restore(telemetry)
+    telemetry.shutdown()
+    assert len(read_spans(telemetry.trace_file)) == 3
+
+
+def test_export_warning_never_shows_url_secrets():
+    from ckptprof.tracing.export import _strip_url_secrets
+
+    text = "HTTPConnectionPool(host='h', port=1): url: /v1/traces?token=abc123 http://u:pw@h:1/x"
+    cleaned = _strip_url_secrets(text)
+    assert "abc123" not in cleaned and "pw@" not in cleaned and "/v1/traces" in cleaned

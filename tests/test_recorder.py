@@ -128,7 +128,7 @@ def test_internal_error_is_swallowed_and_logged_once(memory, caplog):
     for _ in range(3):
         with tracer.save() as op, op.phase(Phase.WRITE):
             pass  # the host code runs normally
-    assert op.summary is None or op.summary.kind == "save"
+    assert op.summary.kind == "save"  # the caller still gets its summary
     messages = [r.message for r in caplog.records if "internal error" in r.message]
     assert len(messages) == 1
 

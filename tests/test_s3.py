@@ -113,6 +113,20 @@ def test_injected_503s_are_retried_and_counted(s3_bucket, s3_env, fault_proxy, t
     assert payload["success_rate"] == 1.0
 
 
+def test_ranged_gets_reuse_connections(s3_bucket, s3_env, fault_proxy):
+    s3_env()
+    location = s3_generate(s3_bucket.name, "torch", optimizer=False)
+    s3_env(endpoint_url=fault_proxy.endpoint_url)
+    storage = open_storage(location)
+    infos = [i for i in storage.list() if i.path.endswith(".pt")]
+    before = fault_proxy.connections
+    buffers = fetch(storage, infos, 1, part_size=1 << 20, progress=False)
+    for buf in buffers.values():
+        buf.close()
+    parts = sum(-(-i.size // (1 << 20)) for i in infos)
+    assert parts >= 5 and fault_proxy.connections - before <= 1  # keep-alive, not one per GET
+
+
 def test_littles_law_with_added_latency(s3_bucket, s3_env, fault_proxy, tmp_path):
     """20 ms per request: 16 in flight moves far more bytes per second than 1."""
     s3_env()

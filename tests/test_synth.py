@@ -156,10 +156,17 @@ def test_many_small_files_vs_packed(checkpoints, tmp_path):
 
 def test_emulated_first_step_is_marked(checkpoints, tmp_path):
     payload = restore(
-        checkpoints("torch", 2), tmp_path, world_size=3, caches=("hot",), concurrency=(2,)
+        checkpoints("torch", 2),
+        tmp_path,
+        world_size=3,
+        caches=("hot",),
+        concurrency=(2,),
+        repeat=2,
     )
     first = payload["runs"][0]["phases"]["first_step"]
     assert first["emulated"] is True and "extrapolated" in first["emulation_reason"]
+    # estimated once before the sweep: every run carries the same emulated time
+    assert len({round(r["phases"]["first_step"]["busy_s"], 6) for r in payload["runs"]}) == 1
     roots, children = restore_spans(payload)
     span = children[roots[0]["context"]["span_id"]]["ckpt.first_step"]
     assert span["attributes"]["ckpt.emulated"] is True

@@ -12,6 +12,14 @@ def open_storage(location: str, max_concurrency: int = 64) -> Storage:
         from ckptprof.storage.s3 import S3Storage
 
         return S3Storage(location, max_concurrency=max_concurrency)
+    if "://" in location:
+        from ckptprof.errors import CkptprofError
+
+        scheme = location.split("://", 1)[0]
+        raise CkptprofError(
+            f"{scheme}:// locations are not supported; use a local or mounted path, or "
+            "s3://bucket/prefix (presigned URLs are not accepted)."
+        )
     return PosixStorage(location)
 
 

@@ -58,6 +58,31 @@ def _direct_readinto(body):
     return body.readinto
 
 
+def _release(body) -> None:
+    """Hand a fully read connection back to urllib3's pool (the direct read bypassed it)."""
+    raw = getattr(body, "_raw_stream", None)
+    with contextlib.suppress(Exception):
+        raw.release_conn()
+
+
+def _check_range(resp: dict, offset: int, where: str) -> None:
+    """A server that ignores Range returns the whole object: refuse, don't misplace bytes."""
+    content_range = resp.get("ContentRange") or ""
+    if not content_range.startswith(f"bytes {offset}-"):
+        raise StorageError(
+            f"{where}: asked for bytes from {offset} but the server answered "
+            f"{content_range or 'without a Content-Range'}; the endpoint does not honour "
+            "ranged GETs."
+        )
+
+
+def _counted(exc: Exception) -> bool:
+    """ClientErrors were already counted by the per-attempt hook."""
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError)
+
+
 INSTANCE_CREDENTIALS_ENV = "CKPTPROF_S3_INSTANCE_CREDENTIALS"
 
 
@@ -105,7 +130,14 @@ class S3Storage(Storage):
             max_pool_connections=max(10, max_concurrency),
             tcp_keepalive=True,
         )
-        self.client = _session(boto3).client("s3", config=self._config)
+        try:
+            self.client = _session(boto3).client("s3", config=self._config)
+        except Exception as exc:  # noqa: BLE001 - boto3 configuration mistakes
+            raise CkptprofError(
+                f"{self.uri}: cannot configure the S3 client ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200]}); check AWS_PROFILE, AWS_ENDPOINT_URL, "
+                "AWS_RETRY_MODE and AWS_MAX_ATTEMPTS."
+            ) from None
         self.client.meta.events.register_first("needs-retry.s3", self._on_attempt)
         self.client.meta.events.register("after-call.s3", self._on_call)
 
@@ -202,6 +234,7 @@ class S3Storage(Storage):
                 Key=self._key(path),
                 Range=f"bytes={offset}-{offset + want - 1}",
             )
+            _check_range(resp, offset, self._where(path))
             body = resp["Body"]
             readinto = _direct_readinto(body)
             done = 0
@@ -211,7 +244,11 @@ class S3Storage(Storage):
                     if not n:
                         break
                     done += n
+                if done == want:
+                    _release(body)  # keep the connection alive for the next request
         except Exception as exc:  # noqa: BLE001
+            if not _counted(exc):  # body read failures never reach the retry hook
+                self.stats.count(errors=1)
             raise self._translate(exc, path) from None
         if done != want:
             self.stats.count(errors=1)

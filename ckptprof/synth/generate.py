@@ -54,8 +54,10 @@ def generate(
     if existing and not force:
         raise CkptprofError(
             f"{storage.uri} is not empty ({len(existing)} files); choose an empty location "
-            "or pass --force to replace its contents."
+            "or pass --force to replace a checkpoint ckptprof generated there."
         )
+    if existing:
+        existing = _replaceable(storage, existing)
     needed = estimated_bytes(plan) + SPACE_HEADROOM
     free = storage.free_bytes()
     if free is not None and free < needed:
@@ -104,6 +106,29 @@ def _existing(storage) -> list[str]:
         return [i.path for i in storage.list()]
     except FileNotFoundError:
         return []
+
+
+def _replaceable(storage, existing: list[str]) -> list[str]:
+    """What --force may delete: a previous ckptprof checkpoint's own files, nothing else."""
+    if MANIFEST_NAME not in existing:
+        raise CkptprofError(
+            f"{storage.uri} holds {len(existing)} files but no {MANIFEST_NAME}: it is not a "
+            "ckptprof checkpoint, so --force will not delete it; choose an empty location."
+        )
+    try:
+        previous = Manifest.from_json(storage.read_bytes(MANIFEST_NAME), MANIFEST_NAME)
+    except CkptprofError:
+        raise CkptprofError(
+            f"{storage.uri}/{MANIFEST_NAME} is unreadable, so --force cannot tell which files "
+            "are ckptprof's; choose an empty location."
+        ) from None
+    foreign = sorted(set(existing) - set(previous.files) - {MANIFEST_NAME})
+    if foreign:
+        raise CkptprofError(
+            f"{storage.uri} holds files the previous checkpoint did not write (e.g. "
+            f"{foreign[0]}); --force only replaces a ckptprof checkpoint; choose an empty location."
+        )
+    return [MANIFEST_NAME, *previous.files]
 
 
 def _remove(storage, paths: list[str]) -> None:

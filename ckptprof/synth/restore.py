@@ -61,6 +61,10 @@ class RestoreOptions:
             raise CkptprofError(f"--repeat {self.repeat} must be at least 1.")
         if self.world_size is not None and self.world_size < 1:
             raise CkptprofError(f"--world-size {self.world_size} must be at least 1.")
+        if self.ceiling_gbps is not None and self.ceiling_gbps <= 0:
+            raise CkptprofError(f"--ceiling-gbps {self.ceiling_gbps} must be positive.")
+        if not self.caches:
+            raise CkptprofError("--cache needs cold, hot or cold,hot.")
         if self.part_size < 4096:
             raise CkptprofError(f"--part-size {self.part_size} must be at least 4096 bytes.")
 
@@ -100,8 +104,12 @@ class RestoreRunner:
         self.plan = self.layout.plan(self.spec)
         self.world_size = options.world_size or self.spec.ranks
         self.paths = sorted(self.manifest.files)
+        ensure_open_files(len(self.paths))
         self.check_listing(self.storage.list())  # fail before any cache work or timing
         self.model = self.optimizer = None
+        self._emulated_step: tuple[float, str] | None = None
+        self.runs: list[RunRecord] = []
+        self.failures: list[dict] = []
 
     # ------------------------------------------------------------ setup
     def _where(self, path: str) -> str:
@@ -269,9 +277,10 @@ class RestoreRunner:
 
     def sweep(self, on_run=None, echo=print) -> tuple[list[RunRecord], list[dict]]:
         """Every (concurrency, repeat, cache) run; transient storage failures are
-        recorded and the sweep goes on (they make the success rate)."""
-        runs: list[RunRecord] = []
-        failures: list[dict] = []
+        recorded and the sweep goes on (they make the success rate). Progress so far
+        stays readable in ``self.runs`` / ``self.failures`` if the sweep is interrupted."""
+        runs: list[RunRecord] = self.runs
+        failures: list[dict] = self.failures
         for concurrency in self.options.concurrency:
             for repeat in range(self.options.repeat):
                 for cache in self.options.caches:
@@ -296,11 +305,19 @@ class RestoreRunner:
     def _list(self, op: Operation) -> list[ObjectInfo]:
         """Listing + the layout's own index reads, checked against the manifest."""
         with op.phase(Phase.LIST) as stats:
+            requests_before = self.storage.stats.requests
             listed = self.storage.list()
-            self.layout.discover(self.storage, self.plan)
+            try:
+                self.layout.discover(self.storage, self.plan)
+            except (CkptprofError, OSError, EOFError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - a corrupt index/latest/.metadata file
+                from ckptprof.synth.layouts.base import unreadable
+
+                raise unreadable(f"{self.storage.uri} (its index file)", exc) from None
             infos = self.check_listing(listed)
             stats.attributes[Attr.FILES] = len(infos)
-            stats.attributes["ckpt.list.requests"] = self.storage.stats.requests
+            stats.attributes["ckpt.list.requests"] = self.storage.stats.requests - requests_before
         return infos
 
     def _fetch(self, infos: list[ObjectInfo], concurrency: int, op: Operation):
@@ -392,14 +409,21 @@ class RestoreRunner:
                 with op.phase(Phase.FIRST_STEP, **{Attr.EMULATED: False}):
                     train_step(self.model, self.optimizer)
                 return
-            seconds, reason = self._emulated_step_seconds()
-            end = time.time_ns()
-            op.add_interval(Phase.FIRST_STEP, end - int(seconds * 1e9), end)
+            if self._emulated_step is None:  # estimated once, outside any traced restore
+                raise RuntimeError("call estimate_first_step() before the sweep")
+            seconds, reason = self._emulated_step
+            start = time.time_ns()  # appended after the real work: the root ends later
+            op.add_interval(Phase.FIRST_STEP, start, start + int(seconds * 1e9))
             op.set_phase_attributes(
                 Phase.FIRST_STEP, **{Attr.EMULATED: True, Attr.EMULATION_REASON: reason}
             )
         finally:
             torch.set_flush_denormal(previous)
+
+    def estimate_first_step(self) -> None:
+        """When the real step cannot run here, time the emulation once (not in any RTO)."""
+        if self.options.first_step and self.model is None:
+            self._emulated_step = self._emulated_step_seconds()
 
     def _emulated_step_seconds(self) -> tuple[float, str]:
         """Time 1- and 2-layer models of the same width; extrapolate to all layers."""
@@ -426,6 +450,23 @@ class RestoreRunner:
 
 
 # ---------------------------------------------------------------- results
+
+
+def ensure_open_files(count: int, spare: int = 64) -> None:
+    """Every fetched file holds one descriptor until the run ends: make room, or say so."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = count + spare
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
+        soft = max(soft, target)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raise CkptprofError(
+            f"the checkpoint has {count} files but only {soft} may be open at once "
+            f"(`ulimit -n`, hard limit {hard}); raise it with `ulimit -n {need}`."
+        )
 
 
 def summarize(runs: list[RunRecord], ceiling: ceiling_mod.Ceiling | None) -> list[dict]:
@@ -524,8 +565,6 @@ def run_restore(
     echo=print,
 ) -> dict:
     """Probe the ceiling, run the sweep, write results.json/results.csv and traces."""
-    from ckptprof import __version__
-    from ckptprof.env import capture
     from ckptprof.tracing.export import setup_telemetry
 
     telemetry = setup_telemetry(trace_dir or out_dir / "traces")
@@ -540,39 +579,20 @@ def run_restore(
         runner.check_memory()
         if options.first_step and not runner.build_model():
             echo("first_step will be emulated (model does not fit, or world size > 1).")
+            runner.estimate_first_step()
         ceiling = runner.ceiling()
         echo(ceiling.describe())
-        runs, failures = runner.sweep(lambda run: echo(_run_line(run, ceiling)), echo)
+        try:
+            runs, failures = runner.sweep(lambda run: echo(_run_line(run, ceiling)), echo)
+        except BaseException:
+            if runner.runs:  # keep what was measured before the interruption
+                payload = _payload(runner, options, ceiling, telemetry, partial=True)
+                json_path, _ = write_results(out_dir, payload, runner.runs)
+                echo(f"partial results of {len(runner.runs)} runs: {json_path}")
+            raise
         attempted = len(runs) + len(failures)
         stats = runner.storage.stats
-        payload = {
-            "ckptprof_version": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "location": runner.storage.uri,
-            "spec": runner.spec.to_dict(),
-            "options": {
-                "verify": options.verify,
-                "world_size": runner.world_size,
-                "part_size": options.part_size,
-                "repeat": options.repeat,
-                "caches": list(options.caches),
-                "concurrency": list(options.concurrency),
-            },
-            "environment": capture(
-                {**runner.storage.describe(), "fetch.part_size": str(options.part_size)}
-            ),
-            "ceiling": ceiling.to_dict(),
-            "runs": [r.to_dict() for r in runs],
-            "summary": summarize(runs, ceiling),
-            "success_rate": len(runs) / attempted if attempted else 0.0,
-            "failures": failures,
-            "requests": {
-                "requests": stats.requests,
-                "retries": stats.retries,
-                "errors": stats.errors,
-            },
-            "trace_file": str(telemetry.trace_file),
-        }
+        payload = _payload(runner, options, ceiling, telemetry)
         json_path, csv_path = write_results(out_dir, payload, runs)
         echo(f"results: {json_path} and {csv_path}; traces: {telemetry.trace_file}")
         if stats.retries or stats.errors or failures:
@@ -588,6 +608,44 @@ def run_restore(
         return payload
     finally:
         telemetry.shutdown()
+
+
+def _payload(runner, options, ceiling, telemetry, partial: bool = False) -> dict:
+    from ckptprof import __version__
+    from ckptprof.env import capture
+
+    runs, failures, stats = runner.runs, runner.failures, runner.storage.stats
+    attempted = len(runs) + len(failures)
+    payload = {
+        "ckptprof_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "location": runner.storage.uri,
+        "spec": runner.spec.to_dict(),
+        "options": {
+            "verify": options.verify,
+            "world_size": runner.world_size,
+            "part_size": options.part_size,
+            "repeat": options.repeat,
+            "caches": list(options.caches),
+            "concurrency": list(options.concurrency),
+        },
+        "environment": capture(
+            {**runner.storage.describe(), "fetch.part_size": str(options.part_size)}
+        ),
+        "ceiling": ceiling.to_dict(),
+        "runs": [r.to_dict() for r in runs],
+        "summary": summarize(runs, ceiling),
+        "success_rate": len(runs) / attempted if attempted else 0.0,
+        "failures": failures,
+        "requests": {
+            "requests": stats.requests,
+            "retries": stats.retries,
+            "errors": stats.errors,
+        },
+        "trace_file": str(telemetry.trace_file),
+        "partial": partial,
+    }
+    return payload
 
 
 def _run_line(run: RunRecord, ceiling) -> str:

@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from ckptprof.tracing.resource import build_resource
 
@@ -120,7 +121,7 @@ class WarnOnceExporter(SpanExporter):
 
     def _gate(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING:
-            self._warn(record.getMessage()[:300])
+            self._warn(_strip_url_secrets(record.getMessage())[:300])
         return False
 
     def _warn(self, reason: str) -> None:
@@ -194,6 +195,14 @@ def _otlp_exporter() -> WarnOnceExporter | None:
     return WarnOnceExporter(exporter, f"OTLP endpoint {_safe_endpoint(endpoint)}")
 
 
+def _strip_url_secrets(text: str) -> str:
+    """Drop query strings and user info from any URL or path inside ``text``."""
+    import re
+
+    text = re.sub(r"(?<=[\w/])\?[^\s'\")]*", "?…", text)
+    return re.sub(r"//[^/\s:@]+(:[^/\s@]*)?@", "//", text)
+
+
 def _safe_endpoint(url: str) -> str:
     """The endpoint without credentials or query string."""
     from urllib.parse import urlsplit
@@ -229,6 +238,8 @@ class Telemetry:
             _bounded(self.file_processor.shutdown, FILE_FLUSH_TIMEOUT_S)
         if self.network_processor is not None:
             _bounded(self.network_processor.shutdown, NETWORK_FLUSH_TIMEOUT_S, quiet=True)
+        # processors are down: this only unregisters the SDK's exit handler
+        _bounded(self.provider.shutdown, NETWORK_FLUSH_TIMEOUT_S, quiet=True)
 
 
 def _bounded(fn, timeout_s: float, quiet: bool = False) -> None:
@@ -238,6 +249,21 @@ def _bounded(fn, timeout_s: float, quiet: bool = False) -> None:
     worker.join(timeout_s)
     if worker.is_alive() and not quiet:
         log.warning("ckptprof: span export did not finish within %.0f s; not waiting.", timeout_s)
+
+
+def _batch(exporter: SpanExporter, **kwargs) -> BatchSpanProcessor:
+    """A BatchSpanProcessor; a bad ``OTEL_BSP_*`` value costs a warning, not the job."""
+    try:
+        return BatchSpanProcessor(exporter, **kwargs)
+    except ValueError as exc:
+        log.warning("ckptprof: ignoring invalid OTEL_BSP_* settings (%s)", exc)
+        defaults = {
+            "max_queue_size": 2048,
+            "max_export_batch_size": 512,
+            "export_timeout_millis": 30000,
+            "schedule_delay_millis": 5000,
+        }
+        return BatchSpanProcessor(exporter, **{**defaults, **kwargs})
 
 
 def resolve_trace_dir(trace_dir: str | os.PathLike | None) -> Path:
@@ -261,16 +287,16 @@ def setup_telemetry(
         otlp: force OTLP on/off; by default the ``OTEL_*`` variables decide.
     """
     run_id = run_id or new_run_id()
-    provider = TracerProvider(resource=build_resource(service_name))
+    # ckptprof owns this provider: no sampling (OTEL_TRACES_SAMPLER is for the job's own
+    # spans), so the trace file always has every operation the report needs
+    provider = TracerProvider(resource=build_resource(service_name), sampler=ALWAYS_ON)
     trace_file = resolve_trace_dir(trace_dir) / f"{run_id}-{os.getpid()}.jsonl"
-    file_processor = BatchSpanProcessor(
-        JsonLinesSpanExporter(trace_file), schedule_delay_millis=500
-    )
+    file_processor = _batch(JsonLinesSpanExporter(trace_file), schedule_delay_millis=500)
     provider.add_span_processor(file_processor)
     network_processor = None
     if otlp if otlp is not None else _otlp_requested():
         exporter = _otlp_exporter()
         if exporter is not None:
-            network_processor = BatchSpanProcessor(exporter)
+            network_processor = _batch(exporter)
             provider.add_span_processor(network_processor)
     return Telemetry(provider, trace_file, run_id, file_processor, network_processor)

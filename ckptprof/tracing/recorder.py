@@ -215,6 +215,7 @@ class Operation:
         with self._lock:
             stats.intervals.append((start_ns, end_ns))
 
+    @_guest
     def add_file(
         self,
         phase: Phase | str,
@@ -250,12 +251,22 @@ class Operation:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.finish(error=exc)
 
-    def finish(self, error: BaseException | None = None) -> OperationSummary | None:
-        """End the root span and emit the phase spans. Idempotent."""
+    def finish(self, error: BaseException | None = None) -> OperationSummary:
+        """End the root span and emit the phase spans. Idempotent.
+
+        The end is now, or the end of the latest phase interval when one was recorded
+        into the future (an emulated phase appended after the real work).
+        """
         if self._summary is not None:
             return self._summary
-        self._end_ns = time.time_ns()
-        self._summary = self._emit(error)
+        now = time.time_ns()
+        with self._lock:
+            latest = max((e for s in self._phases.values() for _, e in s.intervals), default=now)
+            phases = {n: s for n, s in self._phases.items() if s.intervals}
+        self._end_ns = max(now, latest)
+        wall_s = (self._end_ns - self._start_ns) / 1e9
+        self._summary = OperationSummary(self.kind, wall_s, phases, dict(self._attributes))
+        self._emit(self._summary, error)
         return self._summary
 
     @property
@@ -263,16 +274,12 @@ class Operation:
         return self._summary
 
     @_guest
-    def _emit(self, error: BaseException | None) -> OperationSummary:
-        wall_s = (self._end_ns - self._start_ns) / 1e9
-        with self._lock:
-            phases = {n: s for n, s in self._phases.items() if s.intervals}
-        summary = OperationSummary(self.kind, wall_s, phases, dict(self._attributes))
+    def _emit(self, summary: OperationSummary, error: BaseException | None) -> None:
         root = self._span
         if root is None:
-            return summary
+            return
         ctx = trace.set_span_in_context(root)
-        for stats in phases.values():
+        for stats in summary.phases.values():
             span = self._tracer.start_span(
                 Phase(stats.phase).span_name
                 if stats.phase in Phase._value2member_map_
@@ -285,13 +292,12 @@ class Operation:
                 self._emit_files(span, stats)
             span.end(end_time=stats.end_ns)
         root.set_attributes(self._attributes)
-        root.set_attribute(Attr.WALL_S, round(wall_s, 6))
+        root.set_attribute(Attr.WALL_S, round(summary.wall_s, 6))
         root.set_attribute(Attr.PHASE_SUM_S, round(summary.phase_sum_s, 6))
         if error is not None:
             root.record_exception(error)
             root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         root.end(end_time=self._end_ns)
-        return summary
 
     def _emit_files(self, parent, stats: PhaseStats) -> None:
         ctx = trace.set_span_in_context(parent)

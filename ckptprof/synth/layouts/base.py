@@ -27,6 +27,17 @@ if TYPE_CHECKING:
     from ckptprof.tracing.recorder import Operation
 
 
+def unreadable(path: str, exc: Exception):
+    """A loader failed on bytes that passed the chosen verify: name the file and the fix."""
+    from ckptprof.errors import VerifyError
+
+    first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+    return VerifyError(
+        f"{path}: the {type(exc).__name__} while deserializing says the file is corrupt "
+        f"({first}); re-run with --verify full to check it against the manifest, or regenerate."
+    )
+
+
 class Layout(ABC):
     name: str
     format: str
@@ -67,7 +78,10 @@ class Layout(ABC):
         def one(file: FilePlan) -> dict[Piece, torch.Tensor]:
             with op.phase(Phase.DESERIALIZE):
                 t0 = time.perf_counter()
-                tensors = self.deserialize(plan, file, buffers[file.path])
+                try:
+                    tensors = self.deserialize(plan, file, buffers[file.path])
+                except Exception as exc:  # noqa: BLE001 - a loader's error on bad bytes
+                    raise unreadable(file.path, exc) from None
                 seconds = time.perf_counter() - t0
             op.add_file(Phase.DESERIALIZE, file.path, buffers[file.path].size, seconds)
             return tensors

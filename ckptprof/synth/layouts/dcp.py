@@ -59,6 +59,21 @@ def parse_fqn(key: str) -> tuple[str, str]:
     return group, name
 
 
+def _read_metadata(raw: bytes) -> Metadata:
+    """Unpickle ``.metadata`` (as DCP does; only restore checkpoints you trust)."""
+    try:
+        md = pickle.loads(raw)
+    except Exception as exc:  # noqa: BLE001
+        from ckptprof.synth.layouts.base import unreadable
+
+        raise unreadable(METADATA, exc) from None
+    if not isinstance(md, Metadata):
+        from ckptprof.errors import VerifyError
+
+        raise VerifyError(f"{METADATA}: not DCP metadata ({type(md).__name__}); regenerate it.")
+    return md
+
+
 class DcpLayout(Layout):
     name = "dcp"
     format = "dcp"
@@ -108,11 +123,11 @@ class DcpLayout(Layout):
         return Metadata(state_md, planner_data, storage, version="1.0.0")
 
     def discover(self, storage, plan) -> list[str]:
-        md: Metadata = pickle.loads(storage.read_bytes(METADATA))
+        md = _read_metadata(storage.read_bytes(METADATA))
         return sorted({info.relative_path for info in md.storage_data.values()}) + [METADATA]
 
     def load_targets(self, plan, buffers, world_size, op, threads=1):
-        md: Metadata = pickle.loads(bytes(buffers[METADATA].view))
+        md = _read_metadata(bytes(buffers[METADATA].view))
         reader = MemoryStorageReader(buffers, op)
         targets = []
         for rank in range(world_size):
@@ -127,7 +142,7 @@ class DcpLayout(Layout):
                     offsets[key] = start
             op.add_interval(Phase.RESHARD, t0, time.time_ns())
             reader.plan_started_ns = time.time_ns()
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _named_errors(reader):
                 # no_dist=True is the point: one process plays every target rank
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
                 dcp.load(
@@ -138,6 +153,26 @@ class DcpLayout(Layout):
                 )
             targets.append({parse_fqn(k): v for k, v in state.items()})
         return targets
+
+
+class _named_errors:
+    """DCP wraps item failures in CheckpointException; say which file was bad instead."""
+
+    def __init__(self, reader: MemoryStorageReader) -> None:
+        self.reader = reader
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None or not isinstance(exc, Exception):
+            return False
+        from ckptprof.errors import CkptprofError
+        from ckptprof.synth.layouts.base import unreadable
+
+        if isinstance(exc, CkptprofError):
+            return False
+        raise unreadable(self.reader.current_path or METADATA, exc) from None
 
 
 class RowShardLoadPlanner(DefaultLoadPlanner):
@@ -170,6 +205,7 @@ class MemoryStorageReader(StorageReader):
         self.op = op
         self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
         self.plan_started_ns = time.time_ns()
+        self.current_path: str | None = None  # the file being read, for error messages
 
     def reset(self, checkpoint_id=None) -> None:
         pass
@@ -179,7 +215,7 @@ class MemoryStorageReader(StorageReader):
         return False
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
-        return pickle.loads(bytes(self.buffers[METADATA].view))
+        return _read_metadata(bytes(self.buffers[METADATA].view))
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *a, **k) -> None:
         self.storage_data = metadata.storage_data
@@ -200,6 +236,7 @@ class MemoryStorageReader(StorageReader):
             t0 = time.time_ns()
             tensor = cache.get(req.storage_index)
             if tensor is None:
+                self.current_path = info.relative_path
                 stream = self.buffers[info.relative_path].reader(info.offset, info.length)
                 tensor = torch.load(stream, map_location="cpu", weights_only=True)
                 cache[req.storage_index] = tensor
