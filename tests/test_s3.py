@@ -285,3 +285,48 @@ def test_safe_endpoint_strips_userinfo_and_query():
     assert split_s3_uri("s3://b/a/b?X-Amz-Signature=1") == ("b", "a/b/")
     with pytest.raises(Exception, match="s3://bucket/prefix"):
         split_s3_uri("s3:/nobucket")
+
+
+def test_metadata_addresses_are_never_called_unless_opted_in(monkeypatch, tmp_path):
+    """The EC2/ECS credential providers are off by default; a stand-in server proves it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from ckptprof.errors import CkptprofError
+
+    hits: list[str] = []
+
+    class StandIn(BaseHTTPRequestHandler):
+        def _answer(self):
+            hits.append(f"{self.command} {self.path}")
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_PUT = _answer  # noqa: N815 - http.server's naming
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for name in [n for n in __import__("os").environ if n.startswith("AWS_")]:
+            monkeypatch.delenv(name)
+        base = f"http://127.0.0.1:{server.server_port}"
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", base)
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", base + "/ecs-creds")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        monkeypatch.delenv("CKPTPROF_S3_INSTANCE_CREDENTIALS", raising=False)
+        with pytest.raises(CkptprofError, match="no AWS credentials.*CKPTPROF_S3_INSTANCE"):
+            open_storage("s3://bucket/ckpt").list()
+        assert hits == []
+        monkeypatch.setenv("CKPTPROF_S3_INSTANCE_CREDENTIALS", "1")
+        with pytest.raises(CkptprofError, match="s3://bucket/ckpt"):
+            open_storage("s3://bucket/ckpt").list()
+        assert hits  # opted in: the (stand-in) metadata service was asked
+    finally:
+        server.shutdown()

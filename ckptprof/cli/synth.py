@@ -252,7 +252,7 @@ def run_restore(args) -> int:
         repeat=args.repeat,
         verify=args.verify,
         world_size=args.world_size,
-        part_size=args.part_size if isinstance(args.part_size, int) else _size(args.part_size),
+        part_size=args.part_size,  # argparse applies _size to the "16M" default too
         ceiling_gbps=args.ceiling_gbps,
         first_step=args.first_step,
         drop_caches=args.drop_caches,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +56,8 @@ class Storage(ABC):
     """Primitives every backend implements; everything else builds on them."""
 
     kind: str = "abstract"
+    #: whether reads can be served from a local cache, so "hot" differs from "cold"
+    has_local_cache: bool = False
 
     def __init__(self, location: str) -> None:
         self.location = location
@@ -121,7 +122,7 @@ class Storage(ABC):
 
     # ---- cache control (meaningful for POSIX; object stores have no local cache)
     def evict(self, paths: list[str]) -> CacheState:
-        return CacheState(method="none (no local cache)", resident_fraction=0.0)
+        return CacheState(method="none (no local cache)", resident_fraction=None)
 
     def warm(self, paths: list[str]) -> CacheState:
         return CacheState(method="none (no local cache)", resident_fraction=None)
@@ -129,7 +130,3 @@ class Storage(ABC):
     def describe(self) -> dict[str, str]:
         """Environment of this storage for results (fs type, mount options, endpoint…)."""
         return {"storage.kind": self.kind, "storage.uri": self.uri}
-
-    def iter_paths(self, infos: list[ObjectInfo]) -> Iterator[str]:
-        for info in infos:
-            yield info.path

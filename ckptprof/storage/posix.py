@@ -38,6 +38,7 @@ def mount_of(path: Path) -> dict[str, str]:
 
 class PosixStorage(Storage):
     kind = "posix"
+    has_local_cache = True
 
     def __init__(self, location: str) -> None:
         super().__init__(location)

@@ -20,9 +20,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ckptprof.errors import CkptprofError, StorageError
+from ckptprof.fetch import DEFAULT_PART_SIZE
 from ckptprof.storage.base import CacheState, ObjectInfo, Storage
 
-DEFAULT_PART_SIZE = 16 << 20
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _DENIED = {
     "403",
@@ -277,7 +277,7 @@ class S3Storage(Storage):
             yield local
             transfer = TransferConfig(
                 multipart_threshold=DEFAULT_PART_SIZE,
-                multipart_chunksize=DEFAULT_PART_SIZE,
+                multipart_chunksize=DEFAULT_PART_SIZE,  # the fetch phase's default part
                 max_concurrency=min(16, self._config.max_pool_connections),
             )
             try:

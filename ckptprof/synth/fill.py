@@ -48,10 +48,3 @@ class RandomFiller:
                 value = zlib.crc32(chunk, value)
             done += len(chunk)
         return value
-
-    def fill_buffer(self, buf: memoryview) -> None:
-        done = 0
-        while done < len(buf):
-            chunk = self.next_chunk()[: min(self.chunk, len(buf) - done)]
-            buf[done : done + len(chunk)] = chunk
-            done += len(chunk)

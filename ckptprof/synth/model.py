@@ -8,7 +8,6 @@ its construction is not part of the RTO.
 
 from __future__ import annotations
 
-import psutil
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -108,10 +107,6 @@ def build_model(preset: ModelPreset) -> tuple[LlamaForCausalLM, torch.optim.Opti
 
 def training_bytes(preset: ModelPreset) -> int:
     return preset.params * BYTES_PER_PARAM_TRAINING
-
-
-def fits_in_memory(preset: ModelPreset, headroom: float = 0.7) -> bool:
-    return training_bytes(preset) < psutil.virtual_memory().available * headroom
 
 
 def train_step(model: LlamaForCausalLM, optimizer: torch.optim.Optimizer, seq: int = 32) -> float:

@@ -12,6 +12,7 @@ pieces further and packs them into files in state-dict order.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field, replace
 
@@ -126,12 +127,6 @@ class CheckpointPlan:
     def payload_bytes(self) -> int:
         return sum(f.payload_bytes for f in self.files)
 
-    def file(self, path: str) -> FilePlan:
-        for f in self.files:
-            if f.path == path:
-                return f
-        raise KeyError(path)
-
 
 # ------------------------------------------------------------------ helpers
 
@@ -170,18 +165,23 @@ def shard_pieces(pieces: list[Piece], world: int, rank: int) -> list[Piece]:
 
 
 def split_to_count(pieces: list[Piece], count: int, what: str) -> list[Piece]:
-    """Split the largest pieces by rows until there are at least ``count``, keeping order."""
-    pieces = list(pieces)
-    while len(pieces) < count:
-        idx = max(range(len(pieces)), key=lambda i: (pieces[i].nbytes, -i))
-        if pieces[idx].rows < 2:
+    """Split the largest pieces by rows until there are at least ``count``, keeping order.
+
+    A heap of (bytes, position) makes this O(n log n): 100,000 files plan in seconds.
+    Positions are tuples, so the halves of a split sort between their neighbours.
+    """
+    heap = [(-p.nbytes, (i,), p) for i, p in enumerate(pieces)]
+    heapq.heapify(heap)
+    while len(heap) < count:
+        neg, key, largest = heapq.heappop(heap)
+        if largest.rows < 2:
             raise CkptprofError(
                 f"--files {count} is more than {what} can be split into "
-                f"({len(pieces)} pieces); use a smaller --files or a larger --scale."
+                f"({len(heap) + 1} pieces); use a smaller --files or a larger --scale."
             )
-        a, b = pieces[idx].split()
-        pieces[idx : idx + 1] = [a, b]
-    return pieces
+        for half, part in enumerate(largest.split()):
+            heapq.heappush(heap, (-part.nbytes, (*key, half), part))
+    return [p for _, _, p in sorted(heap, key=lambda item: item[1])]
 
 
 def pack_in_order(pieces: list[Piece], count: int) -> list[list[Piece]]:

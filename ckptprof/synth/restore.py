@@ -110,6 +110,10 @@ class RestoreRunner:
         self._emulated_step: tuple[float, str] | None = None
         self.runs: list[RunRecord] = []
         self.failures: list[dict] = []
+        # without a local cache a "hot" run is a cold run under another name
+        self.caches = tuple(
+            c for c in options.caches if c == "cold" or self.storage.has_local_cache
+        ) or ("cold",)
 
     # ------------------------------------------------------------ setup
     def _where(self, path: str) -> str:
@@ -224,14 +228,14 @@ class RestoreRunner:
                         self.options.verify,
                         self.storage.uri,
                         op,
-                        threads=min(concurrency, os.cpu_count() or 1),
+                        threads=os.cpu_count() or 1,
                     )
                 targets = self.layout.load_targets(
                     self.plan,
                     buffers,
                     self.world_size,
                     op,
-                    threads=min(concurrency, os.cpu_count() or 1),
+                    threads=os.cpu_count() or 1,
                 )
                 self._apply(targets, op)
                 del targets
@@ -283,7 +287,7 @@ class RestoreRunner:
         failures: list[dict] = self.failures
         for concurrency in self.options.concurrency:
             for repeat in range(self.options.repeat):
-                for cache in self.options.caches:
+                for cache in self.caches:
                     try:
                         run = self.run_once(cache, concurrency, repeat)
                     except TRANSIENT_ERRORS as exc:
@@ -308,7 +312,7 @@ class RestoreRunner:
             requests_before = self.storage.stats.requests
             listed = self.storage.list()
             try:
-                self.layout.discover(self.storage, self.plan)
+                named = self.layout.discover(self.storage, self.plan)
             except (CkptprofError, OSError, EOFError):
                 raise
             except Exception as exc:  # noqa: BLE001 - a corrupt index/latest/.metadata file
@@ -316,6 +320,12 @@ class RestoreRunner:
 
                 raise unreadable(f"{self.storage.uri} (its index file)", exc) from None
             infos = self.check_listing(listed)
+            unknown = sorted(set(named) - set(self.manifest.files))
+            if unknown:
+                raise CkptprofError(
+                    f"{self._where(unknown[0])} is named by the checkpoint's index but is not "
+                    "in the manifest; the checkpoint was modified, regenerate it."
+                )
             stats.attributes[Attr.FILES] = len(infos)
             stats.attributes["ckpt.list.requests"] = self.storage.stats.requests - requests_before
         return infos
@@ -582,6 +592,11 @@ def run_restore(
             runner.estimate_first_step()
         ceiling = runner.ceiling()
         echo(ceiling.describe())
+        if runner.caches != tuple(options.caches):
+            echo(
+                f"{runner.storage.kind}: no local page cache, so only cold runs "
+                "(use --stage DIR to restore from a local copy)"
+            )
         try:
             runs, failures = runner.sweep(lambda run: echo(_run_line(run, ceiling)), echo)
         except BaseException:

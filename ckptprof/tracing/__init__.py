@@ -1,6 +1,9 @@
-"""Phase model recording and OpenTelemetry export (DESIGN.md §2)."""
+"""Phase model recording and OpenTelemetry export (DESIGN.md §2).
 
-from ckptprof.tracing.export import Telemetry, setup_telemetry
+The recorder needs only the OpenTelemetry API; the SDK (export) is imported on first
+use of :func:`setup_telemetry`, so ``import ckptprof`` stays light.
+"""
+
 from ckptprof.tracing.recorder import CheckpointTracer, Operation, OperationSummary, PhaseStats
 
 __all__ = [
@@ -11,3 +14,11 @@ __all__ = [
     "Telemetry",
     "setup_telemetry",
 ]
+
+
+def __getattr__(name: str):
+    if name in ("Telemetry", "setup_telemetry"):
+        from ckptprof.tracing import export
+
+        return getattr(export, name)
+    raise AttributeError(name)

@@ -51,9 +51,11 @@ class Layout(ABC):
         """Write ``file`` to the local path ``dest`` (random tensor bytes)."""
 
     def discover(self, storage: Storage, plan: CheckpointPlan) -> list[str]:
-        """Find the files to read as the framework would; returns their paths.
+        """Read the layout's own index as its framework does at resume (``latest``,
+        DCP ``.metadata``, the HF index json) and return the files it names.
 
-        The default reads nothing beyond the listing the runner already did.
+        Runs inside the timed ``list`` phase, after eviction, like a real resume; the
+        runner checks the names against the manifest. The default names every file.
         """
         return [f.path for f in plan.files]
 

@@ -142,7 +142,7 @@ class DeepSpeedLayout(Layout):
         return [f.path for f in plan.files]
 
     def deserialize(self, plan, file, buffer) -> dict[Piece, torch.Tensor]:
-        obj = torch.load(buffer.path, map_location="cpu", mmap=True, weights_only=False)
+        obj = torch.load(buffer.path, map_location="cpu", mmap=True, weights_only=True)
         if file.kind == "model_states":
             return {p: obj["module"][p.key] for p in file.pieces}
         osd = obj["optimizer_state_dict"]
