@@ -14,8 +14,10 @@ Where each phase is measured (Lightning 2.x):
   until ``resume_end``; ``first_step`` runs until the first ``on_train_batch_end``.
 * save: ``trainer.save_checkpoint`` is the ``ckpt.save`` root; ``serialize`` is
   ``dump_checkpoint`` (building the dict), ``write`` is ``checkpoint_io.save_checkpoint``,
-  ``commit`` writes the manifest beside the file. Removing an old checkpoint removes its
-  manifest too.
+  ``commit`` writes the manifest beside the file. With ``AsyncCheckpointIO`` the root's
+  ``write`` is the blocking part (tensor clones, queueing, ``ckpt.write.async``) and the
+  background write is its own ``ckpt.save`` (``ckpt.save.background``) linked to it.
+  Removing an old checkpoint removes its manifest too.
 
 Only the attached trainer's objects are patched (instance attributes, never classes),
 and :meth:`CkptProf.teardown` undoes them. Lightning's ``ckpt_path="last"`` lookup runs
@@ -24,7 +26,9 @@ before callbacks are set up, so it is not part of ``list``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from typing import Any
 
 import torch
@@ -132,7 +136,11 @@ class CkptProf(Callback):
         inst = self._inst
         io = trainer.strategy.checkpoint_io
         connector = trainer._checkpoint_connector
-        plain_torch_io = type(io).__name__ == "TorchCheckpointIO"
+        # AsyncCheckpointIO returns from save at once and writes on a worker thread
+        async_io = type(io).__name__ == "AsyncCheckpointIO" and io.checkpoint_io is not None
+        base_io = io.checkpoint_io if async_io else io
+        plain_torch_io = type(base_io).__name__ == "TorchCheckpointIO"
+        submitted: dict[str, Any] = {}  # path -> span context of the save that queued it
 
         def restore_attrs(path) -> dict:
             return {
@@ -224,18 +232,54 @@ class CkptProf(Callback):
         def wrap_io_save(original):
             def io_save_checkpoint(checkpoint, path, *args, **kwargs):
                 op = inst.save_op
+                if async_io:  # blocking part only (tensor clones + queueing)
+                    if op is not None:
+                        op.set_phase_attributes(Phase.WRITE, **{"ckpt.write.async": True})
+                        submitted[str(path)] = op.span_context
+                    return timed(op, Phase.WRITE, original, checkpoint, path, *args, **kwargs)
                 result = timed(op, Phase.WRITE, original, checkpoint, path, *args, **kwargs)
                 if op is not None:
-                    try:
-                        import os
-
+                    with contextlib.suppress(OSError):  # a remote path has no local size
                         op.add_bytes(Phase.WRITE, os.path.getsize(path))
-                    except OSError:
-                        pass  # async IO: the file is written in the background
                 inst.write_manifest(str(path), op)
                 return result
 
             return io_save_checkpoint
+
+        def wrap_background_save(original):
+            def background_save_checkpoint(checkpoint, path, *args, **kwargs):
+                op = None
+                try:
+                    from opentelemetry.trace import Link
+
+                    ctx = submitted.pop(str(path), None)
+                    if inst.tracer is not None:
+                        op = inst.tracer.save(
+                            {
+                                Attr.FORMAT: "torch",
+                                Attr.PATH: str(path),
+                                Attr.RANK: inst.rank,
+                                "ckpt.save.background": True,
+                            },
+                            links=[Link(ctx)] if ctx is not None else None,
+                        )
+                except Exception as exc:  # noqa: BLE001
+                    inst.warn_once("background_save", exc)
+                try:
+                    result = timed(op, Phase.WRITE, original, checkpoint, path, *args, **kwargs)
+                except BaseException as exc:
+                    if op is not None:
+                        op.finish(exc)
+                    raise
+                if op is not None:
+                    with contextlib.suppress(OSError):
+                        op.add_bytes(Phase.WRITE, os.path.getsize(path))
+                inst.write_manifest(str(path), op)
+                if op is not None:
+                    op.finish()
+                return result
+
+            return background_save_checkpoint
 
         def wrap_io_remove(original):
             def remove_checkpoint(path, *args, **kwargs):
@@ -248,6 +292,8 @@ class CkptProf(Callback):
         inst.patch(io, "load_checkpoint", wrap_load)
         inst.patch(io, "save_checkpoint", wrap_io_save)
         inst.patch(io, "remove_checkpoint", wrap_io_remove)
+        if async_io:
+            inst.patch(base_io, "save_checkpoint", wrap_background_save)
         inst.patch(connector, "restore_training_state", wrap_restore_training_state)
         inst.patch(connector, "resume_end", wrap_resume_end)
         inst.patch(connector, "dump_checkpoint", wrap_dump)

@@ -182,3 +182,24 @@ def test_ddp_two_processes_tag_ranks(tmp_path):
         text=True,
     )
     assert "slowest rank" in report.stdout
+
+
+def test_async_checkpoint_io_shows_blocking_and_background_time(tmp_path):
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+    callback = CkptProf(trace_dir=tmp_path / "t")
+    trainer = make_trainer(tmp_path, 10, callback, plugins=[AsyncCheckpointIO()])
+    trainer.fit(TinyModel(), data())
+    spans = spans_in(tmp_path / "t")
+    saves = [s for s in spans if s["name"] == "ckpt.save"]
+    blocking = [s for s in saves if not s["attributes"].get("ckpt.save.background")]
+    background = [s for s in saves if s["attributes"].get("ckpt.save.background")]
+    assert blocking and len(background) == len(blocking)
+    write = children(spans, blocking[0])["ckpt.write"]
+    assert write["attributes"]["ckpt.write.async"] is True
+    linked = {link["context"]["span_id"] for s in background for link in s["links"]}
+    assert {s["context"]["span_id"] for s in blocking} == linked
+    bg_write = children(spans, background[0])["ckpt.write"]
+    assert bg_write["attributes"]["ckpt.bytes"] > 0
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert Path(manifest_path(str(last))).exists()
