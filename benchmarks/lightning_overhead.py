@@ -74,7 +74,10 @@ def main() -> int:
         f"{args.runs} runs each, alternating; torch {torch.__version__}, lightning {L.__version__}"
     )
     for k, v in times.items():
-        print(f"  {k:8} median {med[k]:.3f} s (min {min(v):.3f}, max {max(v):.3f})")
+        print(
+            f"  {k:8} median {med[k]:.3f} s (min {min(v):.3f}, max {max(v):.3f}): "
+            + " ".join(f"{x:.3f}" for x in v)
+        )
     overhead = med["with"] / med["without"] - 1
     verdict = "target met" if overhead <= 0.01 else "above target"
     print(f"overhead of CkptProf on resume: {overhead:+.1%} ({verdict}: <= 1%)")
