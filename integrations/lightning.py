@@ -7,8 +7,9 @@ Where each phase is measured (Lightning 2.x):
   is the stat and manifest read, ``verify`` checks against the manifest written at save,
   and ``torch.load`` runs as ``pl_load`` runs it, on a file whose every read is timed:
   reads are ``fetch``, the time between them ``deserialize`` (no extra copy of the bytes).
-  A custom CheckpointIO or a remote URL is timed as a whole (``deserialize``, marked
-  ``ckpt.fused_fetch``).
+  An ``s3://`` path is fetched by ckptprof's S3 backend (ranged GETs into memory) and then
+  loaded. A custom CheckpointIO or another URL is timed as a whole (``deserialize``,
+  marked ``ckpt.fused_fetch``).
   ``reshard`` covers applying model state (until callbacks'
   ``on_load_checkpoint``) and ``restore_training_state`` (optimizers, schedulers, loops)
   until ``resume_end``; ``first_step`` runs until the first ``on_train_batch_end``.
@@ -165,6 +166,18 @@ class CkptProf(Callback):
                                 f, map_location=map_location, weights_only=weights_only
                             ),
                         )
+                    elif plain_torch_io and op is not None and str(path).startswith("s3://"):
+                        # ckptprof's S3 backend: ranged GETs into memory, then torch.load
+                        buffer = inst.read_file(str(path), op)
+                        try:
+                            with op.phase(Phase.DESERIALIZE):
+                                result = torch.load(
+                                    buffer.reader(),
+                                    map_location=map_location,
+                                    weights_only=weights_only,
+                                )
+                        finally:
+                            buffer.close()
                     else:
                         if op is not None:
                             op.set_phase_attributes(Phase.DESERIALIZE, **{"ckpt.fused_fetch": True})

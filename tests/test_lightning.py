@@ -203,3 +203,26 @@ def test_async_checkpoint_io_shows_blocking_and_background_time(tmp_path):
     assert bg_write["attributes"]["ckpt.bytes"] > 0
     last = tmp_path / "ckpt" / "last.ckpt"
     assert Path(manifest_path(str(last))).exists()
+
+
+def test_resume_from_a_checkpoint_on_s3(tmp_path, s3_bucket, s3_env):
+    """Saved locally, uploaded to the loopback S3 server, resumed from s3://."""
+    make_trainer(tmp_path, 5, CkptProf(trace_dir=tmp_path / "t", verify="full")).fit(
+        TinyModel(), data()
+    )
+    s3_env()
+    last = tmp_path / "ckpt" / "last.ckpt"
+    for path in (last, Path(manifest_path(str(last)))):
+        s3_bucket.client.upload_file(str(path), s3_bucket.name, f"run/{path.name}")
+    url = f"s3://{s3_bucket.name}/run/last.ckpt"
+    callback = CkptProf(trace_dir=tmp_path / "s3t", verify="full")
+    trainer = make_trainer(tmp_path / "again", 8, callback)
+    trainer.fit(TinyModel(), data(), ckpt_path=url)
+    assert trainer.global_step == 8
+    spans = spans_in(tmp_path / "s3t")
+    restore = next(s for s in spans if s["name"] == "ckpt.restore")
+    assert restore["attributes"]["ckpt.storage.kind"] == "s3"
+    phases = children(spans, restore)
+    assert set(phases) >= RESTORE_PHASES
+    assert phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] == last.stat().st_size
+    assert phases["ckpt.verify"]["attributes"]["ckpt.verify.mode"] == "full"
