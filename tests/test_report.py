@@ -541,3 +541,29 @@ def test_merge_names_the_worst_cell_and_the_others():
     assert len(merged) == 1
     assert merged[0].message.startswith("cold c=8: verify takes 50%")
     assert merged[0].message.endswith("(also cold c=1)")
+
+
+def test_results_show_success_rate_retries_and_partial(tmp_path):
+    doc = results_doc()
+    doc.update(
+        success_rate=0.75,
+        failures=[
+            {
+                "cache": "cold",
+                "concurrency": 1,
+                "repeat": 2,
+                "error": "s3://b/ckpt/x.pt: InternalError after 3 attempts",
+            }
+        ],
+        requests={"requests": 120, "retries": 7, "errors": 9},
+        partial=True,
+    )
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    text = " ".join(render_text(aggregate(load([tmp_path / "results.json"]))).split())
+    assert "PARTIAL: the sweep was interrupted" in text
+    assert "success rate 75% (1 runs failed)" in text
+    assert "120 requests, 7 retries, 9 failed attempts" in text
+    assert "first failure: s3://b/ckpt/x.pt: InternalError" in text
+    clean = results_doc()
+    (tmp_path / "results.json").write_text(json.dumps(clean))
+    assert "reliability:" not in render_text(aggregate(load([tmp_path / "results.json"])))

@@ -159,6 +159,7 @@ class Sweep:
     rows: list[SweepRow]
     operations: list[OperationRow]
     options: dict[str, Any] = field(default_factory=dict)
+    reliability: dict[str, Any] = field(default_factory=dict)
     hints: list[hint_rules.Hint] = field(default_factory=list)
 
 
@@ -481,6 +482,7 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
         rows=rows,
         operations=[_run_row(r) for r in results.runs],
         options=results.options,
+        reliability=results.reliability,
     )
     sweep.hints = hint_rules.sweep_hints(sweep)
     return sweep

@@ -100,6 +100,8 @@ class ResultsFile:
     runs: list[ResultsRun]
     summary: list[dict[str, Any]]
     options: dict[str, Any] = field(default_factory=dict)
+    #: success_rate, failures, requests (requests/retries/errors) and partial, as written
+    reliability: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -379,6 +381,9 @@ def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFi
         runs=runs,
         summary=summary,
         options=dict(doc.get("options") or {}) if isinstance(doc.get("options"), dict) else {},
+        reliability={
+            k: doc[k] for k in ("success_rate", "failures", "requests", "partial") if k in doc
+        },
     )
 
 

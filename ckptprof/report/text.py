@@ -332,6 +332,28 @@ def _sweep_table(sweep: Sweep) -> list[str]:
     return lines
 
 
+def _reliability_line(rel: dict) -> str:
+    """Success rate and retries (the seed article's third metric), when there is news."""
+    failures = rel.get("failures") or []
+    requests = rel.get("requests") or {}
+    retries, errors = requests.get("retries", 0), requests.get("errors", 0)
+    if not (failures or retries or errors or rel.get("partial")):
+        return ""
+    parts = []
+    if rel.get("partial"):
+        parts.append("PARTIAL: the sweep was interrupted")
+    if "success_rate" in rel:
+        parts.append(f"success rate {rel['success_rate']:.0%} ({len(failures)} runs failed)")
+    if requests:
+        parts.append(
+            f"storage: {requests.get('requests', 0)} requests, {retries} retries, "
+            f"{errors} failed attempts"
+        )
+    if failures:
+        parts.append(f"first failure: {failures[0].get('error', '?')}")
+    return "reliability: " + "; ".join(parts)
+
+
 def render_sweep(sweep: Sweep, by: str = "phase") -> list[str]:
     """One results file: provenance, spec, environment, ceiling, sweep table, hints."""
     made = ", ".join(
@@ -355,6 +377,9 @@ def render_sweep(sweep: Sweep, by: str = "phase") -> list[str]:
     ceiling = _ceiling_line(sweep)
     if ceiling:
         lines += _wrap(ceiling, INDENT, INDENT * 3)
+    reliability = _reliability_line(sweep.reliability)
+    if reliability:
+        lines += _wrap(reliability, INDENT, INDENT * 3)
     if by == "run":
         lines += _runs_table(sweep.operations, phase_order("restore", _names(sweep.operations)))
     elif sweep.rows:
