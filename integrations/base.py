@@ -10,6 +10,7 @@ and every patch is made on one object's instance and undone by :meth:`detach`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import logging
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptprof.errors import VerifyError
-from ckptprof.manifest import Manifest, entry_for_bytes, verify_buffers
+from ckptprof.manifest import Manifest, entry_for_bytes
 from ckptprof.phases import Attr, Phase
 from ckptprof.tracing.export import Telemetry, setup_telemetry
 from ckptprof.tracing.recorder import CheckpointTracer, Operation, OperationSummary
@@ -203,31 +204,27 @@ class Instrumentation:
         return {Attr.RANK: self.rank, **attributes}
 
     # ------------------------------------------------------------------ files
-    def read_file(self, path: str, op: Operation | None):
+    def read_file(self, path: str, op: Operation):
         """list + fetch + verify of one checkpoint file; returns a HostBuffer.
 
-        Reads through ckptprof's storage layer (POSIX path or ``s3://``), so the bytes a
-        framework then deserializes are exactly the bytes that were timed and checked.
+        Reads through ckptprof's storage layer (a POSIX path or ``s3://``), so the bytes
+        a framework then deserializes are exactly the bytes that were timed and checked.
         """
         from ckptprof.fetch import fetch
+        from ckptprof.manifest import hash_full
         from ckptprof.storage import open_storage
 
         parent, name = os.path.split(str(path).rstrip("/"))
         storage = open_storage(parent or ".")
-        with _phase(op, Phase.LIST):
-            info = storage.stat(name)
-            manifest = self._load_manifest(storage, name)
-        with _phase(op, Phase.FETCH):
-            buffers = fetch(storage, [info], concurrency=4, op=op, progress=False)
-        with _phase(op, Phase.VERIFY) as stats:
-            mode = self.verify if manifest is not None else "none"
-            if manifest is not None and manifest.spec.get("verify") == "size" and mode == "full":
-                mode = "size"  # the save recorded sizes only
-            if stats is not None:
-                stats.attributes[Attr.VERIFY_MODE] = mode if manifest else "none (no manifest)"
-            if manifest is not None and mode != "none" and name in manifest.files:
-                verify_buffers(buffers, manifest, mode, parent or ".", op)
-        return buffers[name]
+        info, manifest = self._list(storage, name, op)
+        with op.phase(Phase.FETCH):
+            buffer = fetch(storage, [info], concurrency=4, op=op, progress=False)[name]
+        try:
+            self._verify(str(path), len(buffer.view), manifest, op, lambda: hash_full(buffer.view))
+        except BaseException:
+            buffer.close()
+            raise
+        return buffer
 
     def load_file(self, path: str, op: Operation, loader: Callable[[Any], Any]) -> Any:
         """list + verify, then ``loader(file)`` with fetch and deserialize told apart.
@@ -239,15 +236,8 @@ class Instrumentation:
         from ckptprof.storage import PosixStorage
 
         parent, name = os.path.split(str(path))
-        storage = PosixStorage(parent or ".")
-        with op.phase(Phase.LIST):
-            info = storage.stat(name)
-            manifest = self._load_manifest(storage, name)
-        with op.phase(Phase.VERIFY) as stats:
-            mode = self._verify_mode(manifest, name)
-            stats.attributes[Attr.VERIFY_MODE] = mode
-            if mode in ("size", "full"):
-                self._verify_file(Path(path), info.size, manifest, mode, op)
+        info, manifest = self._list(PosixStorage(parent or "."), name, op)
+        self._verify(str(path), info.size, manifest, op, lambda: _hash_file(path))
         with open(path, "rb", buffering=0) as raw:
             timed_file = _TimedFile(raw)
             start = time.time_ns()
@@ -268,33 +258,40 @@ class Instrumentation:
                     start,
                 )
 
-    def _verify_mode(self, manifest: Manifest | None, name: str) -> str:
-        if manifest is None or name not in manifest.files:
-            return "none (no manifest)" if self.verify != "none" else "none"
-        if self.verify == "full" and manifest.spec.get("verify") == "size":
-            return "size"  # the save recorded sizes only
-        return self.verify
+    def _list(self, storage, name: str, op: Operation):
+        """The list phase for one file: its size, and the manifest saved beside it."""
+        with op.phase(Phase.LIST):
+            return storage.stat(name), self._load_manifest(storage, name)
 
-    def _verify_file(self, path: Path, size: int, manifest, mode: str, op: Operation) -> None:
-        want = manifest.files[path.name]
-        if size != want.size:
-            raise VerifyError(
-                f"{path}: {size} bytes, the manifest says {want.size} (truncated or replaced); "
-                "restore the file or resume from another checkpoint."
-            )
-        if mode == "full":
-            import xxhash
-
-            h = xxhash.xxh3_64()
-            with open(path, "rb", buffering=0) as handle:
-                for chunk in iter(lambda: handle.read(8 << 20), b""):
-                    h.update(chunk)
-            if h.hexdigest() != want.xxh3:
-                raise VerifyError(
-                    f"{path}: xxh3 {h.hexdigest()} does not match the manifest's {want.xxh3}: "
-                    "the file is corrupt; resume from another checkpoint."
+    def _verify(self, where: str, size: int, manifest, op: Operation, digest) -> None:
+        """The verify phase: size, or size and xxh3 (``digest()``), against the manifest."""
+        name = os.path.basename(where)
+        with op.phase(Phase.VERIFY) as stats:
+            if manifest is None or name not in manifest.files:
+                stats.attributes[Attr.VERIFY_MODE] = (
+                    "none (no manifest)" if self.verify != "none" else "none"
                 )
-            op.add_bytes(Phase.VERIFY, size)
+                return
+            mode = self.verify
+            if mode == "full" and manifest.spec.get("verify") == "size":
+                mode = "size"  # the save recorded sizes only
+            stats.attributes[Attr.VERIFY_MODE] = mode
+            if mode == "none":
+                return
+            want = manifest.files[name]
+            if size != want.size:
+                raise VerifyError(
+                    f"{where}: {size} bytes, the manifest says {want.size} (truncated or "
+                    "replaced); restore the file or resume from another checkpoint."
+                )
+            if mode == "full":
+                got = digest()
+                if got != want.xxh3:
+                    raise VerifyError(
+                        f"{where}: xxh3 {got} does not match the manifest's {want.xxh3}: the "
+                        "file is corrupt; resume from another checkpoint."
+                    )
+                op.add_bytes(Phase.VERIFY, size)
 
     def _load_manifest(self, storage, name: str) -> Manifest | None:
         sidecar = name + MANIFEST_SUFFIX
@@ -333,6 +330,16 @@ class Instrumentation:
             Path(manifest_path(str(path))).unlink(missing_ok=True)
         except Exception as exc:  # noqa: BLE001
             self.warn_once("remove_manifest", exc)
+
+
+def _hash_file(path) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_64()
+    with open(path, "rb", buffering=0) as handle:
+        for chunk in iter(lambda: handle.read(8 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 class _TimedFile(io.RawIOBase):
@@ -375,16 +382,8 @@ def _gaps(start: int, end: int, intervals: list[tuple[int, int]]) -> list[tuple[
     return out
 
 
-class _NullPhase:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _phase(op: Operation | None, phase: Phase):
-    return op.phase(phase) if op is not None else _NullPhase()
+    return op.phase(phase) if op is not None else contextlib.nullcontext()
 
 
 def timed(op: Operation | None, phase: Phase, fn: Callable, *args, **kwargs):
