@@ -330,3 +330,14 @@ def test_metadata_addresses_are_never_called_unless_opted_in(monkeypatch, tmp_pa
         assert hits  # opted in: the (stand-in) metadata service was asked
     finally:
         server.shutdown()
+
+
+def test_generation_checks_local_staging_space_first(s3_bucket, s3_env):
+    env = s3_env()
+    location = f"s3://{s3_bucket.name}/huge"
+    result = run_cli(
+        "synth", "generate", location, "--model", "llama3-405b", "--layout", "dcp", env=env
+    )
+    assert_one_line_error(result, "staged here before upload", "TMPDIR")
+    listing = s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name, Prefix="huge/")
+    assert listing.get("KeyCount", 0) == 0

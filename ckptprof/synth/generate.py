@@ -65,6 +65,8 @@ def generate(
             f"{storage.uri}: needs about {needed / 2**30:.2f} GiB but only "
             f"{free / 2**30:.2f} GiB is free; free space or use a smaller --scale."
         )
+    if free is None:
+        _check_staging_space(plan)
     if existing:
         _remove(storage, existing)
 
@@ -88,6 +90,23 @@ def generate(
     manifest = Manifest(entries, spec=spec.to_dict())
     storage.write_bytes(MANIFEST_NAME, manifest.to_json())
     return GenerateResult(storage.uri, plan, manifest)
+
+
+def _check_staging_space(plan: CheckpointPlan) -> None:
+    """Object stores get each file staged in $TMPDIR first: the largest must fit there."""
+    import shutil
+    import tempfile
+
+    tmp = tempfile.gettempdir()
+    largest = max((f.payload_bytes for f in plan.files), default=0)
+    need = int(largest * FORMAT_OVERHEAD) + SPACE_HEADROOM
+    free = shutil.disk_usage(tmp).free
+    if free < need:
+        raise CkptprofError(
+            f"{tmp}: each file is staged here before upload and the largest needs about "
+            f"{need / 2**30:.2f} GiB, but {free / 2**30:.2f} GiB is free; set TMPDIR to a "
+            "larger disk or use more --ranks/--files."
+        )
 
 
 def _entry_of(path):
