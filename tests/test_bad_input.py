@@ -167,3 +167,49 @@ def test_other_url_schemes_are_refused_without_echoing_secrets(tmp_path):
 
 def restore_cli_url(url, tmp_path):
     return run_cli("synth", "restore", url, "--out", str(tmp_path / "o"), "--no-report")
+
+
+def _limit_files(soft: int, hard: int):
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_open_file_limit_is_raised_or_named(checkpoints, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    many = checkpoints("torch", 1, optimizer=False, files=300)
+    args = [
+        sys.executable,
+        "-m",
+        "ckptprof",
+        "synth",
+        "restore",
+        str(many),
+        "--cache",
+        "hot",
+        "--concurrency",
+        "2",
+        "--repeat",
+        "1",
+        "--ceiling-gbps",
+        "1",
+        "--no-report",
+        "--no-first-step",
+        "--verify",
+        "size",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "CKPTPROF_DEBUG"}
+    capped = subprocess.run(
+        args, capture_output=True, text=True, env=env, preexec_fn=_limit_files(128, 128)
+    )
+    line = assert_one_line_error(capped, "301 files", "ulimit -n")
+    assert "128" in line
+    raised = subprocess.run(
+        args, capture_output=True, text=True, env=env, preexec_fn=_limit_files(128, 4096)
+    )
+    assert raised.returncode == 0, raised.stderr  # the soft limit was raised for the run

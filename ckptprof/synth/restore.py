@@ -462,12 +462,13 @@ class RestoreRunner:
 # ---------------------------------------------------------------- results
 
 
-def ensure_open_files(count: int, spare: int = 64) -> None:
-    """Every fetched file holds one descriptor until the run ends: make room, or say so."""
+def ensure_open_files(count: int, spare: int = 128) -> None:
+    """Every fetched file holds its buffer's descriptor, and an mmap loader opens it once
+    more, until the run ends: make room for both, or say how."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = count + spare
+    need = 2 * count + spare
     if soft != resource.RLIM_INFINITY and soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(need, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
