@@ -171,6 +171,11 @@ def add_parser(commands) -> None:
         help="download to a local DIR first, then read from there (like s5cmd cp)",
     )
     res.add_argument(
+        "--direct-io",
+        action="store_true",
+        help="POSIX: read with O_DIRECT, bypassing the page cache (falls back where refused)",
+    )
+    res.add_argument(
         "--per-file-spans",
         action="store_true",
         help="also emit one ckpt.file span per file (default: aggregated on the phase)",
@@ -258,6 +263,7 @@ def run_restore(args) -> int:
         drop_caches=args.drop_caches,
         per_file_spans=args.per_file_spans,
         stage_dir=args.stage,
+        direct_io=args.direct_io,
     )
     run_restore(args.dest, options, args.out, args.trace_dir)
     if args.report:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Iterator
@@ -36,13 +37,18 @@ def mount_of(path: Path) -> dict[str, str]:
     }
 
 
+DIRECT_ALIGN = 4096
+
+
 class PosixStorage(Storage):
     kind = "posix"
     has_local_cache = True
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, direct_io: bool = False) -> None:
         super().__init__(location)
         self.root = Path(location).expanduser()
+        #: read with O_DIRECT (no page cache); switched off if the filesystem refuses it
+        self.direct_io = direct_io
 
     @property
     def uri(self) -> str:
@@ -77,14 +83,36 @@ class PosixStorage(Storage):
 
     def read_into(self, path: str, offset: int, buffer: memoryview) -> None:
         full = self._full(path)
+        want = len(buffer)
+        # O_DIRECT moves whole blocks into block-aligned memory: the aligned head of the
+        # range that way, any tail (end of file) through the page cache
+        direct = self.direct_io and offset % DIRECT_ALIGN == 0 and want >= DIRECT_ALIGN
+        head = want - want % DIRECT_ALIGN if direct else 0
+        if head:  # what O_DIRECT could not take (unaligned memory, no support) goes buffered
+            head = self._read_range(full, offset, buffer[:head], os.O_DIRECT)
+        if head < want:
+            self._read_range(full, offset + head, buffer[head:], 0)
+        self.stats.count(requests=1)
+
+    def _read_range(self, full: Path, offset: int, buffer: memoryview, flags: int) -> int:
         try:
-            fd = os.open(full, os.O_RDONLY)
+            fd = os.open(full, os.O_RDONLY | flags)
         except FileNotFoundError:
             raise FileNotFoundError(str(full)) from None
+        except OSError as exc:
+            if flags and exc.errno == errno.EINVAL:  # e.g. tmpfs: no O_DIRECT
+                self.direct_io = False
+                return 0
+            raise
         try:
             done, want = 0, len(buffer)
             while done < want:
-                n = os.preadv(fd, [buffer[done:]], offset + done)  # releases the GIL
+                try:
+                    n = os.preadv(fd, [buffer[done:]], offset + done)  # releases the GIL
+                except OSError as exc:
+                    if flags and exc.errno == errno.EINVAL:  # memory not block-aligned
+                        return done
+                    raise
                 if n == 0:
                     raise EOFError(
                         f"{full}: expected {offset + want} bytes, file ends at {offset + done}"
@@ -92,7 +120,7 @@ class PosixStorage(Storage):
                 done += n
         finally:
             os.close(fd)
-        self.stats.count(requests=1)
+        return done
 
     @contextmanager
     def staging_file(self, path: str) -> Iterator[Path]:

@@ -49,6 +49,7 @@ class RestoreOptions:
     drop_caches: bool = False
     per_file_spans: bool = False
     stage_dir: Path | None = None
+    direct_io: bool = False
     progress: bool | None = None
 
     def validate(self) -> None:
@@ -65,6 +66,10 @@ class RestoreOptions:
             raise CkptprofError(f"--ceiling-gbps {self.ceiling_gbps} must be positive.")
         if not self.caches:
             raise CkptprofError("--cache needs cold, hot or cold,hot.")
+        if self.direct_io and self.part_size % 4096:
+            raise CkptprofError(
+                f"--part-size {self.part_size} must be a multiple of 4096 with --direct-io."
+            )
         if self.part_size < 4096:
             raise CkptprofError(f"--part-size {self.part_size} must be at least 4096 bytes.")
 
@@ -94,7 +99,9 @@ class RestoreRunner:
         options.validate()
         self.options = options
         self.tracer = tracer
-        self.storage: Storage = open_storage(location, max(options.concurrency))
+        self.storage: Storage = open_storage(
+            location, max(options.concurrency), direct_io=options.direct_io
+        )
         self.manifest = self._read_manifest()
         try:
             self.spec = SynthSpec.from_dict(self.manifest.spec)
@@ -209,6 +216,7 @@ class RestoreRunner:
             Attr.SAVED_WORLD_SIZE: self.spec.ranks,
             Attr.VERIFY_MODE: self.options.verify,
             Attr.STEP: self.spec.step,
+            "ckpt.fetch.direct_io": bool(getattr(self.storage, "direct_io", False)),
         }
         buffers: dict[str, HostBuffer] = {}
         before = (
