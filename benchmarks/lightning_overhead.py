@@ -23,7 +23,7 @@ import lightning as L
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from lightning_resume import TinyModel, data  # noqa: E402
+from lightning_resume import TinyModel, data, make_trainer  # noqa: E402
 
 from ckptprof.integrations.lightning import CkptProf  # noqa: E402
 
@@ -40,17 +40,7 @@ class FirstBatchClock(L.Callback):
 
 
 def trainer(root: Path, steps: int, callbacks) -> L.Trainer:
-    return L.Trainer(
-        default_root_dir=root,
-        accelerator="cpu",
-        devices=1,
-        max_steps=steps,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        callbacks=callbacks,
-    )
+    return make_trainer(root, steps, callbacks)  # no checkpointing: only the resume is timed
 
 
 def main() -> int:

@@ -47,9 +47,9 @@ def checkpoints(tmp_path_factory):
 
 
 def run_cli(
-    *args: str, env: dict | None = None, timeout: float = 600
+    *args: str, env: dict | None = None, timeout: float = 600, **popen
 ) -> subprocess.CompletedProcess:
-    """Run the real ``ckptprof`` command in a subprocess."""
+    """Run the real ``ckptprof`` command in a subprocess (``popen``: e.g. ``preexec_fn``)."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("CKPTPROF_DEBUG", None)
     return subprocess.run(
@@ -58,6 +58,7 @@ def run_cli(
         text=True,
         env=full_env,
         timeout=timeout,
+        **popen,
     )
 
 

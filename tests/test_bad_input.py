@@ -27,7 +27,7 @@ def ckpt_copy(checkpoints, tmp_path):
     return dest
 
 
-def restore_cli(path, *extra):
+def restore_cli(path, *extra, **popen):
     return run_cli(
         "synth",
         "restore",
@@ -45,6 +45,7 @@ def restore_cli(path, *extra):
         "--out",
         str(path.parent / "out"),
         *extra,
+        **popen,
     )
 
 
@@ -175,41 +176,10 @@ def _limit_files(soft: int, hard: int):
     return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_open_file_limit_is_raised_or_named(checkpoints, tmp_path):
-    import os
-    import subprocess
-    import sys
-
+def test_open_file_limit_is_raised_or_named(checkpoints):
     many = checkpoints("torch", 1, optimizer=False, files=300)
-    args = [
-        sys.executable,
-        "-m",
-        "ckptprof",
-        "synth",
-        "restore",
-        str(many),
-        "--cache",
-        "hot",
-        "--concurrency",
-        "2",
-        "--repeat",
-        "1",
-        "--ceiling-gbps",
-        "1",
-        "--no-report",
-        "--no-first-step",
-        "--verify",
-        "size",
-        "--out",
-        str(tmp_path / "o"),
-    ]
-    env = {k: v for k, v in os.environ.items() if k != "CKPTPROF_DEBUG"}
-    capped = subprocess.run(
-        args, capture_output=True, text=True, env=env, preexec_fn=_limit_files(128, 128)
-    )
+    capped = restore_cli(many, "--verify", "size", preexec_fn=_limit_files(128, 128))
     line = assert_one_line_error(capped, "301 files", "ulimit -n")
     assert "128" in line
-    raised = subprocess.run(
-        args, capture_output=True, text=True, env=env, preexec_fn=_limit_files(128, 4096)
-    )
+    raised = restore_cli(many, "--verify", "size", preexec_fn=_limit_files(128, 4096))
     assert raised.returncode == 0, raised.stderr  # the soft limit was raised for the run

@@ -19,6 +19,7 @@ from tests.conftest import read_spans
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_resume.py"
 sys.path.insert(0, str(EXAMPLE.parent))
 from lightning_resume import TinyModel, data  # noqa: E402
+from lightning_resume import make_trainer as example_trainer  # noqa: E402
 
 RESTORE_PHASES = {
     "ckpt.list",
@@ -39,24 +40,8 @@ def children(spans, root):
 
 
 def make_trainer(root: Path, max_steps: int, callback: CkptProf | None, **kw) -> L.Trainer:
-    callbacks = [
-        L.pytorch.callbacks.ModelCheckpoint(
-            dirpath=root / "ckpt", save_last=True, every_n_train_steps=5
-        )
-    ]
-    if callback is not None:
-        callbacks.append(callback)
-    return L.Trainer(
-        default_root_dir=root,
-        accelerator="cpu",
-        devices=1,
-        max_steps=max_steps,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-        **kw,
-    )
+    callbacks = [callback] if callback is not None else []
+    return example_trainer(root, max_steps, callbacks, checkpoint_dir=root / "ckpt", **kw)
 
 
 def run_example(directory: Path, phase: str, devices: int = 1, env=None):

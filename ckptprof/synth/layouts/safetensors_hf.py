@@ -48,6 +48,11 @@ def _header(pieces: tuple[Piece, ...]) -> bytes:
     return raw + b" " * (-len(raw) % 8)
 
 
+def _param_index(plan: CheckpointPlan) -> dict[str, int]:
+    """Parameter name -> its index in the optimizer state, as ``optimizer.state_dict()`` has."""
+    return {t.name: i for i, t in enumerate(plan.preset.tensors())}
+
+
 class SafetensorsLayout(Layout):
     name = "safetensors"
     format = "safetensors"
@@ -94,17 +99,15 @@ class SafetensorsLayout(Layout):
                 os.close(fd)
         elif file.kind == "optim":
             state: dict[int, dict] = {}
-            names = [t.name for t in plan.preset.tensors()]
+            index = _param_index(plan)
             for p in file.pieces:
-                state.setdefault(names.index(p.name), {})[p.group] = fake_tensor(
-                    p.piece_shape, p.dtype
-                )
+                state.setdefault(index[p.name], {})[p.group] = fake_tensor(p.piece_shape, p.dtype)
             write_torch_save(
                 dest,
                 {
                     "state": state,
                     "param_groups": [
-                        {"lr": 2e-5, "betas": (0.9, 0.999), "params": list(range(len(names)))}
+                        {"lr": 2e-5, "betas": (0.9, 0.999), "params": list(range(len(index)))}
                     ],
                 },
                 filler,
@@ -124,5 +127,5 @@ class SafetensorsLayout(Layout):
             with safe_open(buffer.path, framework="pt") as handle:
                 return {p: handle.get_tensor(p.key) for p in file.pieces}
         obj = torch.load(buffer.path, map_location="cpu", mmap=True, weights_only=True)
-        names = [t.name for t in plan.preset.tensors()]
-        return {p: obj["state"][names.index(p.name)][p.group] for p in file.pieces}
+        index = _param_index(plan)
+        return {p: obj["state"][index[p.name]][p.group] for p in file.pieces}
