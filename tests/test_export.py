@@ -174,3 +174,20 @@ def test_export_warning_never_shows_url_secrets():
     text = "HTTPConnectionPool(host='h', port=1): url: /v1/traces?token=abc123 http://u:pw@h:1/x"
     cleaned = _strip_url_secrets(text)
     assert "abc123" not in cleaned and "pw@" not in cleaned and "/v1/traces" in cleaned
+
+
+def test_span_ids_ignore_and_keep_the_jobs_random_state(tmp_path, clean_otel_env):
+    """Training jobs seed ``random`` and restore its state on resume: ids must still be
+    unique across runs, and tracing must not advance the job's random stream."""
+    import random
+
+    ids = []
+    for _ in range(2):
+        random.seed(0)
+        telemetry = setup_telemetry(tmp_path)
+        record_one_restore(telemetry)
+        assert random.random() == random.Random(0).random()  # stream untouched
+        telemetry.shutdown()
+        root = next(s for s in read_spans(telemetry.trace_file) if s["name"] == "ckpt.restore")
+        ids.append((root["context"]["trace_id"], root["context"]["span_id"]))
+    assert ids[0][0] != ids[1][0] and ids[0][1] != ids[1][1]

@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from ckptprof.tracing.resource import build_resource
@@ -270,6 +271,27 @@ def resolve_trace_dir(trace_dir: str | os.PathLike | None) -> Path:
     return Path(trace_dir or os.environ.get(TRACE_DIR_ENV) or DEFAULT_TRACE_DIR)
 
 
+class OsRandomIdGenerator(IdGenerator):
+    """Trace and span ids from ``os.urandom``, never from Python's ``random`` module.
+
+    The SDK's default generator calls ``random.getrandbits``: in a training job that
+    seeds ``random`` (every Trainer does) and restores its state on resume, ids repeat
+    across runs, and each span would also advance the job's own random stream.
+    """
+
+    def generate_span_id(self) -> int:
+        while True:
+            value = int.from_bytes(os.urandom(8), "big")
+            if value:
+                return value
+
+    def generate_trace_id(self) -> int:
+        while True:
+            value = int.from_bytes(os.urandom(16), "big")
+            if value:
+                return value
+
+
 def setup_telemetry(
     trace_dir: str | os.PathLike | None = None,
     *,
@@ -289,7 +311,9 @@ def setup_telemetry(
     run_id = run_id or new_run_id()
     # ckptprof owns this provider: no sampling (OTEL_TRACES_SAMPLER is for the job's own
     # spans), so the trace file always has every operation the report needs
-    provider = TracerProvider(resource=build_resource(service_name), sampler=ALWAYS_ON)
+    provider = TracerProvider(
+        resource=build_resource(service_name), sampler=ALWAYS_ON, id_generator=OsRandomIdGenerator()
+    )
     trace_file = resolve_trace_dir(trace_dir) / f"{run_id}-{os.getpid()}.jsonl"
     file_processor = _batch(JsonLinesSpanExporter(trace_file), schedule_delay_millis=500)
     provider.add_span_processor(file_processor)
