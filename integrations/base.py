@@ -16,7 +16,8 @@ import io
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from ckptprof.tracing.recorder import CheckpointTracer, Operation, OperationSumm
 log = logging.getLogger("ckptprof")
 
 MANIFEST_SUFFIX = ".ckptprof.json"
+FOLDER_MANIFEST = "ckptprof-manifest.rank{rank}.json"
 VERIFY_MODES = ("full", "size", "none")
 
 
@@ -151,6 +153,79 @@ class Instrumentation:
     @property
     def attached(self) -> bool:
         return bool(self._patches)
+
+    @contextlib.contextmanager
+    def temporarily(
+        self, obj: Any, name: str, make: Callable[[Callable], Callable]
+    ) -> Iterator[None]:
+        """Like :meth:`patch`, for one call of the framework: undone when the block ends.
+
+        A missing attribute is left alone (the framework version does not have it).
+        """
+        original = getattr(obj, name, None)
+        if original is None or getattr(original, "__ckptprof_owner__", None) is self:
+            yield
+            return
+        had_own = name in getattr(obj, "__dict__", {})
+        wrapper = make(original)
+        functools.update_wrapper(wrapper, original, updated=())
+        wrapper.__ckptprof_owner__ = self
+        setattr(obj, name, wrapper)
+        try:
+            yield
+        finally:
+            try:
+                if had_own:
+                    setattr(obj, name, original)
+                else:
+                    delattr(obj, name)
+            except Exception as exc:  # noqa: BLE001
+                self.warn_once("temporarily", exc)
+
+    def split(
+        self,
+        op: Operation | None,
+        phase: Phase | str,
+        fn: Callable,
+        *args,
+        inner: Iterable[tuple[Any, str, Phase | str]] = (),
+        **kwargs,
+    ):
+        """Run the framework's ``fn`` as ``phase``, except time inside the ``inner`` methods.
+
+        ``inner`` names ``(object, method, phase)``: while ``fn`` runs, each such method is
+        timed as its own phase (e.g. ``model.load_state_dict`` as ``reshard`` inside a
+        loader that is otherwise ``deserialize``), so the two never double count.
+        """
+        if op is None:
+            return fn(*args, **kwargs)
+        taken: list[tuple[int, int]] = []
+
+        def timer(inner_phase):
+            def make(original):
+                def timed_method(*a, **kw):
+                    start = time.time_ns()
+                    try:
+                        return original(*a, **kw)
+                    finally:
+                        end = time.time_ns()
+                        taken.append((start, end))
+                        op.add_interval(inner_phase, start, end)
+
+                return timed_method
+
+            return make
+
+        with contextlib.ExitStack() as stack:
+            for obj, name, inner_phase in inner:
+                if obj is not None:
+                    stack.enter_context(self.temporarily(obj, name, timer(inner_phase)))
+            start = time.time_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                for gap in _gaps(start, time.time_ns(), taken):
+                    op.add_interval(phase, *gap)
 
     # ------------------------------------------------------------------ operations
     def begin_restore(self, attributes: dict[str, Any]) -> Operation | None:
@@ -332,6 +407,116 @@ class Instrumentation:
             self.warn_once("remove_manifest", exc)
 
 
+@dataclass
+class FolderListing:
+    """What the list phase found in a checkpoint folder the framework reads itself."""
+
+    folder: str
+    sizes: dict[str, int]
+    manifest: Manifest | None
+    resident_pages: int = 0
+    total_pages: int = 0
+
+
+class FolderCheckpoints:
+    """list / fetch / verify / commit for checkpoints that are folders of files the
+    framework opens itself (Hugging Face ``checkpoint-N``, DeepSpeed ``<dir>/<tag>``).
+
+    ``fetch`` reads each file into the page cache just before the framework's loader
+    runs (pages already cached are not read again), so the loader that follows is
+    ``deserialize`` whether it uses mmap (safetensors) or reads (torch.load). Each rank
+    writes ``ckptprof-manifest.rank<R>.json`` for the files it saved.
+    """
+
+    def __init__(self, inst: Instrumentation) -> None:
+        self.inst = inst
+
+    def list(self, folder: str, op: Operation) -> FolderListing | None:
+        """Names, sizes and manifests; None when there is no such folder (the framework
+        then reports that in its own words). A file the manifest lists but the folder
+        lacks raises :class:`VerifyError` naming it."""
+        with op.phase(Phase.LIST):
+            if not os.path.isdir(folder):
+                return None
+            sizes = {e.name: e.stat().st_size for e in os.scandir(folder) if e.is_file()}
+            listing = FolderListing(folder, sizes, self.read_manifest(folder))
+        if listing.manifest is not None and self.inst.verify != "none":
+            with op.phase(Phase.VERIFY):
+                missing = sorted(set(listing.manifest.files) - set(sizes))
+                if missing:
+                    raise VerifyError(
+                        f"{os.path.join(folder, missing[0])}: missing, but the save wrote it "
+                        "(ckptprof manifest); restore the file or resume from another checkpoint."
+                    )
+        return listing
+
+    def fetch(self, listing: FolderListing | None, names: Iterable[str], op: Operation) -> None:
+        """fetch + verify of ``names`` (those present) ahead of the framework's own load."""
+        from ckptprof.storage.pagecache import resident_pages, warm
+
+        if listing is None:
+            return
+        for name in names:
+            if name not in listing.sizes:
+                continue
+            path = os.path.join(listing.folder, name)
+            start = time.time_ns()
+            with op.phase(Phase.FETCH):
+                resident, total = resident_pages(Path(path))
+                if resident < total:
+                    warm([Path(path)])
+            op.add_file(Phase.FETCH, path, listing.sizes[name], (time.time_ns() - start) / 1e9)
+            listing.resident_pages += resident
+            listing.total_pages += total
+            if listing.total_pages:
+                fraction = listing.resident_pages / listing.total_pages
+                cache = "hot" if fraction > 0.95 else "cold" if fraction < 0.05 else "mixed"
+                op.set_phase_attributes(
+                    Phase.FETCH,
+                    **{Attr.CACHE_RESIDENT_FRACTION: round(fraction, 4), Attr.CACHE: cache},
+                )
+            self.inst._verify(
+                path, listing.sizes[name], listing.manifest, op, lambda p=path: _hash_file(p)
+            )
+
+    def read_manifest(self, folder: str) -> Manifest | None:
+        """Every rank's manifest in ``folder``, merged (None when the save wrote none)."""
+        merged: dict[str, Any] = {}
+        spec = {"verify": "full"}
+        for path in sorted(Path(folder).glob(FOLDER_MANIFEST.format(rank="*"))):
+            try:
+                one = Manifest.from_json(path.read_bytes(), str(path))
+            except Exception:  # noqa: BLE001 - a broken manifest is not the job's problem
+                log.warning("ckptprof: ignoring unreadable manifest %s", path)
+                continue
+            merged.update(one.files)
+            if one.spec.get("verify") != "full":
+                spec = {"verify": "size"}
+        return Manifest(merged, spec=spec) if merged else None
+
+    def commit(self, folder: str, names: Iterable[str], op: Operation | None) -> None:
+        """After a save: this rank's manifest of ``names`` (sizes, xxh3 with verify='full')."""
+        from ckptprof.manifest import FileEntry
+
+        inst = self.inst
+        if inst.verify == "none":
+            return
+        try:
+            with _phase(op, Phase.COMMIT):
+                entries = {}
+                for name in sorted(set(names)):
+                    path = os.path.join(folder, name)
+                    size = os.path.getsize(path)
+                    digest = _hash_file(path) if inst.verify == "full" else ""
+                    entries[name] = FileEntry(size, digest, "")
+                target = Path(folder) / FOLDER_MANIFEST.format(rank=inst.rank)
+                tmp = target.with_name(target.name + ".partial")
+                tmp.write_bytes(Manifest(entries, spec={"verify": inst.verify}).to_json())
+                os.replace(tmp, target)
+        except Exception as exc:  # noqa: BLE001
+            inst.warn_once("commit", exc)
+
+
 def _hash_file(path) -> str:
     import xxhash
 
@@ -394,4 +579,11 @@ def timed(op: Operation | None, phase: Phase, fn: Callable, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-__all__ = ["Instrumentation", "VerifyError", "manifest_path", "timed"]
+__all__ = [
+    "FolderCheckpoints",
+    "FolderListing",
+    "Instrumentation",
+    "VerifyError",
+    "manifest_path",
+    "timed",
+]

@@ -25,6 +25,26 @@ def read_spans(trace_file: Path) -> list[dict]:
     return [json.loads(line) for line in Path(trace_file).read_text().splitlines() if line]
 
 
+RESTORE_PHASES = {
+    "ckpt.list",
+    "ckpt.fetch",
+    "ckpt.verify",
+    "ckpt.deserialize",
+    "ckpt.reshard",
+    "ckpt.first_step",
+}
+
+
+def spans_in(directory: Path) -> list[dict]:
+    """Every span of every trace file in ``directory``."""
+    return [s for f in sorted(directory.glob("*.jsonl")) for s in read_spans(f)]
+
+
+def children(spans: list[dict], root: dict) -> dict[str, dict]:
+    """The phase spans of ``root``, by name."""
+    return {s["name"]: s for s in spans if s["parent_id"] == root["context"]["span_id"]}
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     """Generate each layout once per session; tests must not modify these."""

@@ -14,29 +14,12 @@ import torch
 from ckptprof.errors import VerifyError
 from ckptprof.integrations.base import manifest_path
 from ckptprof.integrations.lightning import CkptProf
-from tests.conftest import read_spans
+from tests.conftest import RESTORE_PHASES, children, spans_in
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_resume.py"
 sys.path.insert(0, str(EXAMPLE.parent))
 from lightning_resume import TinyModel, data  # noqa: E402
 from lightning_resume import make_trainer as example_trainer  # noqa: E402
-
-RESTORE_PHASES = {
-    "ckpt.list",
-    "ckpt.fetch",
-    "ckpt.verify",
-    "ckpt.deserialize",
-    "ckpt.reshard",
-    "ckpt.first_step",
-}
-
-
-def spans_in(directory: Path) -> list[dict]:
-    return [s for f in sorted(directory.glob("*.jsonl")) for s in read_spans(f)]
-
-
-def children(spans, root):
-    return {s["name"]: s for s in spans if s["parent_id"] == root["context"]["span_id"]}
 
 
 def make_trainer(root: Path, max_steps: int, callback: CkptProf | None, **kw) -> L.Trainer:

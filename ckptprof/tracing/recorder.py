@@ -185,6 +185,13 @@ class Operation:
         return self._end_ns is not None
 
     @property
+    def latest_end_ns(self) -> int:
+        """End of the latest recorded phase interval (the start when none yet)."""
+        with self._lock:
+            ends = [e for s in self._phases.values() for _, e in s.intervals]
+        return max(ends, default=self._start_ns)
+
+    @property
     def span_context(self):
         return self._span.get_span_context() if self._span is not None else None
 

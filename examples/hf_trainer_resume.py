@@ -1,0 +1,131 @@
+"""Train a tiny Llama with the Hugging Face Trainer on CPU, save, "crash", resume, report.
+
+    python examples/hf_trainer_resume.py --dir /tmp/hf-demo                 # whole story
+    python examples/hf_trainer_resume.py --dir /tmp/hf-demo --phase train   # first run only
+    python examples/hf_trainer_resume.py --dir /tmp/hf-demo --phase resume  # second run only
+    python examples/hf_trainer_resume.py --dir /tmp/hf-demo --nproc 2       # 2 processes (gloo)
+
+The model is built from a ``LlamaConfig`` (nothing is downloaded) and the data lives in
+memory. The only ckptprof line in the training code is ``callbacks=[CkptProfCallback()]``.
+``--hidden``/``--layers`` make the model bigger; ``--max-shard-size 200KB`` makes the
+Trainer write sharded safetensors with an index, as large models do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+from ckptprof.integrations.transformers import CkptProfCallback
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    """Fixed random token sequences; labels = inputs (causal LM)."""
+
+    def __init__(self, n: int = 64, length: int = 32, vocab: int = 256) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, length), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def tiny_llama(hidden: int = 64, layers: int = 2, vocab: int = 256) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(config)
+
+
+def make_trainer(
+    directory: Path,
+    max_steps: int,
+    callbacks: list,
+    hidden: int = 64,
+    layers: int = 2,
+    max_shard_size: str | None = None,
+    **arguments,
+) -> Trainer:
+    """A quiet CPU Trainer that checkpoints every 5 steps into ``directory/checkpoints``."""
+    model = tiny_llama(hidden, layers)
+    if max_shard_size:  # what large models get by default: shards + index json
+        model.save_pretrained = functools.partial(
+            model.save_pretrained, max_shard_size=max_shard_size
+        )
+    defaults = dict(
+        output_dir=str(directory / "checkpoints"),
+        use_cpu=True,
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        save_strategy="steps",
+        save_steps=5,
+        logging_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    args = TrainingArguments(**{**defaults, **arguments})
+    return Trainer(model=model, args=args, train_dataset=TokenDataset(), callbacks=callbacks)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", type=Path, default=Path("hf-demo"))
+    ap.add_argument("--phase", choices=["all", "train", "resume"], default="all")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--max-shard-size", default=None, help="e.g. 200KB: sharded safetensors")
+    ap.add_argument("--nproc", type=int, default=1, help="CPU processes (torchrun, gloo)")
+    ap.add_argument("--verify", default="size", choices=["full", "size", "none"])
+    args = ap.parse_args()
+    if args.phase == "all":
+        launcher = [sys.executable]
+        if args.nproc > 1:
+            launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc)]
+        flags = [
+            "--dir", str(args.dir), "--hidden", str(args.hidden), "--layers", str(args.layers),
+            "--verify", args.verify,
+        ]  # fmt: skip
+        if args.max_shard_size:
+            flags += ["--max-shard-size", args.max_shard_size]
+        for phase in ("train", "resume"):
+            subprocess.run([*launcher, __file__, *flags, "--phase", phase], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "ckptprof", "report", str(args.dir / "traces")], check=True
+        )
+        return 0
+    callback = CkptProfCallback(trace_dir=args.dir / "traces", verify=args.verify)  # the one line
+    trainer = make_trainer(
+        args.dir,
+        max_steps=10 if args.phase == "train" else 15,
+        callbacks=[callback],
+        hidden=args.hidden,
+        layers=args.layers,
+        max_shard_size=args.max_shard_size,
+    )
+    trainer.train(resume_from_checkpoint=args.phase == "resume")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())

@@ -1,0 +1,518 @@
+"""Hugging Face ``Trainer``: ``Trainer(callbacks=[CkptProfCallback()])`` traces every
+``_save_checkpoint`` and every ``train(resume_from_checkpoint=...)``.
+
+Why the callback also patches the Trainer: ``TrainerCallback`` events carry the model,
+optimizer and scheduler but never the Trainer, and ``train()`` loads the checkpoint
+*before* the first event (``on_train_begin``). So the callback, when the Trainer built
+with it fires ``on_init_end``, finds that Trainer on the call stack and wraps its
+``train`` method on the instance. A callback added later with ``add_callback`` cannot do
+that; call :func:`instrument` (one line, the documented alternative) instead.
+
+Where each phase is measured (Transformers 5.x, tested with 5.24; local folders):
+
+* ``list``: resolving ``resume_from_checkpoint=True`` (``get_last_checkpoint``), listing
+  ``checkpoint-N`` and reading the manifests the save wrote.
+* ``fetch`` + ``verify``: each file is read into the page cache (pages already cached
+  are not read again; ``ckpt.cache.resident_fraction`` says how many were) and checked
+  against the manifest just before the Trainer's own loader opens it: model weights
+  (``model.safetensors``, ``pytorch_model.bin`` or the shards of an index), then
+  ``optimizer.pt`` + ``scheduler.pt``, ``scaler.pt``, ``rng_state[_R].pth``, and
+  ``trainer_state.json``.
+* ``deserialize``: the Trainer's loaders (``_load_from_checkpoint``,
+  ``_load_optimizer_and_scheduler``, ``_load_rng_state``, the trainer-state part of
+  ``_init_training_state``) minus the time in ``load_state_dict``, which is ``reshard``.
+* ``first_step``: from the last load to the end of the first optimizer step
+  (``on_step_end``); it includes the data loader's skip of already-seen batches.
+* save: ``ckpt.save`` around ``_save_checkpoint``; ``serialize`` is the ``state_dict()``
+  calls, ``write`` the rest of each group (model, optimizer + scheduler, scaler, rng,
+  trainer state; per-group seconds and bytes as ``ckpt.write.<group>_s/_bytes``),
+  ``rotate`` deleting old checkpoints (``save_total_limit``), ``commit`` the rank's
+  manifest ``ckptprof-manifest.rank<R>.json`` inside the checkpoint folder.
+
+Only the attached Trainer and the objects it owns are patched, on the instance; the
+inner wrappers live for one ``train()`` call, and :func:`uninstrument` removes the
+``train`` wrapper and the callback. The callback is deliberately not an
+``ExportableState``, so the Trainer never re-creates it on resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import time
+from typing import Any
+
+from transformers import Trainer, TrainerCallback
+
+from ckptprof.errors import VerifyError
+from ckptprof.integrations.base import FolderCheckpoints, FolderListing, Instrumentation
+from ckptprof.phases import Attr, Phase
+
+log = logging.getLogger("ckptprof")
+
+TRAINER_STATE = "trainer_state.json"
+_RANK_IN_NAME = re.compile(r"(?:rng_state_|rank)(\d+)")
+ROTATE = "rotate"
+
+
+class CkptProfCallback(TrainerCallback):
+    """Trace checkpoint saves and resumes of the Hugging Face ``Trainer`` it is given to.
+
+    Args:
+        trace_dir: where the JSON-lines trace goes (default ``$CKPTPROF_TRACE_DIR`` or
+            ``./ckptprof-traces``); OTLP follows the standard ``OTEL_*`` variables.
+        verify: ``size`` (default), ``full`` (xxh3 of every saved byte, one extra read per
+            save and per resume) or ``none``.
+        tracer_provider: record into this OpenTelemetry provider instead.
+
+    Example::
+
+        trainer = Trainer(model, args, train_dataset=ds, callbacks=[CkptProfCallback()])
+        trainer.train(resume_from_checkpoint=True)
+    """
+
+    def __init__(self, trace_dir=None, verify: str = "size", tracer_provider=None) -> None:
+        self._inst = Instrumentation(
+            "transformers", trace_dir=trace_dir, verify=verify, tracer_provider=tracer_provider
+        )
+        self._folders = FolderCheckpoints(self._inst)
+        self.trainer: Trainer | None = None
+        self._listing: FolderListing | None = None
+        self._awaiting_first_step = False
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def last_restore(self):
+        """Summary of the last traced resume (RTO, phases), or None."""
+        return self._inst.last_restore
+
+    @property
+    def last_save(self):
+        return self._inst.last_save
+
+    # ------------------------------------------------------------------ events
+    def on_init_end(self, args, state, control, **kwargs):
+        if self.trainer is None:
+            trainer = _calling_trainer(self)
+            if trainer is not None:
+                self.attach(trainer)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.trainer is None:
+            trainer = _calling_trainer(self)
+            if trainer is not None:
+                self.attach(trainer)
+                log.warning(
+                    "ckptprof: CkptProfCallback was added after the Trainer was built, so "
+                    "this run's resume is not traced; pass it in Trainer(callbacks=[...]) "
+                    "or call ckptprof.integrations.transformers.instrument(trainer)."
+                )
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self._awaiting_first_step:
+            return
+        self._awaiting_first_step = False
+        self._finish_restore(state.global_step)
+
+    # ------------------------------------------------------------------ wiring
+    def attach(self, trainer: Trainer) -> None:
+        """Wrap ``trainer.train`` (on the instance) so each call is traced."""
+        try:
+            self.trainer = trainer
+            self._inst.rank = trainer.args.process_index
+            self._inst.patch(trainer, "train", self._wrap_train)
+        except Exception as exc:  # noqa: BLE001
+            self._inst.warn_once("attach", exc)
+
+    def detach(self) -> None:
+        """Undo every wrapper and flush spans."""
+        self._inst.close()
+        self.trainer = None
+
+    def save(self) -> str:
+        """Save a checkpoint of the current step now, traced; returns its folder.
+
+        For emergency saves from outside the training loop (a signal handler, a Spot
+        notice): the same ``_save_checkpoint`` the Trainer runs on ``save_steps``.
+        """
+        trainer = self.trainer
+        if trainer is None:
+            raise RuntimeError("CkptProfCallback.save() needs instrument(trainer) first.")
+        folder = _checkpoint_folder(trainer)
+        with self._inst.temporarily(trainer, "_save_checkpoint", self._wrap_save_checkpoint):
+            trainer._save_checkpoint(trainer.model_wrapped, trial=None)
+        return folder
+
+    def _wrap_train(self, original):
+        def train(resume_from_checkpoint=None, *args, **kwargs):
+            trainer = self.trainer
+            if resume_from_checkpoint not in (None, False):
+                resume_from_checkpoint = self._begin_restore(trainer, resume_from_checkpoint)
+            try:
+                with self._wrapped_for_training(trainer):
+                    return original(resume_from_checkpoint, *args, **kwargs)
+            except BaseException as exc:
+                self._awaiting_first_step = False
+                self._inst.end_restore(exc)
+                raise
+            finally:
+                if self._inst.restore_op is not None:  # no step ran after the resume
+                    self._awaiting_first_step = False
+                    self._inst.end_restore()
+                if self._inst.telemetry is not None:
+                    self._inst.telemetry.flush()
+
+        return train
+
+    def _begin_restore(self, trainer: Trainer, requested):
+        """``list``: resolve ``True`` to the last ``checkpoint-N`` (as the Trainer would)
+        and list it; returns what ``train`` is then given."""
+        from transformers.trainer_utils import get_last_checkpoint
+
+        op = self._inst.begin_restore(
+            {
+                Attr.PATH: str(requested),
+                Attr.WORLD_SIZE: trainer.args.world_size,
+                Attr.STORAGE_KIND: "posix",
+                "ckpt.strategy": _strategy(trainer),
+            }
+        )
+        if op is None:
+            return requested
+        folder = requested
+        if requested is True:
+            with op.phase(Phase.LIST):
+                output_dir = trainer.args.output_dir
+                folder = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+            if folder is None:
+                return requested  # the Trainer raises its own "No valid checkpoint found"
+            op.set_attributes({Attr.PATH: str(folder)})
+        self._listing = self._guarded(self._folders.list, str(folder), op)
+        if self._listing is not None:
+            op.set_attributes({Attr.FORMAT: _weights_format(self._listing.sizes)})
+            self._fetch(op, [TRAINER_STATE])
+        return folder
+
+    def _fetch(self, op, names) -> None:
+        self._guarded(self._folders.fetch, self._listing, names, op)
+
+    def _guarded(self, fn, *args):
+        """ckptprof's own file work: a failed check ends the restore and reaches the
+        job (naming the file); anything else is ckptprof's problem, logged once."""
+        try:
+            return fn(*args)
+        except VerifyError as exc:
+            self._inst.end_restore(exc)
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self._inst.warn_once(fn.__name__, exc)
+            return None
+
+    def _wrapped_for_training(self, trainer: Trainer):
+        """The Trainer's loaders and ``_save_checkpoint``, wrapped for one ``train()``."""
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        inst = self._inst
+        wrappers = {
+            "_load_from_checkpoint": self._wrap_load_model,
+            "_load_optimizer_and_scheduler": self._wrap_load(
+                lambda t, ckpt: ["optimizer.pt", "optimizer.bin", "scheduler.pt"],
+                lambda t: [(t.optimizer, "load_state_dict")],
+            ),
+            "_load_scaler": self._wrap_load(lambda t, ckpt: ["scaler.pt"], lambda t: []),
+            "_load_rng_state": self._wrap_load(
+                lambda t, ckpt: ["rng_state.pth", f"rng_state_{t.args.process_index}.pth"],
+                lambda t: [],
+            ),
+            "_init_training_state": self._wrap_load(lambda t, ckpt: [], lambda t: []),
+            "_save_checkpoint": self._wrap_save_checkpoint,
+        }
+        for name, make in wrappers.items():
+            stack.enter_context(inst.temporarily(trainer, name, make))
+        return stack
+
+    def _wrap_load_model(self, original):
+        def load_from_checkpoint(resume_from_checkpoint, model=None):
+            op = self._inst.restore_op
+            if op is None:
+                return original(resume_from_checkpoint, model)
+            trainer = self.trainer
+            self._fetch(op, _weight_files(self._listing))
+            target = model if model is not None else trainer.model
+            return self._deserialize(
+                op, original, resume_from_checkpoint, model, inner=[(target, "load_state_dict")]
+            )
+
+        return load_from_checkpoint
+
+    def _wrap_load(self, files, inner):
+        """A loader whose ``files(trainer, checkpoint)`` are fetched first and whose
+        ``inner(trainer)`` methods are reshard."""
+
+        def make(original):
+            def load(*args, **kwargs):
+                op = self._inst.restore_op
+                if op is None:
+                    return original(*args, **kwargs)
+                trainer = self.trainer
+                self._fetch(op, files(trainer, args[0] if args else None))
+                return self._deserialize(op, original, *args, inner=inner(trainer), **kwargs)
+
+            return load
+
+        return make
+
+    def _deserialize(self, op, original, *args, inner, **kwargs):
+        try:
+            return self._inst.split(
+                op,
+                Phase.DESERIALIZE,
+                original,
+                *args,
+                inner=[(obj, name, Phase.RESHARD) for obj, name in inner],
+                **kwargs,
+            )
+        finally:
+            self._awaiting_first_step = True
+
+    def _finish_restore(self, step: int) -> None:
+        op = self._inst.restore_op
+        if op is None:
+            return
+        try:
+            op.add_interval(Phase.FIRST_STEP, op.latest_end_ns, time.time_ns())
+            op.set_attributes({Attr.STEP: step})
+        except Exception as exc:  # noqa: BLE001
+            self._inst.warn_once("first_step", exc)
+        summary = self._inst.end_restore()
+        trainer = self.trainer
+        if summary is not None and trainer is not None and trainer.is_world_process_zero():
+            log.warning("%s", summary.one_line())
+
+    # ------------------------------------------------------------------ save
+    def _wrap_save_checkpoint(self, original):
+        def save_checkpoint(model, trial, *args, **kwargs):
+            trainer = self.trainer
+            inst = self._inst
+            folder = _checkpoint_folder(trainer, trial)
+            run_dir = os.path.dirname(folder)
+            before = _checkpoints_in(run_dir)
+            op = inst.begin_save(
+                {
+                    Attr.PATH: folder,
+                    Attr.STEP: trainer.state.global_step,
+                    Attr.WORLD_SIZE: trainer.args.world_size,
+                }
+            )
+            groups = _SaveGroups(self, op, folder)
+            try:
+                with groups.wrapped(trainer):
+                    result = original(model, trial, *args, **kwargs)
+            except BaseException as exc:
+                inst.end_save(exc)
+                raise
+            if op is not None:
+                try:
+                    groups.finish(run_dir, before)
+                except Exception as exc:  # noqa: BLE001
+                    inst.warn_once("save", exc)
+                self._folders.commit(folder, groups.written, op)
+            inst.end_save()
+            return result
+
+        return save_checkpoint
+
+
+class _SaveGroups:
+    """Times each file group of one ``_save_checkpoint`` and notes the files it wrote."""
+
+    GROUPS = {
+        "save_model": "model",
+        "_save_optimizer_and_scheduler": "optimizer",
+        "_save_scaler": "scaler",
+        "_save_rng_state": "rng",
+    }
+
+    def __init__(self, owner: CkptProfCallback, op, folder: str) -> None:
+        self.owner = owner
+        self.op = op
+        self.folder = folder
+        self.written: set[str] = set()
+        self.last_end_ns: int | None = None
+
+    def wrapped(self, trainer: Trainer):
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        if self.op is None:
+            return stack
+        inst = self.owner._inst
+        # never the scheduler: LRScheduler.state_dict() pickles its own __dict__, where a
+        # wrapper would land in the checkpoint
+        serialize = [
+            (getattr(trainer, "model", None), "state_dict"),
+            (getattr(trainer, "optimizer", None), "state_dict"),
+        ]
+        for method, group in self.GROUPS.items():
+            stack.enter_context(inst.temporarily(trainer, method, self._timed(group, serialize)))
+        state = getattr(trainer, "state", None)
+        if state is not None:
+            stack.enter_context(inst.temporarily(state, "save_to_json", self._timed("state", [])))
+        return stack
+
+    def _timed(self, group: str, serialize):
+        def make(original):
+            def run(*args, **kwargs):
+                op = self.op
+                start = time.time_ns()
+                try:
+                    return self.owner._inst.split(
+                        op,
+                        Phase.WRITE,
+                        original,
+                        *args,
+                        inner=[(obj, name, Phase.SERIALIZE) for obj, name in serialize],
+                        **kwargs,
+                    )
+                finally:
+                    end = self.last_end_ns = time.time_ns()
+                    self._note_files(group, start, end)
+
+            return run
+
+        return make
+
+    def _note_files(self, group: str, start_ns: int, end_ns: int) -> None:
+        """Files this rank wrote in the group: new since it started, and this rank's by
+        name (``rng_state_<R>.pth``, ``rank<R>``) or, for shared files, the saving rank's."""
+        trainer = self.owner.trainer
+        rank = self.owner._inst.rank
+        try:
+            entries = list(os.scandir(self.folder))
+        except FileNotFoundError:
+            return  # a rank that writes nothing in this group
+        nbytes = 0
+        for entry in entries:
+            if not entry.is_file() or entry.name.startswith("ckptprof-manifest"):
+                continue
+            owner = _RANK_IN_NAME.search(entry.name)
+            mine = int(owner.group(1)) == rank if owner else trainer.args.should_save
+            stat = entry.stat()
+            if mine and stat.st_mtime_ns >= start_ns - 2_000_000 and entry.name not in self.written:
+                self.written.add(entry.name)
+                nbytes += stat.st_size
+        if nbytes:
+            self.op.add_bytes(Phase.WRITE, nbytes)
+            self.op.set_phase_attributes(
+                Phase.WRITE,
+                **{
+                    f"ckpt.write.{group}_s": round((end_ns - start_ns) / 1e9, 6),
+                    f"ckpt.write.{group}_bytes": nbytes,
+                },
+            )
+
+    def finish(self, run_dir: str, before: set[str]) -> None:
+        """``rotate``: what ``_save_checkpoint`` did after the last group (deleting old
+        checkpoints for ``save_total_limit``); plus the format and file count."""
+        trainer = self.owner.trainer
+        removed = before - _checkpoints_in(run_dir)
+        limit = trainer.args.save_total_limit
+        if limit and self.last_end_ns is not None and trainer.args.should_save:
+            self.op.add_interval(ROTATE, self.last_end_ns, time.time_ns())
+            self.op.set_phase_attributes(
+                ROTATE, **{"ckpt.rotate.limit": limit, "ckpt.rotate.removed": len(removed)}
+            )
+        self.op.set_phase_attributes(Phase.WRITE, **{Attr.FILES: len(self.written)})
+        self.op.set_attributes({Attr.FORMAT: _weights_format(self.written)})
+
+
+# ---------------------------------------------------------------------- helpers
+def instrument(trainer: Trainer, **options: Any) -> CkptProfCallback:
+    """Trace ``trainer``'s saves and resumes (for Trainers built without the callback).
+
+    ``options`` are :class:`CkptProfCallback`'s. Returns the callback (already added).
+    """
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, CkptProfCallback):
+            if callback.trainer is not trainer:
+                callback.attach(trainer)
+            return callback
+    callback = CkptProfCallback(**options)
+    trainer.add_callback(callback)
+    callback.attach(trainer)
+    return callback
+
+
+def uninstrument(trainer: Trainer) -> None:
+    """Remove ckptprof from ``trainer``: its callback and every wrapper."""
+    for callback in list(trainer.callback_handler.callbacks):
+        if isinstance(callback, CkptProfCallback):
+            callback.detach()
+            trainer.remove_callback(callback)
+
+
+def _calling_trainer(callback: CkptProfCallback) -> Trainer | None:
+    """The Trainer whose event is being delivered to ``callback`` (from the call stack)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer):
+            handler = getattr(candidate, "callback_handler", None)
+            if handler is not None and callback in handler.callbacks:
+                return candidate
+        frame = frame.f_back
+    return None
+
+
+def _checkpoint_folder(trainer: Trainer, trial=None) -> str:
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    run_dir = trainer._get_output_dir(trial=trial)
+    return os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
+
+
+def _checkpoints_in(run_dir: str) -> set[str]:
+    try:
+        return {e.name for e in os.scandir(run_dir) if e.name.startswith("checkpoint-")}
+    except FileNotFoundError:
+        return set()
+
+
+def _weight_files(listing: FolderListing | None) -> list[str]:
+    """The weight files ``_load_from_checkpoint`` reads, in the Trainer's preference order."""
+    import json
+
+    if listing is None:
+        return []
+    for single in ("model.safetensors", "pytorch_model.bin"):
+        if single in listing.sizes:
+            return [single]
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if index in listing.sizes:
+            try:
+                with open(os.path.join(listing.folder, index), encoding="utf-8") as handle:
+                    shards = sorted(set(json.load(handle)["weight_map"].values()))
+            except (OSError, ValueError, KeyError):
+                return []  # the Trainer reports a broken index itself
+            return [index, *shards]
+    return []
+
+
+def _weights_format(names) -> str:
+    if "model.safetensors" in names or "model.safetensors.index.json" in names:
+        return "safetensors"
+    return "torch"
+
+
+def _strategy(trainer: Trainer) -> str:
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        return "deepspeed"
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "fsdp"
+    return str(trainer.args.parallel_mode).rsplit(".", 1)[-1].lower()
+
+
+__all__ = ["CkptProfCallback", "instrument", "uninstrument"]

@@ -1,0 +1,273 @@
+"""The Hugging Face Trainer callback with the real Trainer training a tiny Llama on CPU."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import Trainer
+
+from ckptprof.errors import VerifyError
+from ckptprof.integrations.transformers import CkptProfCallback, instrument, uninstrument
+from tests.conftest import RESTORE_PHASES, children, spans_in
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer_resume.py"
+sys.path.insert(0, str(EXAMPLE.parent))
+from hf_trainer_resume import make_trainer  # noqa: E402
+
+READ_AT_RESUME = ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"]
+
+
+def run_example(directory: Path, *flags: str, nproc: int = 1) -> subprocess.CompletedProcess:
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        launcher += ["--master-port", str(free_port())]
+    return subprocess.run(
+        [*launcher, str(EXAMPLE), "--dir", str(directory), *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def traced(directory: Path, max_steps: int, **kw) -> tuple[Trainer, CkptProfCallback]:
+    callback = CkptProfCallback(trace_dir=directory / "traces", verify=kw.pop("verify", "size"))
+    return make_trainer(directory, max_steps, [callback], **kw), callback
+
+
+def restores(directory: Path) -> list[dict]:
+    return [s for s in spans_in(directory / "traces") if s["name"] == "ckpt.restore"]
+
+
+def test_save_then_resume_last_in_a_fresh_process(tmp_path):
+    first = run_example(tmp_path, "--phase", "train")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_example(tmp_path, "--phase", "resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "ckptprof: RTO" in second.stderr  # the one-line summary after resume
+    spans = spans_in(tmp_path / "traces")
+    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
+    folder = tmp_path / "checkpoints" / "checkpoint-10"  # resume_from_checkpoint=True: the last
+    assert restore["attributes"]["ckpt.path"] == str(folder)
+    assert restore["attributes"]["ckpt.framework"] == "transformers"
+    assert restore["attributes"]["ckpt.format"] == "safetensors"
+    assert restore["attributes"]["ckpt.step"] == 11
+    phases = children(spans, restore)
+    assert set(phases) >= RESTORE_PHASES
+    fetch = phases["ckpt.fetch"]["attributes"]
+    read = [*READ_AT_RESUME, "trainer_state.json"]
+    assert fetch["ckpt.bytes"] == sum((folder / n).stat().st_size for n in read)
+    assert fetch["ckpt.files"] == len(read)
+    assert phases["ckpt.verify"]["attributes"]["ckpt.verify.mode"] == "size"
+    saves = [s for s in spans if s["name"] == "ckpt.save"]
+    assert len(saves) == 3  # steps 5 and 10, then 15
+    (save,) = [s for s in saves if s["attributes"]["ckpt.path"] == str(folder)]
+    save_phases = children(spans, save)
+    assert {"ckpt.serialize", "ckpt.write", "ckpt.commit"} <= set(save_phases)
+    write = save_phases["ckpt.write"]["attributes"]
+    for group in ("model", "optimizer", "rng", "state"):
+        assert write[f"ckpt.write.{group}_bytes"] > 0
+    written = {p.name: p.stat().st_size for p in folder.iterdir() if "ckptprof" not in p.name}
+    assert write["ckpt.bytes"] == sum(written.values())
+    manifest = json.loads((folder / "ckptprof-manifest.rank0.json").read_text())
+    assert {n: e["size"] for n, e in manifest["files"].items()} == written
+
+
+def test_checkpoint_bytes_and_training_are_the_same_with_and_without_ckptprof(tmp_path):
+    def digests(folder: Path) -> dict[str, str]:
+        return {
+            p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in folder.iterdir()
+            if "ckptprof" not in p.name and p.name != "training_args.bin"  # holds output_dir
+        }
+
+    plain = make_trainer(tmp_path / "plain", 10, [])
+    plain.train()
+    make_trainer(tmp_path / "plain", 15, []).train(resume_from_checkpoint=True)
+    trainer, _ = traced(tmp_path / "traced", 10)
+    trainer.train()
+    traced(tmp_path / "traced", 15)[0].train(resume_from_checkpoint=True)
+    for step in (5, 10, 15):
+        folder = f"checkpoints/checkpoint-{step}"
+        assert digests(tmp_path / "traced" / folder) == digests(tmp_path / "plain" / folder)
+
+
+def test_resume_explicit_path_splits_deserialize_and_reshard(tmp_path):
+    trainer, _ = traced(tmp_path, 10)
+    trainer.train()
+    folder = tmp_path / "checkpoints" / "checkpoint-5"
+    trainer, callback = traced(tmp_path, 7)
+    trainer.train(resume_from_checkpoint=str(folder))
+    assert trainer.state.global_step == 7
+    summary = callback.last_restore
+    assert summary is not None and set(summary.phases) >= {p[5:] for p in RESTORE_PHASES}
+    assert summary.attributes["ckpt.path"] == str(folder)
+    # reshard (load_state_dict) and deserialize never overlap
+    reshard, deserialize = summary.phases["reshard"], summary.phases["deserialize"]
+    for rs, re_ in reshard.intervals:
+        assert all(re_ <= ds or rs >= de for ds, de in deserialize.intervals)
+    assert summary.wall_s >= summary.phase_sum_s
+
+
+def test_sharded_safetensors_fetches_every_shard_and_the_index(tmp_path):
+    trainer, _ = traced(tmp_path, 5, max_shard_size="100KB")
+    trainer.train()
+    folder = tmp_path / "checkpoints" / "checkpoint-5"
+    shards = sorted(p.name for p in folder.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (folder / "model.safetensors.index.json").exists()
+    trainer, callback = traced(tmp_path, 6, max_shard_size="100KB")
+    trainer.train(resume_from_checkpoint=True)
+    fetch = callback.last_restore.phases["fetch"]
+    fetched = {Path(f.path).name for f in fetch.files}
+    assert set(shards) | {"model.safetensors.index.json"} <= fetched
+    assert callback.last_restore.attributes["ckpt.format"] == "safetensors"
+
+
+def test_missing_optimizer_fails_naming_the_file(tmp_path):
+    traced(tmp_path, 5)[0].train()
+    (tmp_path / "checkpoints" / "checkpoint-5" / "optimizer.pt").unlink()
+    trainer, callback = traced(tmp_path, 6)
+    with pytest.raises(VerifyError, match=r"checkpoint-5/optimizer\.pt: missing"):
+        trainer.train(resume_from_checkpoint=True)
+    assert callback.last_restore is not None  # the failed restore is traced too
+    (root,) = restores(tmp_path)
+    assert root["status"]["status_code"] == "ERROR"
+
+
+def test_truncated_weights_fail_naming_the_file(tmp_path):
+    traced(tmp_path, 5)[0].train()
+    weights = tmp_path / "checkpoints" / "checkpoint-5" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    trainer, _ = traced(tmp_path, 6)
+    with pytest.raises(VerifyError, match=r"model\.safetensors: \d+ bytes, the manifest says"):
+        trainer.train(resume_from_checkpoint=True)
+
+
+def test_corrupt_optimizer_fails_full_verify(tmp_path):
+    traced(tmp_path, 5, verify="full")[0].train()
+    path = tmp_path / "checkpoints" / "checkpoint-5" / "optimizer.pt"
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x55
+    path.write_bytes(bytes(raw))
+    trainer, _ = traced(tmp_path, 6, verify="full")
+    with pytest.raises(VerifyError, match=r"optimizer\.pt: xxh3 .* does not match"):
+        trainer.train(resume_from_checkpoint=True)
+
+
+def test_rotation_is_its_own_span(tmp_path):
+    trainer, callback = traced(tmp_path, 15, save_total_limit=1)
+    trainer.train()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["checkpoint-15"]
+    rotate = callback.last_save.phases["rotate"]
+    assert rotate.attributes["ckpt.rotate.removed"] == 1
+    assert rotate.attributes["ckpt.rotate.limit"] == 1
+
+
+def test_only_this_trainer_is_touched_and_everything_is_undone(tmp_path):
+    before = dict(vars(Trainer))
+    trainer, callback = traced(tmp_path, 5)
+    assert callback.trainer is trainer  # found through on_init_end, no extra line
+    assert set(vars(trainer)) & {"_save_checkpoint", "_load_from_checkpoint"} == set()
+    trainer.train()
+    # between trainings only the pass-through ``train`` wrapper stays on the instance
+    wrapped = {n for n, v in vars(trainer).items() if hasattr(v, "__ckptprof_owner__")}
+    assert wrapped == {"train"}
+    other = make_trainer(tmp_path / "other", 1, [])
+    assert not any(hasattr(v, "__ckptprof_owner__") for v in vars(other).values())
+    uninstrument(trainer)
+    assert not any(hasattr(v, "__ckptprof_owner__") for v in vars(trainer).values())
+    assert not any(isinstance(c, CkptProfCallback) for c in trainer.callback_handler.callbacks)
+    assert dict(vars(Trainer)) == before
+    # the callback is not an ExportableState: nothing of ckptprof in the trainer state
+    state = json.loads((tmp_path / "checkpoints/checkpoint-5/trainer_state.json").read_text())
+    assert "CkptProfCallback" not in json.dumps(state["stateful_callbacks"])
+
+
+def test_instrument_a_trainer_built_without_the_callback(tmp_path):
+    make_trainer(tmp_path, 5, []).train()
+    trainer = make_trainer(tmp_path, 6, [])
+    callback = instrument(trainer, trace_dir=tmp_path / "traces")
+    assert instrument(trainer) is callback  # once
+    trainer.train(resume_from_checkpoint=True)
+    assert callback.last_restore is not None
+    assert callback.last_restore.attributes["ckpt.step"] == 6
+
+
+def test_save_callable_from_outside_the_loop(tmp_path):
+    trainer, callback = traced(tmp_path, 3)
+    trainer.train()
+    folder = callback.save()
+    assert folder.endswith("checkpoint-3") and Path(folder, "optimizer.pt").exists()
+    assert callback.last_save.attributes["ckpt.path"] == folder
+    assert Path(folder, "ckptprof-manifest.rank0.json").exists()
+
+
+def test_a_bug_inside_ckptprof_never_stops_training(tmp_path, monkeypatch, caplog):
+    from ckptprof.integrations import base
+
+    traced(tmp_path, 5)[0].train()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("ckptprof bug")
+
+    monkeypatch.setattr(base.FolderCheckpoints, "fetch", broken)
+    trainer, callback = traced(tmp_path, 7)
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        trainer.train(resume_from_checkpoint=True)
+    assert trainer.state.global_step == 7
+    assert len([r for r in caplog.records if "ckptprof bug" in r.message]) == 1
+
+
+def test_unreachable_collector_does_not_hurt_training(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    with caplog.at_level(logging.WARNING):
+        traced(tmp_path, 5)[0].train()
+        trainer, callback = traced(tmp_path, 7)
+        trainer.train(resume_from_checkpoint=True)
+        callback.detach()
+    assert trainer.state.global_step == 7
+    assert callback.last_restore is not None and callback.last_restore.wall_s > 0
+    assert len([r for r in caplog.records if "could not export" in r.message]) == 1
+
+
+def test_two_processes_tag_ranks(tmp_path):
+    first = run_example(tmp_path, "--phase", "train", nproc=2)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_example(tmp_path, "--phase", "resume", nproc=2)
+    assert second.returncode == 0, second.stderr[-3000:]
+    found = restores(tmp_path)
+    assert sorted(r["attributes"]["ckpt.rank"] for r in found) == [0, 1]
+    assert {r["attributes"]["ckpt.world_size"] for r in found} == {2}
+    assert len({r["attributes"]["ckpt.run_id"] for r in found}) == 1
+    folder = tmp_path / "checkpoints" / "checkpoint-10"
+    ranks = {p.name for p in folder.glob("ckptprof-manifest.rank*.json")}
+    assert ranks == {"ckptprof-manifest.rank0.json", "ckptprof-manifest.rank1.json"}
+    rank1 = json.loads((folder / "ckptprof-manifest.rank1.json").read_text())
+    assert set(rank1["files"]) == {"rng_state_1.pth"}
+    spans = spans_in(tmp_path / "traces")
+    for restore in found:
+        rank = restore["attributes"]["ckpt.rank"]
+        fetched = children(spans, restore)["ckpt.fetch"]["attributes"]["ckpt.bytes"]
+        expected = [*READ_AT_RESUME[:-1], f"rng_state_{rank}.pth", "trainer_state.json"]
+        assert fetched == sum((folder / n).stat().st_size for n in expected)
+    report = subprocess.run(
+        [sys.executable, "-m", "ckptprof", "report", str(tmp_path / "traces")],
+        capture_output=True,
+        text=True,
+    )
+    assert "slowest rank" in report.stdout
