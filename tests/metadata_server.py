@@ -1,0 +1,114 @@
+"""A stand-in for the clouds' metadata services on 127.0.0.1, for interruption tests.
+
+Serves the documented formats: EC2 IMDSv2 (PUT /latest/api/token, then GETs that carry
+the token; 401 without it), GCE ``instance/preempted`` (``Metadata-Flavor: Google``
+required) and Azure Scheduled Events (``Metadata: true`` required). A notice appears
+``notice_after_s`` seconds after start; ``delay_s`` slows every answer.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import threading
+import time
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+TOKEN = "test-imds-token"
+
+
+class MetadataServer:
+    def __init__(self, notice_after_s: float = 0.0, deadline_s: float = 120.0) -> None:
+        self.notice_after_s = notice_after_s
+        self.deadline_s = deadline_s
+        self.delay_s = 0.0
+        self.requests: list[tuple[str, str, dict]] = []
+        self.started = time.time()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_PUT(self):
+                server._record(self)
+                if self.path == "/latest/api/token" and self.headers.get(
+                    "X-aws-ec2-metadata-token-ttl-seconds"
+                ):
+                    self._answer(200, TOKEN.encode())
+                else:
+                    self._answer(400, b"")
+
+            def do_GET(self):
+                server._record(self)
+                status, body = server._route(self.path, self.headers)
+                self._answer(status, body)
+
+            def _answer(self, status: int, body: bytes) -> None:
+                time.sleep(server.delay_s)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> MetadataServer:
+        self.started = time.time()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    @property
+    def noticed(self) -> bool:
+        return time.time() - self.started >= self.notice_after_s
+
+    @property
+    def deadline(self) -> datetime:
+        return datetime.fromtimestamp(
+            self.started + self.notice_after_s + self.deadline_s, tz=timezone.utc
+        )
+
+    def _record(self, handler) -> None:
+        headers = {k.lower(): v for k, v in handler.headers.items()}
+        self.requests.append((handler.command, handler.path, headers))
+
+    def _route(self, path: str, headers) -> tuple[int, bytes]:
+        if path.startswith("/latest/"):
+            if headers.get("X-aws-ec2-metadata-token") != TOKEN:
+                return 401, b""
+            if path == "/latest/meta-data/spot/instance-action" and self.noticed:
+                when = self.deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+                return 200, json.dumps({"action": "terminate", "time": when}).encode()
+            return 404, b""
+        if path == "/computeMetadata/v1/instance/preempted":
+            if headers.get("Metadata-Flavor") != "Google":
+                return 403, b""
+            return 200, b"TRUE" if self.noticed else b"FALSE"
+        if path.startswith("/metadata/scheduledevents"):
+            if headers.get("Metadata") != "true":
+                return 400, b""
+            events = []
+            if self.noticed:
+                not_before = email.utils.format_datetime(self.deadline, usegmt=True)
+                events.append(
+                    {
+                        "EventId": "A123BC45-1234-5678-AB90-ABCDEF123456",
+                        "EventType": "Preempt",
+                        "ResourceType": "VirtualMachine",
+                        "Resources": ["vm0"],
+                        "EventStatus": "Scheduled",
+                        "NotBefore": not_before,
+                        "Description": "",
+                        "EventSource": "Platform",
+                        "DurationInSeconds": -1,
+                    }
+                )
+            return 200, json.dumps({"DocumentIncarnation": 1, "Events": events}).encode()
+        return 404, b""

@@ -1,0 +1,137 @@
+"""Interruption notices and records, with real signals and a metadata stand-in on 127.0.0.1."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+
+from ckptprof.errors import CkptprofError
+from ckptprof.interrupt.notice import NoticeWatcher, parse_sources
+from ckptprof.interrupt.record import (
+    RECORD_NAME,
+    InterruptionRecord,
+    read_record,
+    write_record,
+)
+from tests.metadata_server import MetadataServer
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize(
+    "source,name", [("aws", "aws-spot"), ("gcp", "gcp-preempted"), ("azure", "azure-preempt")]
+)
+def test_metadata_notice_appears_after_n_seconds(source, name):
+    with MetadataServer(notice_after_s=0.5, deadline_s=120) as server:
+        seen = []
+        watcher = NoticeWatcher([source], seen.append, server.url, poll_interval_s=0.1).start()
+        try:
+            assert wait_for(lambda: seen)
+        finally:
+            watcher.stop()
+    notice = seen[0]
+    assert notice.source == name
+    assert (notice.received_ns / 1e9) - server.started >= 0.5
+    if source == "gcp":  # GCE gives 30 s and says nothing more
+        assert notice.deadline_assumed and 29 < notice.seconds_left <= 30
+    else:
+        assert not notice.deadline_assumed and 100 < notice.seconds_left <= 121
+
+
+def test_aws_uses_imdsv2_tokens():
+    with MetadataServer(notice_after_s=0.3) as server:
+        seen = []
+        watcher = NoticeWatcher(["aws"], seen.append, server.url, poll_interval_s=0.1).start()
+        assert wait_for(lambda: seen)
+        watcher.stop()
+    assert server.requests[0][:2] == ("PUT", "/latest/api/token")
+    gets = [r for r in server.requests if r[0] == "GET"]
+    assert gets and all(r[2].get("x-aws-ec2-metadata-token") for r in gets)
+    assert len([r for r in server.requests if r[0] == "PUT"]) == 1  # the token is reused
+
+
+def test_dead_or_slow_metadata_endpoint_is_one_warning_and_never_blocks(caplog):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        start = time.monotonic()
+        watcher = NoticeWatcher(["aws", "gcp"], None, dead, poll_interval_s=0.05).start()
+        time.sleep(0.5)
+        watcher.stop()
+        assert time.monotonic() - start < 5
+    warnings = [r.message for r in caplog.records if "not answering" in r.message]
+    assert len(warnings) == 2  # one per source, not one per poll
+    with MetadataServer(notice_after_s=0) as server:
+        server.delay_s = 3  # slower than the 1 s timeout
+        start = time.monotonic()
+        watcher = NoticeWatcher(["gcp"], None, server.url, poll_interval_s=0.05).start()
+        time.sleep(0.2)
+        watcher.stop()
+        assert time.monotonic() - start < 5 and watcher.notice is None
+
+
+def test_no_network_source_unless_asked(monkeypatch):
+    monkeypatch.delenv("CKPTPROF_NOTICE_SOURCES", raising=False)
+    watcher = NoticeWatcher()
+    assert watcher.sources == ["sigterm", "sigusr1"] and watcher._pollers == []
+    with pytest.raises(CkptprofError, match="unknown notice source 'ec2'"):
+        parse_sources("sigterm,ec2")
+
+
+def test_signal_notice_chains_the_previous_handler():
+    calls = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
+    try:
+        seen = []
+        watcher = NoticeWatcher(["sigusr1"], seen.append, signal_grace_s=20).start()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert wait_for(lambda: seen)
+        assert calls == []  # held until ckptprof has saved
+        notice = seen[0]
+        assert notice.source == "sigusr1" and notice.deadline_assumed
+        assert 19 < notice.seconds_left <= 20
+        watcher.chain()
+        assert calls == [signal.SIGUSR1]
+        watcher.stop()
+        assert signal.getsignal(signal.SIGUSR1) is not watcher._on_signal
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_record_roundtrip_and_bad_records(tmp_path, caplog):
+    record = InterruptionRecord(
+        run_id="job-1",
+        trace_id="ab" * 16,
+        span_id="cd" * 8,
+        source="sigterm",
+        notice_ns=1_000_000_000,
+        deadline_ns=31_000_000_000,
+        deadline_assumed=True,
+        step=42,
+        save_end_ns=4_000_000_000,
+    )
+    write_record(str(tmp_path), record)
+    back = read_record(str(tmp_path), "job-1")
+    assert back == record and back.margin_s == 27.0
+    assert not list(tmp_path.glob("*.partial"))
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        assert read_record(str(tmp_path), "job-2") is None  # another run's
+        (tmp_path / RECORD_NAME).write_text("{not json")
+        assert read_record(str(tmp_path)) is None  # corrupt
+    messages = " ".join(r.message for r in caplog.records)
+    assert "job-1's, this is run job-2" in messages and "corrupt" in messages
+    assert read_record(str(tmp_path / "nothing-here")) is None
