@@ -71,6 +71,7 @@ class Attr:
     WORLD_SIZE = "ckpt.world_size"
     SAVED_WORLD_SIZE = "ckpt.saved_world_size"
     STEP = "ckpt.step"
+    RESTORED_STEP = "ckpt.restored_step"  # the training step the checkpoint was saved at
     FRAMEWORK = "ckpt.framework"
     RUN_ID = "ckpt.run_id"
     EMULATED = "ckpt.emulated"

@@ -18,10 +18,17 @@ import functools
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 from ckptprof.integrations.transformers import CkptProfCallback
 
@@ -38,6 +45,16 @@ class TokenDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class SlowSteps(TrainerCallback):
+    """Stands in for a bigger model: each step takes ``delay`` seconds longer."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.delay)
 
 
 def tiny_llama(hidden: int = 64, layers: int = 2, vocab: int = 256) -> LlamaForCausalLM:
@@ -96,6 +113,13 @@ def main() -> int:
     ap.add_argument("--max-shard-size", default=None, help="e.g. 200KB: sharded safetensors")
     ap.add_argument("--nproc", type=int, default=1, help="CPU processes (torchrun, gloo)")
     ap.add_argument("--verify", default="size", choices=["full", "size", "none"])
+    ap.add_argument("--steps", type=int, default=None, help="train to this step (10, resume 15)")
+    ap.add_argument(
+        "--interruptions",
+        action="store_true",
+        help="on SIGTERM/SIGUSR1 (or $CKPTPROF_NOTICE_SOURCES) save, then exit; link the resume",
+    )
+    ap.add_argument("--step-delay", type=float, default=0.0, help="seconds added to each step")
     args = ap.parse_args()
     if args.phase == "all":
         launcher = [sys.executable]
@@ -113,11 +137,14 @@ def main() -> int:
             [sys.executable, "-m", "ckptprof", "report", str(args.dir / "traces")], check=True
         )
         return 0
-    callback = CkptProfCallback(trace_dir=args.dir / "traces", verify=args.verify)  # the one line
+    callback = CkptProfCallback(  # the one line
+        trace_dir=args.dir / "traces", verify=args.verify, interruptions=args.interruptions
+    )
+    callbacks = [callback] + ([SlowSteps(args.step_delay)] if args.step_delay else [])
     trainer = make_trainer(
         args.dir,
-        max_steps=10 if args.phase == "train" else 15,
-        callbacks=[callback],
+        max_steps=args.steps or (10 if args.phase == "train" else 15),
+        callbacks=callbacks,
         hidden=args.hidden,
         layers=args.layers,
         max_shard_size=args.max_shard_size,

@@ -93,6 +93,8 @@ class Instrumentation:
         self.last_restore: OperationSummary | None = None
         self.last_save: OperationSummary | None = None
         self._warned: set[str] = set()
+        self.save_parent = None  # an OpenTelemetry context: saves nest under it (emergency)
+        self.interruptions = None  # an InterruptionGuard when interruption tracing is on
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -229,11 +231,15 @@ class Instrumentation:
 
     # ------------------------------------------------------------------ operations
     def begin_restore(self, attributes: dict[str, Any]) -> Operation | None:
+        """Start a ``ckpt.restore``; linked to the interrupted run when a record says so."""
         try:
             self.start()
             if self.restore_op is not None and not self.restore_op.finished:
                 self.restore_op.finish()
-            self.restore_op = self.tracer.restore(self._attrs(attributes))
+            links, extra = [], {}
+            if self.interruptions is not None:
+                links, extra = self.interruptions.resume_links()
+            self.restore_op = self.tracer.restore(self._attrs({**attributes, **extra}), links)
             return self.restore_op
         except Exception as exc:  # noqa: BLE001
             self.warn_once("begin_restore", exc)
@@ -244,6 +250,10 @@ class Instrumentation:
         if op is None:
             return None
         try:
+            attrs = op.attributes
+            step = attrs.get(Attr.RESTORED_STEP, attrs.get(Attr.STEP))
+            if self.interruptions is not None and error is None and step is not None:
+                self.interruptions.resumed(op, int(step))
             summary = op.finish(error)
             self.last_restore = summary
             if summary is not None:
@@ -258,7 +268,7 @@ class Instrumentation:
     def begin_save(self, attributes: dict[str, Any]) -> Operation | None:
         try:
             self.start()
-            self.save_op = self.tracer.save(self._attrs(attributes))
+            self.save_op = self.tracer.save(self._attrs(attributes), parent=self.save_parent)
             return self.save_op
         except Exception as exc:  # noqa: BLE001
             self.warn_once("begin_save", exc)

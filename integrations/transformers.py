@@ -66,6 +66,10 @@ class CkptProfCallback(TrainerCallback):
         verify: ``size`` (default), ``full`` (xxh3 of every saved byte, one extra read per
             save and per resume) or ``none``.
         tracer_provider: record into this OpenTelemetry provider instead.
+        interruptions: ``True`` (or a dict of
+            :class:`~ckptprof.integrations.interruptions.InterruptionGuard` options:
+            ``sources``, ``metadata_url``, ``signal_grace_s``, ``cost_per_hour_usd``) to save
+            on a Spot/preemption notice and link the next resume to it.
 
     Example::
 
@@ -73,10 +77,18 @@ class CkptProfCallback(TrainerCallback):
         trainer.train(resume_from_checkpoint=True)
     """
 
-    def __init__(self, trace_dir=None, verify: str = "size", tracer_provider=None) -> None:
+    def __init__(
+        self,
+        trace_dir=None,
+        verify: str = "size",
+        tracer_provider=None,
+        interruptions: bool | dict = False,
+    ) -> None:
         self._inst = Instrumentation(
             "transformers", trace_dir=trace_dir, verify=verify, tracer_provider=tracer_provider
         )
+        self._interruption_options = _interruption_options(interruptions)
+        self._stop_requested = False
         self._folders = FolderCheckpoints(self._inst)
         self.trainer: Trainer | None = None
         self._listing: FolderListing | None = None
@@ -111,10 +123,20 @@ class CkptProfCallback(TrainerCallback):
                 )
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not self._awaiting_first_step:
-            return
-        self._awaiting_first_step = False
-        self._finish_restore(state.global_step)
+        if self._awaiting_first_step:
+            self._awaiting_first_step = False
+            self._finish_restore(state.global_step)
+        guard = self._inst.interruptions
+        if guard is not None:
+            guard.step_end(state.global_step)
+            if self._stop_requested:
+                control.should_training_stop = True
+
+    def on_save(self, args, state, control, **kwargs):
+        # a notice that arrived during the Trainer's own save is handled right after it
+        guard = self._inst.interruptions
+        if guard is not None and guard.notice is not None:
+            self.on_step_end(args, state, control)
 
     # ------------------------------------------------------------------ wiring
     def attach(self, trainer: Trainer) -> None:
@@ -148,6 +170,7 @@ class CkptProfCallback(TrainerCallback):
     def _wrap_train(self, original):
         def train(resume_from_checkpoint=None, *args, **kwargs):
             trainer = self.trainer
+            self._start_interruptions(trainer)
             if resume_from_checkpoint not in (None, False):
                 resume_from_checkpoint = self._begin_restore(trainer, resume_from_checkpoint)
             try:
@@ -161,10 +184,30 @@ class CkptProfCallback(TrainerCallback):
                 if self._inst.restore_op is not None:  # no step ran after the resume
                     self._awaiting_first_step = False
                     self._inst.end_restore()
+                if self._inst.interruptions is not None:
+                    self._inst.interruptions.close()
+                    self._inst.interruptions = None
                 if self._inst.telemetry is not None:
                     self._inst.telemetry.flush()
 
         return train
+
+    def _start_interruptions(self, trainer: Trainer) -> None:
+        if self._interruption_options is None or self._inst.interruptions is not None:
+            return
+        from ckptprof.integrations.interruptions import InterruptionGuard
+
+        try:
+            self._stop_requested = False
+            self._inst.interruptions = InterruptionGuard(
+                self._inst,
+                location=lambda: trainer.args.output_dir,
+                save=self.save,
+                stop=lambda: setattr(self, "_stop_requested", True),
+                **self._interruption_options,
+            ).start()
+        except Exception as exc:  # noqa: BLE001
+            self._inst.warn_once("interruptions", exc)
 
     def _begin_restore(self, trainer: Trainer, requested):
         """``list``: resolve ``True`` to the last ``checkpoint-N`` (as the Trainer would)
@@ -186,6 +229,7 @@ class CkptProfCallback(TrainerCallback):
             with op.phase(Phase.LIST):
                 output_dir = trainer.args.output_dir
                 folder = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+                folder = self._last_complete(folder)
             if folder is None:
                 return requested  # the Trainer raises its own "No valid checkpoint found"
             op.set_attributes({Attr.PATH: str(folder)})
@@ -194,6 +238,28 @@ class CkptProfCallback(TrainerCallback):
             op.set_attributes({Attr.FORMAT: _weights_format(self._listing.sizes)})
             self._fetch(op, [TRAINER_STATE])
         return folder
+
+    def _last_complete(self, folder: str | None) -> str | None:
+        """The newest ``checkpoint-N`` whose save finished: when ckptprof traced the saves,
+        a folder without a manifest was cut short (killed mid-save) and is skipped."""
+        if folder is None or self._folders.read_manifest(folder) is not None:
+            return folder
+        parent = os.path.dirname(folder)
+        finished = [
+            p
+            for p in _checkpoints_in(parent)
+            if p.rsplit("-", 1)[-1].isdigit()
+            and self._folders.read_manifest(os.path.join(parent, p)) is not None
+        ]
+        if not finished:
+            return folder  # not saved with ckptprof: the Trainer's choice stands
+        best = max(finished, key=lambda name: int(name.rsplit("-", 1)[-1]))
+        log.warning(
+            "ckptprof: %s has no ckptprof manifest: its save did not finish; resuming from %s",
+            folder,
+            best,
+        )
+        return os.path.join(parent, best)
 
     def _fetch(self, op, names) -> None:
         self._guarded(self._folders.fetch, self._listing, names, op)
@@ -284,7 +350,11 @@ class CkptProfCallback(TrainerCallback):
             return
         try:
             op.add_interval(Phase.FIRST_STEP, op.latest_end_ns, time.time_ns())
+            folder = str(op.attributes.get(Attr.PATH, ""))
+            restored = folder.rsplit("-", 1)[-1]
             op.set_attributes({Attr.STEP: step})
+            if restored.isdigit():  # checkpoint-<global step at save>
+                op.set_attributes({Attr.RESTORED_STEP: int(restored)})
         except Exception as exc:  # noqa: BLE001
             self._inst.warn_once("first_step", exc)
         summary = self._inst.end_restore()
@@ -452,6 +522,14 @@ def uninstrument(trainer: Trainer) -> None:
         if isinstance(callback, CkptProfCallback):
             callback.detach()
             trainer.remove_callback(callback)
+
+
+def _interruption_options(value: bool | dict) -> dict | None:
+    if value is True:
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    return None
 
 
 def _calling_trainer(callback: CkptProfCallback) -> Trainer | None:

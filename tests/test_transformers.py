@@ -271,3 +271,160 @@ def test_two_processes_tag_ranks(tmp_path):
         text=True,
     )
     assert "slowest rank" in report.stdout
+
+
+# ---------------------------------------------------------------------- interruptions
+def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
+    """A real SIGTERM to a real training process, then a resume in a new process."""
+    import signal
+    import time
+
+    from ckptprof.interrupt.record import RECORD_NAME
+
+    flags = ["--dir", str(tmp_path), "--interruptions", "--step-delay", "0.1"]
+    proc = subprocess.Popen(
+        [sys.executable, str(EXAMPLE), *flags, "--phase", "train", "--steps", "1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = tmp_path / "checkpoints" / "checkpoint-5" / "ckptprof-manifest.rank0.json"
+    deadline = time.monotonic() + 120
+    while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, stderr[-3000:]  # the default action, chained
+    assert "emergency save saved" in stderr
+    record = json.loads((tmp_path / "checkpoints" / RECORD_NAME).read_text())
+    assert record["outcome"] == "saved" and record["source"] == "sigterm"
+    saved = tmp_path / "checkpoints" / f"checkpoint-{record['checkpoint_step']}"
+    assert record["checkpoint"] == str(saved) and record["checkpoint_step"] > 5
+    assert (saved / "ckptprof-manifest.rank0.json").exists()
+    assert 0 < record["margin_s"] <= 30
+
+    resume = run_example(tmp_path, "--interruptions", "--phase", "resume", "--steps", "1000")
+    assert resume.returncode == 0, resume.stderr[-3000:]
+    spans = spans_in(tmp_path / "traces")
+    (story,) = [s for s in spans if s["name"] == "ckpt.interruption"]
+    story_children = children(spans, story)
+    assert {"ckpt.notice", "ckpt.emergency_save"} <= set(story_children)
+    emergency = story_children["ckpt.emergency_save"]
+    (emergency_save,) = [s for s in spans if s["parent_id"] == emergency["context"]["span_id"]]
+    assert emergency_save["name"] == "ckpt.save"  # the adapter's save, nested
+    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
+    assert [link["context"]["span_id"] for link in restore["links"]] == [
+        story["context"]["span_id"]
+    ]
+    attrs = restore["attributes"]
+    assert attrs["ckpt.path"] == str(saved)
+    assert attrs["ckpt.interruption.steps_lost"] == 0
+    assert attrs["ckpt.interruption.restored_step"] == record["checkpoint_step"]
+    downtime = attrs["ckpt.interruption.downtime_s"]
+    assert 0 < downtime < attrs["ckpt.interruption.recovery_s"]
+    rate = attrs["ckpt.interruption.cost_per_hour"]
+    assert attrs["ckpt.interruption.downtime_cost"] == pytest.approx(
+        downtime / 3600 * rate, abs=1e-3
+    )
+    assert not (tmp_path / "checkpoints" / RECORD_NAME).exists()  # retired after linking
+    report = subprocess.run(
+        [sys.executable, "-m", "ckptprof", "report", "--interruptions", str(tmp_path / "traces")],
+        capture_output=True,
+        text=True,
+    )
+    assert report.returncode == 0, report.stderr
+    assert "steps lost: 0" in report.stdout and "sigterm" in report.stdout
+
+
+def test_save_cut_short_by_the_deadline_leaves_the_previous_checkpoint_in_use(tmp_path, caplog):
+    import shutil
+
+    from ckptprof.interrupt.record import InterruptionRecord, write_record
+
+    traced(tmp_path, 10)[0].train()
+    checkpoints = tmp_path / "checkpoints"
+    # the emergency save of step 12 was killed half way: files, no manifest
+    partial = checkpoints / "checkpoint-12"
+    shutil.copytree(checkpoints / "checkpoint-10", partial)
+    (partial / "ckptprof-manifest.rank0.json").unlink()
+    weights = partial / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    now = __import__("time").time_ns()
+    write_record(
+        str(checkpoints),
+        InterruptionRecord(
+            run_id="r",
+            trace_id="ab" * 16,
+            span_id="cd" * 8,
+            source="aws-spot",
+            notice_ns=now - 5_000_000_000,
+            deadline_ns=now - 4_000_000_000,
+            deadline_assumed=False,
+            step=12,
+            save_start_ns=now - 4_500_000_000,
+            last_step=12,
+        ),
+    )
+    callback = CkptProfCallback(trace_dir=tmp_path / "traces", interruptions={"sources": []})
+    trainer = make_trainer(tmp_path, 11, [callback])
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        trainer.train(resume_from_checkpoint=True)
+    assert "checkpoint-12 has no ckptprof manifest" in caplog.text
+    attrs = callback.last_restore.attributes
+    assert attrs["ckpt.path"] == str(checkpoints / "checkpoint-10")
+    assert attrs["ckpt.interruption.outcome"] == "pending"  # the save never finished
+    assert attrs["ckpt.interruption.steps_lost"] == 2
+
+
+def test_notice_during_a_save_is_handled_after_it(tmp_path):
+    import signal
+
+    calls = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
+    try:
+        callback = CkptProfCallback(
+            trace_dir=tmp_path / "traces", interruptions={"sources": ["sigusr1"]}
+        )
+        trainer = make_trainer(tmp_path, 7, [callback])
+        save_pretrained = trainer.model.save_pretrained
+
+        def save_and_get_noticed(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGUSR1)  # arrives mid-save
+            return save_pretrained(*args, **kwargs)
+
+        trainer.model.save_pretrained = save_and_get_noticed
+        trainer.train()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert calls == [signal.SIGUSR1]  # chained once, after the emergency save
+    spans = spans_in(tmp_path / "traces")
+    (story,) = [s for s in spans if s["name"] == "ckpt.interruption"]
+    assert story["attributes"]["ckpt.interruption.outcome"] == "saved"
+    assert story["attributes"]["ckpt.interruption.checkpoint_step"] == 5
+    folder = tmp_path / "checkpoints" / "checkpoint-5"
+    manifest = json.loads((folder / "ckptprof-manifest.rank0.json").read_text())
+    assert {n: e["size"] for n, e in manifest["files"].items()} == {
+        p.name: p.stat().st_size for p in folder.iterdir() if "ckptprof" not in p.name
+    }
+
+
+def test_metadata_notice_saves_and_stops_training(tmp_path):
+    from tests.metadata_server import MetadataServer
+
+    with MetadataServer(notice_after_s=0, deadline_s=120) as server:
+        options = {"sources": ["aws"], "metadata_url": server.url}
+        callback = CkptProfCallback(trace_dir=tmp_path / "traces", interruptions=options)
+        trainer = make_trainer(tmp_path, 1000, [callback])
+        from hf_trainer_resume import SlowSteps
+
+        trainer.add_callback(SlowSteps(0.05))
+        trainer.train()
+    assert trainer.state.global_step < 1000  # stopped after the emergency save
+    (story,) = [s for s in spans_in(tmp_path / "traces") if s["name"] == "ckpt.interruption"]
+    attrs = story["attributes"]
+    assert attrs["ckpt.interruption.source"] == "aws-spot"
+    assert attrs["ckpt.interruption.outcome"] == "saved"
+    assert 100 < attrs["ckpt.interruption.margin_s"] <= 120
+    step = attrs["ckpt.interruption.checkpoint_step"]
+    assert (tmp_path / "checkpoints" / f"checkpoint-{step}" / "optimizer.pt").exists()

@@ -24,6 +24,7 @@ examples:
   ckptprof report runs/llama2-7b/results.json --plot restore.png
   ckptprof report ckptprof-traces/ --by run
   ckptprof report runs/ --format json > report.json
+  ckptprof report --interruptions ckptprof-traces/
 
 A directory is searched recursively; one holding a results.json is read from that file
 rather than from its traces."""
@@ -61,6 +62,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="FILE.png",
         help="also draw phase bars (and GB/s vs concurrency) to this image; needs matplotlib",
     )
+    parser.add_argument(
+        "--interruptions",
+        action="store_true",
+        help="tell each interruption's story: notice, emergency save and its margin, "
+        "downtime, restore, steps lost, cost",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -91,6 +98,18 @@ def print_report(
 
 def run(args: argparse.Namespace) -> int:
     """Entry for ``ckptprof report``: the table (or JSON) on stdout, warnings on stderr."""
+    if getattr(args, "interruptions", False):
+        from ckptprof.report.interruptions import (
+            build_stories,
+            render_stories,
+            render_stories_json,
+        )
+        from ckptprof.report.load import read_trace_spans
+
+        stories = build_stories(read_trace_spans(args.paths))
+        render = render_stories_json if args.format == "json" else render_stories
+        sys.stdout.write(render(stories))
+        return 0
     print_report(
         args.paths,
         plot=getattr(args, "plot", None),

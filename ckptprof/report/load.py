@@ -400,6 +400,12 @@ def _read_results(path: Path) -> ResultsFile:
 
 
 # --------------------------------------------------------------------- entry
+def read_trace_spans(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Every span (as a dict) of the trace files the PATHs name."""
+    _, trace_paths = _discover(list(paths))
+    return [span for path in trace_paths for span in _read_span_lines(path).spans]
+
+
 def load(paths: Iterable[str | os.PathLike]) -> ReportData:
     """Read every trace and results file the PATHs name.
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from ckptprof.phases import FILE_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr, Phase
@@ -156,6 +157,7 @@ class Operation:
         attributes: Mapping[str, AttrValue],
         per_file_spans: bool,
         links: list[Link] | None = None,
+        parent: Context | None = None,
     ) -> None:
         self.kind = kind
         self._tracer = tracer
@@ -166,13 +168,14 @@ class Operation:
         self._start_ns = time.time_ns()
         self._end_ns: int | None = None
         self._summary: OperationSummary | None = None
-        self._span = self._start_root(links)
+        self._span = self._start_root(links, parent)
 
     @_guest
-    def _start_root(self, links):
+    def _start_root(self, links, parent):
         name = RESTORE_SPAN if self.kind == "restore" else SAVE_SPAN
         return self._tracer.start_span(
             name,
+            context=parent,
             kind=SpanKind.INTERNAL,
             attributes=self._attributes,
             start_time=self._start_ns,
@@ -183,6 +186,16 @@ class Operation:
     @property
     def finished(self) -> bool:
         return self._end_ns is not None
+
+    @property
+    def start_ns(self) -> int:
+        return self._start_ns
+
+    @property
+    def attributes(self) -> dict[str, AttrValue]:
+        """A copy of the root span's attributes so far."""
+        with self._lock:
+            return dict(self._attributes)
 
     @property
     def latest_end_ns(self) -> int:
@@ -364,13 +377,39 @@ class CheckpointTracer:
         return base
 
     def restore(
-        self, attributes: Mapping[str, Any] | None = None, links: list[Link] | None = None
+        self,
+        attributes: Mapping[str, Any] | None = None,
+        links: list[Link] | None = None,
+        parent: Context | None = None,
     ) -> Operation:
         return Operation(
-            self._tracer, "restore", self._base(attributes), self.per_file_spans, links
+            self._tracer, "restore", self._base(attributes), self.per_file_spans, links, parent
         )
 
     def save(
-        self, attributes: Mapping[str, Any] | None = None, links: list[Link] | None = None
+        self,
+        attributes: Mapping[str, Any] | None = None,
+        links: list[Link] | None = None,
+        parent: Context | None = None,
     ) -> Operation:
-        return Operation(self._tracer, "save", self._base(attributes), self.per_file_spans, links)
+        return Operation(
+            self._tracer, "save", self._base(attributes), self.per_file_spans, links, parent
+        )
+
+    def start_span(
+        self,
+        name: str,
+        attributes: Mapping[str, Any] | None = None,
+        start_ns: int | None = None,
+        parent: Context | None = None,
+        links: list[Link] | None = None,
+    ) -> trace.Span:
+        """A plain span with the root attributes (framework, run id): for the interruption
+        story (``ckpt.interruption``, ``ckpt.notice``, ``ckpt.emergency_save``)."""
+        return self._tracer.start_span(
+            name,
+            context=parent,
+            attributes=self._base(attributes),
+            start_time=start_ns,
+            links=links or None,
+        )

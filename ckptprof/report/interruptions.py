@@ -1,0 +1,174 @@
+"""``ckptprof report --interruptions``: notice → emergency save → downtime → restore →
+first step, one story per interruption, from the spans of both processes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from ckptprof.errors import CkptprofError
+
+PREFIX = "ckpt.interruption."
+
+
+@dataclass
+class Story:
+    source: str
+    notice_at: str | None = None
+    run_id: str | None = None
+    step_at_notice: int | None = None
+    deadline_s: float | None = None
+    deadline_assumed: bool = False
+    save_after_notice_s: float | None = None
+    save_s: float | None = None
+    outcome: str | None = None
+    checkpoint_step: int | None = None
+    margin_s: float | None = None
+    resumed: bool = False
+    downtime_s: float | None = None
+    rto_s: float | None = None
+    largest_phase: str | None = None
+    restored_step: int | None = None
+    steps_lost: int | None = None
+    recovery_s: float | None = None
+    cost_per_hour: float | None = None
+    downtime_cost: float | None = None
+    restore_cost: float | None = None
+
+
+def _ns(text: str | None) -> int | None:
+    if not text:
+        return None
+    when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return int(when.timestamp() * 1e9)
+
+
+def _attr(span: dict | None, name: str) -> Any:
+    return None if span is None else (span.get("attributes") or {}).get(PREFIX + name)
+
+
+def build_stories(spans: list[dict[str, Any]]) -> list[Story]:
+    """Pair each ``ckpt.interruption`` trace with the restore that links to it."""
+    roots = [s for s in spans if s["name"] == "ckpt.interruption"]
+    restores = [s for s in spans if s["name"] == "ckpt.restore" and _attr(s, "source")]
+    linked: dict[str, dict] = {}
+    for restore in restores:
+        for link in restore.get("links") or []:
+            linked[link["context"]["span_id"]] = restore
+    stories, paired = [], set()
+    for root in roots:
+        restore = linked.get(root["context"]["span_id"])
+        paired.add(id(restore))
+        stories.append(_story(root, spans, restore))
+    for restore in restores:  # resumed, but the interrupted process left no trace here
+        if id(restore) not in paired:
+            stories.append(_story(None, spans, restore))
+    stories.sort(key=lambda s: s.notice_at or "")
+    return stories
+
+
+def _story(root, spans, restore) -> Story:
+    source_span = root or restore
+    story = Story(source=_attr(source_span, "source") or "?")
+    if root is not None:
+        notice_ns = _ns(root.get("start_time"))
+        story.notice_at = root.get("start_time")
+        story.run_id = (root.get("attributes") or {}).get("ckpt.run_id")
+        story.deadline_s = _attr(root, "deadline_s")
+        story.deadline_assumed = bool(_attr(root, "deadline_assumed"))
+        kids = [s for s in spans if s.get("parent_id") == root["context"]["span_id"]]
+        notice = next((s for s in kids if s["name"] == "ckpt.notice"), None)
+        if notice is not None:
+            story.step_at_notice = _attr(notice, "step")
+        save = next((s for s in kids if s["name"] == "ckpt.emergency_save"), None)
+        if save is not None and notice_ns is not None:
+            start, end = _ns(save.get("start_time")), _ns(save.get("end_time"))
+            story.save_after_notice_s = round((start - notice_ns) / 1e9, 3)
+            story.save_s = round((end - start) / 1e9, 3)
+        story.outcome = _attr(root, "outcome") or "not finished (killed during the save?)"
+        story.checkpoint_step = _attr(root, "checkpoint_step")
+        story.margin_s = _attr(root, "margin_s")
+    if restore is not None:
+        attrs = restore.get("attributes") or {}
+        story.resumed = True
+        story.run_id = story.run_id or _attr(restore, "run_id")
+        if story.outcome is None:
+            story.outcome = _attr(restore, "outcome")
+            story.checkpoint_step = _attr(restore, "checkpoint_step")
+            story.margin_s = _attr(restore, "margin_s")
+        story.downtime_s = _attr(restore, "downtime_s")
+        story.rto_s = attrs.get("ckpt.wall_s")
+        story.restored_step = _attr(restore, "restored_step")
+        story.steps_lost = _attr(restore, "steps_lost")
+        story.recovery_s = _attr(restore, "recovery_s")
+        story.cost_per_hour = _attr(restore, "cost_per_hour")
+        story.downtime_cost = _attr(restore, "downtime_cost")
+        story.restore_cost = _attr(restore, "restore_cost")
+        phases = [
+            s
+            for s in spans
+            if s.get("parent_id") == restore["context"]["span_id"] and s["name"].startswith("ckpt.")
+        ]
+        if phases:
+            top = max(phases, key=lambda s: (s.get("attributes") or {}).get("ckpt.busy_s", 0))
+            busy = (top.get("attributes") or {}).get("ckpt.busy_s", 0)
+            story.largest_phase = f"{top['name'][5:]} {busy:.3f} s"
+    return story
+
+
+def _s(value: float | None, unit: str = " s") -> str:
+    return "?" if value is None else f"{value:.3f}{unit}"
+
+
+def render_stories(stories: list[Story]) -> str:
+    if not stories:
+        raise CkptprofError(
+            "no interruptions in these traces — run with interruption tracing on "
+            "(CkptProfCallback(interruptions=True), CkptProf(interruptions=True), ...)"
+        )
+    lines = []
+    for n, st in enumerate(stories, 1):
+        deadline = "no deadline given"
+        if st.deadline_s is not None:
+            assumed = " (assumed)" if st.deadline_assumed else ""
+            deadline = f"deadline {st.deadline_s:.1f} s later{assumed}"
+        at = f" at {st.notice_at}" if st.notice_at else ""
+        step = f", step {st.step_at_notice}" if st.step_at_notice is not None else ""
+        lines.append(
+            f"interruption {n}: {st.source} notice{at} (run {st.run_id}{step}); {deadline}"
+        )
+        if st.save_s is not None:
+            margin = (
+                ""
+                if st.margin_s is None
+                else f", {abs(st.margin_s):.1f} s {'before' if st.margin_s >= 0 else 'after'} "
+                "the deadline"
+            )
+            lines.append(
+                f"  emergency save: started {_s(st.save_after_notice_s)} after the notice, took "
+                f"{_s(st.save_s)}: {st.outcome} at step {st.checkpoint_step}{margin}"
+            )
+        else:
+            lines.append(f"  emergency save: {st.outcome}")
+        if not st.resumed:
+            lines.append("  not resumed yet (or the resumed run's traces are not among the PATHs)")
+            continue
+        lines.append(f"  downtime: {_s(st.downtime_s)} (notice → the new process started)")
+        largest = f" (largest phase {st.largest_phase})" if st.largest_phase else ""
+        lines.append(f"  restore: RTO {_s(st.rto_s)}{largest}, from step {st.restored_step}")
+        lines.append(f"  steps lost: {st.steps_lost} (restored step {st.restored_step})")
+        lines.append(f"  recovery: {_s(st.recovery_s)} from the notice to the first step done")
+        if st.cost_per_hour is not None:
+            lines.append(
+                f"  cost at ${st.cost_per_hour:.2f}/h: downtime ${st.downtime_cost:.4f}, "
+                f"restore ${st.restore_cost:.4f}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def render_stories_json(stories: list[Story]) -> str:
+    return json.dumps([asdict(s) for s in stories], indent=1) + "\n"

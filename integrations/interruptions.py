@@ -1,0 +1,328 @@
+"""The interruption story every adapter shares: notice → emergency save → record, and on
+the next run: record → linked restore → downtime, steps lost, cost.
+
+Adapters supply three things: where records live (the checkpoint folder or ``s3://``
+prefix), a traced ``save()`` of the current state, and calls at step boundaries. The
+guard does the rest:
+
+* interrupted process: a notice (see :mod:`ckptprof.interrupt.notice`) opens a
+  ``ckpt.interruption`` trace with a ``ckpt.notice`` span and writes a *pending* record
+  at once (from a helper thread: a signal handler only sets a flag). At the next step
+  boundary the adapter's save runs under ``ckpt.emergency_save`` (its ``ckpt.save`` is a
+  child), the record gets the outcome (``saved``, ``missed_deadline``, ``failed``) and
+  the margin to the deadline, spans are flushed, and the signal is handed on to the
+  handler ckptprof replaced (for the default action: the process ends as it would have).
+* resumed process: the restore reads the record, links to the notice span, and at the
+  first step records ``ckpt.interruption.downtime_s`` (notice → this process started),
+  ``…recovery_s`` (notice → first step), ``…steps_lost`` and the cost at
+  ``$CKPTPROF_COST_PER_HOUR`` (default :data:`DEFAULT_COST_PER_HOUR`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ckptprof.interrupt.notice import Notice, NoticeWatcher
+from ckptprof.interrupt.record import (
+    FAILED,
+    MISSED,
+    SAVED,
+    InterruptionRecord,
+    as_attributes,
+    consume_record,
+    read_record,
+    write_record,
+)
+
+log = logging.getLogger("ckptprof")
+
+COST_ENV = "CKPTPROF_COST_PER_HOUR"
+#: on-demand $/hour of one 8×A100 instance (AWS p4d.24xlarge, us-east-1 list price);
+#: set ``CKPTPROF_COST_PER_HOUR`` (or ``cost_per_hour=``) to yours
+DEFAULT_COST_PER_HOUR = 32.77
+NOTICE_SPAN, INTERRUPTION_SPAN, EMERGENCY_SAVE_SPAN = (
+    "ckpt.notice",
+    "ckpt.interruption",
+    "ckpt.emergency_save",
+)
+
+
+def cost_per_hour(value: float | None = None) -> float:
+    if value is not None:
+        return float(value)
+    return float(os.environ.get(COST_ENV, DEFAULT_COST_PER_HOUR))
+
+
+def process_start_ns() -> int:
+    """When this process started (the end of the downtime), to ~10 ms.
+
+    From ``/proc/self/stat`` (start in clock ticks after boot) against ``/proc/uptime``;
+    psutil's ``create_time`` rounds the boot time to whole seconds.
+    """
+    try:
+        with open("/proc/self/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as handle:
+            uptime = float(handle.read().split()[0])
+        started_after_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return int((time.time() - (uptime - started_after_boot)) * 1e9)
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return int(psutil.Process().create_time() * 1e9)
+
+
+class InterruptionGuard:
+    """Notice handling for one adapter (see the module docstring).
+
+    Args:
+        inst: the adapter's :class:`~ckptprof.integrations.base.Instrumentation`.
+        location: a callable returning where records live (evaluated when needed).
+        save: saves the current state through the adapter (traced); returns the path.
+        stop: asks the framework to stop after the emergency save when no signal will end
+            the process (metadata notices); optional.
+        sources, metadata_url, signal_grace_s: see :class:`NoticeWatcher`.
+        cost_per_hour_usd: price of the instance for the cost estimate.
+    """
+
+    def __init__(
+        self,
+        inst,
+        location: Callable[[], str | None],
+        save: Callable[[], str | None],
+        stop: Callable[[], None] | None = None,
+        *,
+        sources: list[str] | str | None = None,
+        metadata_url: str | None = None,
+        signal_grace_s: float | None = None,
+        cost_per_hour_usd: float | None = None,
+    ) -> None:
+        self.inst = inst
+        self.location = location
+        self.save = save
+        self.stop_training = stop
+        self.cost_per_hour = cost_per_hour(cost_per_hour_usd)
+        self.watcher = NoticeWatcher(sources, None, metadata_url, signal_grace_s)
+        self.record: InterruptionRecord | None = None
+        self.resumed_from: InterruptionRecord | None = None
+        self.last_step = 0
+        self.last_step_ns: int | None = None
+        self._lock = threading.Lock()
+        self._root = None
+        self._handled = False
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> InterruptionGuard:
+        self.watcher.start()
+        if self._thread is None:
+            self._stopped.clear()
+            self._thread = threading.Thread(
+                target=self._watch, name="ckptprof-interruption", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stopped.set()
+        self.watcher.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+
+    @property
+    def notice(self) -> Notice | None:
+        return self.watcher.notice
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(0.1):
+            if self.watcher.notice is not None:
+                self._open()
+                return
+
+    # ------------------------------------------------------------------ interrupted run
+    def _open(self) -> None:
+        """The notice span and the pending record, once (any thread)."""
+        with self._lock:
+            if self._root is not None:
+                return
+            notice = self.watcher.notice
+            try:
+                self.inst.start()
+                tracer = self.inst.tracer
+                attrs = _notice_attributes(notice, self.last_step)
+                self._root = tracer.start_span(INTERRUPTION_SPAN, attrs, notice.received_ns)
+                from opentelemetry import trace
+
+                ctx = trace.set_span_in_context(self._root)
+                span = tracer.start_span(NOTICE_SPAN, attrs, notice.received_ns, ctx)
+                span.end(end_time=notice.received_ns)
+                sc = self._root.get_span_context()
+                self.record = InterruptionRecord(
+                    run_id=tracer.run_id or "",
+                    trace_id=f"{sc.trace_id:032x}",
+                    span_id=f"{sc.span_id:016x}",
+                    source=notice.source,
+                    notice_ns=notice.received_ns,
+                    deadline_ns=notice.deadline_ns,
+                    deadline_assumed=notice.deadline_assumed,
+                    step=self.last_step,
+                    framework=self.inst.framework,
+                    last_step_ns=self.last_step_ns,
+                    last_step=self.last_step,
+                )
+                self._write()
+                log.warning(
+                    "ckptprof: %s notice; %s left; emergency save at the next step boundary",
+                    notice.source,
+                    "unknown time"
+                    if notice.deadline_ns is None
+                    else f"{notice.seconds_left:.0f} s",
+                )
+            except Exception as exc:  # noqa: BLE001
+                self.inst.warn_once("interruption", exc)
+
+    def _write(self) -> None:
+        location = self.location()
+        if location and self.record is not None:
+            try:
+                write_record(location, self.record)
+            except Exception as exc:  # noqa: BLE001
+                self.inst.warn_once("write_record", exc)
+
+    def step_end(self, step: int) -> None:
+        """Call at every step boundary; runs the emergency save when a notice is pending."""
+        self.last_step, self.last_step_ns = step, time.time_ns()
+        if self.watcher.notice is None or self._handled:
+            return
+        self._handled = True
+        self._open()
+        self.emergency_save(step)
+
+    def emergency_save(self, step: int) -> None:
+        """Save now under ``ckpt.emergency_save``, record the outcome, hand the signal on."""
+        from opentelemetry import trace
+
+        record, root, notice = self.record, self._root, self.watcher.notice
+        span = None
+        if root is not None and record is not None:
+            record.step = record.last_step = step
+            record.last_step_ns = self.last_step_ns
+            record.save_start_ns = time.time_ns()
+            self._write()
+            ctx = trace.set_span_in_context(root)
+            span = self.inst.tracer.start_span(EMERGENCY_SAVE_SPAN, {}, record.save_start_ns, ctx)
+            self.inst.save_parent = trace.set_span_in_context(span)
+        error: BaseException | None = None
+        path = None
+        try:
+            path = self.save()
+        except Exception as exc:  # noqa: BLE001 - record it; the job decides what happens next
+            error = exc
+            log.warning("ckptprof: emergency save failed: %r", exc)
+        finally:
+            self.inst.save_parent = None
+        if record is not None and root is not None:
+            try:
+                record.save_end_ns = time.time_ns()
+                record.checkpoint, record.checkpoint_step = path, step
+                if error is not None:
+                    record.outcome, record.error = FAILED, f"{type(error).__name__}: {error}"
+                elif record.deadline_ns is not None and record.save_end_ns > record.deadline_ns:
+                    record.outcome = MISSED
+                else:
+                    record.outcome = SAVED
+                self._write()
+                attrs = as_attributes(record)
+                span.set_attributes(attrs)
+                span.end(end_time=record.save_end_ns)
+                root.set_attributes(attrs)
+                root.end()
+                if self.inst.telemetry is not None:
+                    self.inst.telemetry.flush()
+                margin = record.margin_s
+                log.warning(
+                    "ckptprof: emergency save %s at step %d%s",
+                    record.outcome,
+                    step,
+                    "" if margin is None else f", {margin:.1f} s before the deadline",
+                )
+            except Exception as exc:  # noqa: BLE001
+                self.inst.warn_once("emergency_save", exc)
+        if self.watcher.signum is not None:
+            self.watcher.chain()  # the default action ends the process here
+        elif notice is not None and self.stop_training is not None:
+            self.stop_training()
+
+    # ------------------------------------------------------------------ resumed run
+    def resume_links(self, run_id: str | None = None) -> tuple[list, dict[str, Any]]:
+        """Links and attributes for a restore that follows an interruption (or nothing)."""
+        location = self.location()
+        if not location:
+            return [], {}
+        record = read_record(location, run_id)
+        if record is None:
+            return [], {}
+        from opentelemetry.trace import Link, SpanContext, TraceFlags
+
+        self.resumed_from = record
+        ctx = SpanContext(
+            int(record.trace_id, 16),
+            int(record.span_id, 16),
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+        started = process_start_ns()
+        attrs = {
+            **as_attributes(record),
+            "ckpt.interruption.downtime_s": round((started - record.notice_ns) / 1e9, 3),
+        }
+        return [Link(ctx, {"ckpt.link": "interrupted_by"})], attrs
+
+    def resumed(self, op, restored_step: int) -> None:
+        """At the first step after a linked restore: recovery time, steps lost, cost."""
+        record, self.resumed_from = self.resumed_from, None
+        if record is None or op is None:
+            return
+        try:
+            now = time.time_ns()
+            downtime_s = (process_start_ns() - record.notice_ns) / 1e9
+            rto_s = (now - op.start_ns) / 1e9
+            lost = max(0, (record.last_step or record.step) - restored_step)
+            rate = self.cost_per_hour
+            op.set_attributes(
+                {
+                    "ckpt.interruption.recovery_s": round((now - record.notice_ns) / 1e9, 3),
+                    "ckpt.interruption.steps_lost": lost,
+                    "ckpt.interruption.restored_step": restored_step,
+                    "ckpt.interruption.cost_per_hour": rate,
+                    "ckpt.interruption.downtime_cost": round(downtime_s / 3600 * rate, 4),
+                    "ckpt.interruption.restore_cost": round(rto_s / 3600 * rate, 4),
+                }
+            )
+            location = self.location()
+            if location:
+                consume_record(location)
+        except Exception as exc:  # noqa: BLE001
+            self.inst.warn_once("resumed", exc)
+
+
+def _notice_attributes(notice: Notice, step: int) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "ckpt.interruption.source": notice.source,
+        "ckpt.interruption.step": step,
+        "ckpt.interruption.deadline_assumed": notice.deadline_assumed,
+    }
+    if notice.deadline_ns is not None:
+        attrs["ckpt.interruption.deadline_s"] = round(
+            (notice.deadline_ns - notice.received_ns) / 1e9, 3
+        )
+    if notice.detail:
+        attrs["ckpt.interruption.detail"] = notice.detail
+    return attrs
