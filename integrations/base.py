@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +197,8 @@ class Instrumentation:
 
         ``inner`` names ``(object, method, phase)``: while ``fn`` runs, each such method is
         timed as its own phase (e.g. ``model.load_state_dict`` as ``reshard`` inside a
-        loader that is otherwise ``deserialize``), so the two never double count.
+        loader that is otherwise ``deserialize``), so the two never double count. A phase
+        of ``None`` only leaves the method's time out (it records its own phases).
         """
         if op is None:
             return fn(*args, **kwargs)
@@ -212,7 +213,8 @@ class Instrumentation:
                     finally:
                         end = time.time_ns()
                         taken.append((start, end))
-                        op.add_interval(inner_phase, start, end)
+                        if inner_phase is not None:
+                            op.add_interval(inner_phase, start, end)
 
                 return timed_method
 
@@ -323,25 +325,7 @@ class Instrumentation:
         parent, name = os.path.split(str(path))
         info, manifest = self._list(PosixStorage(parent or "."), name, op)
         self._verify(str(path), info.size, manifest, op, lambda: _hash_file(path))
-        with open(path, "rb", buffering=0) as raw:
-            timed_file = _TimedFile(raw)
-            start = time.time_ns()
-            try:
-                return loader(timed_file)
-            finally:
-                end = time.time_ns()
-                reads = timed_file.reads
-                for r_start, r_end in reads:
-                    op.add_interval(Phase.FETCH, r_start, r_end)
-                for gap in _gaps(start, end, reads):
-                    op.add_interval(Phase.DESERIALIZE, *gap)
-                op.add_file(
-                    Phase.FETCH,
-                    str(path),
-                    timed_file.nbytes,
-                    sum(e - s for s, e in reads) / 1e9,
-                    start,
-                )
+        return timed_read(str(path), op, loader)
 
     def _list(self, storage, name: str, op: Operation):
         """The list phase for one file: its size, and the manifest saved beside it."""
@@ -426,6 +410,7 @@ class FolderListing:
     manifest: Manifest | None
     resident_pages: int = 0
     total_pages: int = 0
+    verified: set[str] = field(default_factory=set)
 
 
 class FolderCheckpoints:
@@ -489,6 +474,17 @@ class FolderCheckpoints:
                 path, listing.sizes[name], listing.manifest, op, lambda p=path: _hash_file(p)
             )
 
+    def load(self, listing: FolderListing | None, path: str, op: Operation, loader) -> Any:
+        """verify (once per file) + ``loader(file)`` with fetch and deserialize told apart,
+        for frameworks whose loader takes a file object (``torch.load``)."""
+        name = os.path.basename(path)
+        if listing is not None and name in listing.sizes and name not in listing.verified:
+            listing.verified.add(name)
+            self.inst._verify(
+                path, listing.sizes[name], listing.manifest, op, lambda: _hash_file(path)
+            )
+        return timed_read(path, op, loader)
+
     def read_manifest(self, folder: str) -> Manifest | None:
         """Every rank's manifest in ``folder``, merged (None when the save wrote none)."""
         merged: dict[str, Any] = {}
@@ -525,6 +521,26 @@ class FolderCheckpoints:
                 os.replace(tmp, target)
         except Exception as exc:  # noqa: BLE001
             inst.warn_once("commit", exc)
+
+
+def timed_read(path: str, op: Operation, loader: Callable[[Any], Any]) -> Any:
+    """``loader(file)`` on a file whose every read is timed: reads are ``fetch``, the
+    time between them ``deserialize`` (the loader's own parsing; no extra copy)."""
+    with open(path, "rb", buffering=0) as raw:
+        timed_file = _TimedFile(raw)
+        start = time.time_ns()
+        try:
+            return loader(timed_file)
+        finally:
+            end = time.time_ns()
+            reads = timed_file.reads
+            for r_start, r_end in reads:
+                op.add_interval(Phase.FETCH, r_start, r_end)
+            for gap in _gaps(start, end, reads):
+                op.add_interval(Phase.DESERIALIZE, *gap)
+            op.add_file(
+                Phase.FETCH, path, timed_file.nbytes, sum(e - s for s, e in reads) / 1e9, start
+            )
 
 
 def _hash_file(path) -> str:
@@ -596,4 +612,5 @@ __all__ = [
     "VerifyError",
     "manifest_path",
     "timed",
+    "timed_read",
 ]

@@ -1,0 +1,187 @@
+"""The DeepSpeed adapter with the real DeepSpeed engine on CPU (gloo), in real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RESTORE_PHASES, children, spans_in
+
+pytest.importorskip("deepspeed")
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "deepspeed_resume.py"
+MANIFEST = "ckptprof-manifest.rank{}.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(directory: Path, phase: str, *flags: str, nproc: int = 1, **popen):
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        launcher += ["--master-port", str(free_port())]
+    command = [*launcher, str(EXAMPLE), "--dir", str(directory), "--phase", phase, *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if popen:
+        return subprocess.Popen(command, env=env, text=True, **popen)
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+
+
+def ok(result) -> None:
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def restores(directory: Path) -> list[dict]:
+    return [s for s in spans_in(directory / "traces") if s["name"] == "ckpt.restore"]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_save_then_load_in_a_fresh_process(tmp_path, stage):
+    ok(run(tmp_path, "train", "--stage", str(stage), "--steps", "5"))
+    second = run(tmp_path, "resume", "--stage", str(stage), "--steps", "6")
+    ok(second)
+    assert "ckptprof: RTO" in second.stderr
+    spans = spans_in(tmp_path / "traces")
+    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
+    folder = tmp_path / "checkpoints" / "global_step5"
+    attrs = restore["attributes"]
+    assert attrs["ckpt.path"] == str(folder) and attrs["ckpt.framework"] == "deepspeed"
+    assert attrs["ckpt.strategy"] == f"zero{stage}"
+    assert attrs["ckpt.restored_step"] == 5 and attrs["ckpt.step"] == 6
+    phases = children(spans, restore)
+    assert set(phases) >= RESTORE_PHASES
+    # bytes = the files DeepSpeed read, the model states twice (a real cost, shown)
+    model = (
+        "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
+    )
+    read = [model, model] + (["zero_pp_rank_0_mp_rank_00_optim_states.pt"] if stage else [])
+    fetch = phases["ckpt.fetch"]["attributes"]
+    total = sum((folder / n).stat().st_size for n in read)
+    # torch.load rereads a few KiB of zip headers per file
+    assert total <= fetch["ckpt.bytes"] <= total + 16384 * len(read)
+    assert fetch["ckpt.files"] == len(read)
+    assert fetch["ckpt.fetch.repeated_reads"] == 1
+    assert fetch["ckpt.fetch.repeated_bytes"] == (folder / model).stat().st_size
+    assert phases["ckpt.verify"]["attributes"]["ckpt.verify.mode"] == "size"
+    saves = [s for s in spans if s["name"] == "ckpt.save"]
+    (save,) = [s for s in saves if s["attributes"]["ckpt.path"] == str(folder)]
+    save_phases = children(spans, save)
+    assert {"ckpt.serialize", "ckpt.write", "ckpt.commit"} <= set(save_phases)
+    written = {p.name: p.stat().st_size for p in folder.iterdir() if "ckptprof" not in p.name}
+    assert save_phases["ckpt.write"]["attributes"]["ckpt.bytes"] == sum(written.values())
+    manifest = json.loads((folder / MANIFEST.format(0)).read_text())
+    assert {n: e["size"] for n, e in manifest["files"].items()} == written
+
+
+def test_two_processes_tag_ranks(tmp_path):
+    ok(run(tmp_path, "train", "--steps", "5", nproc=2))
+    ok(run(tmp_path, "resume", "--steps", "6", nproc=2))
+    found = restores(tmp_path)
+    assert sorted(r["attributes"]["ckpt.rank"] for r in found) == [0, 1]
+    assert {r["attributes"]["ckpt.world_size"] for r in found} == {2}
+    assert {r["attributes"]["ckpt.saved_world_size"] for r in found} == {2}
+    assert len({r["attributes"]["ckpt.run_id"] for r in found}) == 1
+    folder = tmp_path / "checkpoints" / "global_step5"
+    rank1 = json.loads((folder / MANIFEST.format(1)).read_text())
+    assert set(rank1["files"]) == {"zero_pp_rank_1_mp_rank_00_optim_states.pt"}
+    report = subprocess.run(
+        [sys.executable, "-m", "ckptprof", "report", str(tmp_path / "traces")],
+        capture_output=True,
+        text=True,
+    )
+    assert "slowest rank" in report.stdout
+
+
+def test_two_ranks_to_one_through_a_universal_checkpoint(tmp_path):
+    ok(run(tmp_path, "train", "--steps", "5", nproc=2))
+    refused = run(tmp_path, "resume", "--steps", "6")
+    assert refused.returncode != 0
+    assert "saved by 2 data-parallel ranks and this job has 1" in refused.stderr
+    assert "ZeRORuntimeException" in refused.stderr  # DeepSpeed's own reason
+    ok(run(tmp_path, "resume", "--steps", "6", "--universal", "convert"))
+    spans = spans_in(tmp_path / "traces")
+    restore = [s for s in spans if s["name"] == "ckpt.restore"][-1]
+    attrs = restore["attributes"]
+    assert attrs["ckpt.universal"] is True and attrs["ckpt.saved_world_size"] == 2
+    assert attrs["ckpt.path"].endswith("global_step5_universal")
+    phases = children(spans, restore)
+    assert "ckpt.universal_convert" in phases and set(phases) >= RESTORE_PHASES
+    assert phases["ckpt.fetch"]["attributes"]["ckpt.files"] > 3  # the per-parameter files
+
+
+def test_corrupt_optimizer_states_fail_naming_the_file(tmp_path):
+    ok(run(tmp_path, "train", "--steps", "5", "--verify", "full"))
+    path = tmp_path / "checkpoints" / "global_step5" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x55
+    path.write_bytes(bytes(raw))
+    failed = run(tmp_path, "resume", "--steps", "6", "--verify", "full")
+    assert failed.returncode != 0
+    assert f"{path}: xxh3" in failed.stderr and "does not match" in failed.stderr
+
+
+def test_instrument_touches_only_this_engine_and_undoes_everything(tmp_path):
+    script = f"""
+import sys, torch
+sys.path.insert(0, {str(EXAMPLE.parent)!r})
+from deepspeed_resume import make_engine, single_process_env, train
+single_process_env()
+import torch.nn.functional as F
+linear = F.linear
+engine = make_engine(3, 32, 1)
+from ckptprof.integrations.deepspeed import instrument, uninstrument
+def ours(obj):
+    items = vars(obj).items()
+    return {{n for n, v in items if "ckptprof" in n or hasattr(v, "__ckptprof_owner__")}}
+first = instrument(engine, trace_dir={str(tmp_path / "t")!r})
+assert instrument(engine) is first and ours(engine) and ours(engine.checkpoint_engine)
+train(engine, 2, save_dir={str(tmp_path / "c")!r}, every=2)
+engine.load_checkpoint({str(tmp_path / "c")!r})
+uninstrument(engine)
+assert not ours(engine) and not ours(engine.checkpoint_engine), ours(engine)
+assert F.linear is linear and torch.load.__module__ == "torch.serialization"
+print("clean")
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "clean" in result.stdout
+
+
+def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
+    flags = ["--interruptions", "--step-delay", "0.1", "--steps", "1000"]
+    proc = run(tmp_path, "train", *flags, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = tmp_path / "checkpoints" / "global_step5" / MANIFEST.format(0)
+    deadline = time.monotonic() + 120
+    while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, stderr[-3000:]
+    record = json.loads((tmp_path / "checkpoints" / "ckptprof-interruption.json").read_text())
+    assert record["outcome"] == "saved" and record["checkpoint_step"] > 5
+    ok(run(tmp_path, "resume", "--interruptions", "--steps", str(record["checkpoint_step"] + 2)))
+    spans = spans_in(tmp_path / "traces")
+    (story,) = [s for s in spans if s["name"] == "ckpt.interruption"]
+    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
+    assert [link["context"]["span_id"] for link in restore["links"]] == [
+        story["context"]["span_id"]
+    ]
+    attrs = restore["attributes"]
+    assert attrs["ckpt.restored_step"] == record["checkpoint_step"]
+    assert attrs["ckpt.interruption.steps_lost"] == 0
+    assert attrs["ckpt.interruption.downtime_s"] > 0
