@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -77,9 +78,26 @@ def make_trainer(
     )
 
 
-def trainer(directory: Path, max_steps: int, devices: int = 1) -> L.Trainer:
-    ckptprof = CkptProf(trace_dir=directory / "traces")  # the one line a job adds
-    return make_trainer(directory, max_steps, [ckptprof], devices, directory / "checkpoints")
+class SlowSteps(L.Callback):
+    """Stands in for a bigger model: each batch takes ``delay`` seconds longer."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def on_train_batch_end(self, *args, **kwargs) -> None:
+        time.sleep(self.delay)
+
+
+def trainer(
+    directory: Path,
+    max_steps: int,
+    devices: int = 1,
+    interruptions: bool = False,
+    step_delay: float = 0.0,
+) -> L.Trainer:
+    ckptprof = CkptProf(trace_dir=directory / "traces", interruptions=interruptions)  # the line
+    callbacks = [ckptprof] + ([SlowSteps(step_delay)] if step_delay else [])
+    return make_trainer(directory, max_steps, callbacks, devices, directory / "checkpoints")
 
 
 def main() -> int:
@@ -89,6 +107,13 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--devices", type=int, default=1, help="CPU processes (DDP with gloo when > 1)")
+    ap.add_argument("--steps", type=int, default=None, help="train to this step (10, resume 15)")
+    ap.add_argument(
+        "--interruptions",
+        action="store_true",
+        help="on SIGTERM/SIGUSR1 (or $CKPTPROF_NOTICE_SOURCES) save last.ckpt; link the resume",
+    )
+    ap.add_argument("--step-delay", type=float, default=0.0, help="seconds added to each step")
     args = ap.parse_args()
     if args.phase == "all":
         base = [
@@ -110,10 +135,9 @@ def main() -> int:
         )
         return 0
     model = TinyModel(args.hidden, args.layers)
-    if args.phase == "train":
-        trainer(args.dir, max_steps=10, devices=args.devices).fit(model, data())
-    else:
-        trainer(args.dir, max_steps=15, devices=args.devices).fit(model, data(), ckpt_path="last")
+    steps = args.steps or (10 if args.phase == "train" else 15)
+    job = trainer(args.dir, steps, args.devices, args.interruptions, args.step_delay)
+    job.fit(model, data(), ckpt_path="last" if args.phase == "resume" else None)
     return 0
 
 

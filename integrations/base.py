@@ -126,8 +126,36 @@ class Instrumentation:
         if self.telemetry is not None:
             self.telemetry.flush()
 
+    def watch_interruptions(
+        self,
+        options: bool | dict | None,
+        location: Callable[[], str | None],
+        save: Callable[[], str | None],
+        stop: Callable[[], None] | None = None,
+    ) -> None:
+        """Start an :class:`~ckptprof.integrations.interruptions.InterruptionGuard` when
+        ``options`` is True or a dict of its keyword options (once)."""
+        if not options or self.interruptions is not None:
+            return
+        from ckptprof.errors import CkptprofError
+        from ckptprof.integrations.interruptions import InterruptionGuard
+
+        kwargs = {} if options is True else dict(options)
+        try:
+            self.interruptions = InterruptionGuard(self, location, save, stop, **kwargs).start()
+        except CkptprofError:
+            raise  # a bad option: the user's to fix
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("interruptions", exc)
+
+    def stop_interruptions(self) -> None:
+        guard, self.interruptions = self.interruptions, None
+        if guard is not None:
+            guard.close()
+
     def close(self) -> None:
         """Detach and stop exporting; a later :meth:`start` makes a fresh tracer."""
+        self.stop_interruptions()
         self.detach()
         if self.telemetry is not None:
             self.telemetry.shutdown()

@@ -83,9 +83,7 @@ class DeepSpeedInstrumentation:
         self._reads: dict[str, int] = {}
         self._restored_step: int | None = None
         self._written: list[str] = []
-        self._interruption_options = (
-            {} if interruptions is True else dict(interruptions) if interruptions else None
-        )
+        self._interruptions = interruptions
 
     # ------------------------------------------------------------------ queries
     @property
@@ -121,23 +119,12 @@ class DeepSpeedInstrumentation:
         inst.patch(ckpt_engine, "load", self._wrap_file_load)
         inst.patch(ckpt_engine, "save", self._wrap_file_save)
         inst.patch(ckpt_engine, "commit", self._wrap_commit)
-        if self._interruption_options is not None:
-            from ckptprof.integrations.interruptions import InterruptionGuard
-
-            inst.interruptions = InterruptionGuard(
-                inst,
-                location=lambda: self.save_dir,
-                save=self.save,
-                **self._interruption_options,
-            ).start()
+        inst.watch_interruptions(self._interruptions, lambda: self.save_dir, self.save)
         setattr(engine, _ATTACHED, self)
         return self
 
     def close(self) -> None:
         """Undo every patch, stop watching for notices, flush and close the trace."""
-        if self._inst.interruptions is not None:
-            self._inst.interruptions.close()
-            self._inst.interruptions = None
         self._inst.close()
         if getattr(self.engine, _ATTACHED, None) is self:
             delattr(self.engine, _ATTACHED)

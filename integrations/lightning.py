@@ -42,6 +42,13 @@ from ckptprof.phases import Attr, Phase
 log = logging.getLogger("ckptprof")
 
 
+def _checkpoint_dir(trainer) -> str:
+    """Where ``ckpt_path="last"`` looks: the ModelCheckpoint's folder, else the default."""
+    callback = getattr(trainer, "checkpoint_callback", None)
+    dirpath = getattr(callback, "dirpath", None)
+    return str(dirpath or os.path.join(trainer.default_root_dir, "checkpoints"))
+
+
 def _KEEP_ON_CPU(storage, location):  # noqa: N802 - TorchCheckpointIO's default map_location
     return storage
 
@@ -55,6 +62,10 @@ class CkptProf(Callback):
         verify: ``size`` (default), ``full`` (xxh3 of every saved byte, one extra read per
             save) or ``none``; resumes check against what the save recorded.
         tracer_provider: record into this OpenTelemetry provider instead.
+        interruptions: ``True`` (or a dict of
+            :class:`~ckptprof.integrations.interruptions.InterruptionGuard` options) to
+            save ``last.ckpt`` atomically on a Spot/preemption notice and link the next
+            resume to it.
 
     Example::
 
@@ -62,10 +73,17 @@ class CkptProf(Callback):
         trainer.fit(model, ckpt_path="last")
     """
 
-    def __init__(self, trace_dir=None, verify: str = "size", tracer_provider=None) -> None:
+    def __init__(
+        self,
+        trace_dir=None,
+        verify: str = "size",
+        tracer_provider=None,
+        interruptions: bool | dict = False,
+    ) -> None:
         self._inst = Instrumentation(
             "lightning", trace_dir=trace_dir, verify=verify, tracer_provider=tracer_provider
         )
+        self._interruptions = interruptions
         self._trainer = None
         self._awaiting_first_step = False
 
@@ -87,6 +105,18 @@ class CkptProf(Callback):
             )
         self._trainer.save_checkpoint(filepath)
 
+    def _emergency_save(self) -> str:
+        """``<checkpoint dir>/last.ckpt``, written beside and renamed into place: a save cut
+        short by the deadline leaves the previous ``last.ckpt`` the one resumed."""
+        final = os.path.join(_checkpoint_dir(self._trainer), "last.ckpt")
+        partial = final + ".partial"
+        self._trainer.save_checkpoint(partial)
+        if self._trainer.is_global_zero:
+            os.replace(partial, final)
+            self._inst.remove_manifest(partial)
+            self._inst.write_manifest(final, None)
+        return final
+
     # ------------------------------------------------------------------ hooks
     @override
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -98,10 +128,18 @@ class CkptProf(Callback):
             self._attach(trainer)
         except Exception as exc:  # noqa: BLE001
             self._inst.warn_once("setup", exc)
+        self._inst.watch_interruptions(
+            self._interruptions,
+            location=lambda: _checkpoint_dir(trainer),
+            save=self._emergency_save,
+            stop=lambda: setattr(trainer, "should_stop", True),
+        )
 
     @override
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         op = self._inst.restore_op
+        if op is not None and isinstance(checkpoint.get("global_step"), int):
+            op.set_attributes({Attr.RESTORED_STEP: checkpoint["global_step"]})
         if op is not None and self._load_end_ns is not None:
             import time
 
@@ -110,8 +148,20 @@ class CkptProf(Callback):
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self._awaiting_first_step:
-            return
+        if self._awaiting_first_step:
+            self._first_step_done(trainer)
+        if self._inst.interruptions is not None:
+            self._inst.interruptions.step_end(trainer.global_step)
+
+    @override
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # Lightning's own SIGTERM handler ends fit at the batch boundary with an exception,
+        # before the next on_train_batch_end: save there
+        guard = self._inst.interruptions
+        if guard is not None and guard.notice is not None:
+            guard.step_end(trainer.global_step)
+
+    def _first_step_done(self, trainer) -> None:
         self._awaiting_first_step = False
         op = self._inst.restore_op
         if op is not None and self._resume_end_ns is not None:

@@ -87,7 +87,7 @@ class CkptProfCallback(TrainerCallback):
         self._inst = Instrumentation(
             "transformers", trace_dir=trace_dir, verify=verify, tracer_provider=tracer_provider
         )
-        self._interruption_options = _interruption_options(interruptions)
+        self._interruptions = interruptions
         self._stop_requested = False
         self._folders = FolderCheckpoints(self._inst)
         self.trainer: Trainer | None = None
@@ -184,30 +184,20 @@ class CkptProfCallback(TrainerCallback):
                 if self._inst.restore_op is not None:  # no step ran after the resume
                     self._awaiting_first_step = False
                     self._inst.end_restore()
-                if self._inst.interruptions is not None:
-                    self._inst.interruptions.close()
-                    self._inst.interruptions = None
+                self._inst.stop_interruptions()
                 if self._inst.telemetry is not None:
                     self._inst.telemetry.flush()
 
         return train
 
     def _start_interruptions(self, trainer: Trainer) -> None:
-        if self._interruption_options is None or self._inst.interruptions is not None:
-            return
-        from ckptprof.integrations.interruptions import InterruptionGuard
-
-        try:
-            self._stop_requested = False
-            self._inst.interruptions = InterruptionGuard(
-                self._inst,
-                location=lambda: trainer.args.output_dir,
-                save=self.save,
-                stop=lambda: setattr(self, "_stop_requested", True),
-                **self._interruption_options,
-            ).start()
-        except Exception as exc:  # noqa: BLE001
-            self._inst.warn_once("interruptions", exc)
+        self._stop_requested = False
+        self._inst.watch_interruptions(
+            self._interruptions,
+            location=lambda: trainer.args.output_dir,
+            save=self.save,
+            stop=lambda: setattr(self, "_stop_requested", True),
+        )
 
     def _begin_restore(self, trainer: Trainer, requested):
         """``list``: resolve ``True`` to the last ``checkpoint-N`` (as the Trainer would)
@@ -522,14 +512,6 @@ def uninstrument(trainer: Trainer) -> None:
         if isinstance(callback, CkptProfCallback):
             callback.detach()
             trainer.remove_callback(callback)
-
-
-def _interruption_options(value: bool | dict) -> dict | None:
-    if value is True:
-        return {}
-    if isinstance(value, dict):
-        return dict(value)
-    return None
 
 
 def _calling_trainer(callback: CkptProfCallback) -> Trainer | None:

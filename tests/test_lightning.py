@@ -194,3 +194,53 @@ def test_resume_from_a_checkpoint_on_s3(tmp_path, s3_bucket, s3_env):
     assert set(phases) >= RESTORE_PHASES
     assert phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] == last.stat().st_size
     assert phases["ckpt.verify"]["attributes"]["ckpt.verify.mode"] == "full"
+
+
+def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
+    """A real SIGTERM: Lightning's own handler ends fit at the batch boundary; ckptprof
+    saves last.ckpt there, and the resume in a new process links back."""
+    import json
+    import os
+    import signal
+    import time
+
+    from ckptprof.interrupt.record import RECORD_NAME
+
+    flags = ["--dir", str(tmp_path), "--interruptions", "--step-delay", "0.1"]
+    proc = subprocess.Popen(
+        [sys.executable, str(EXAMPLE), *flags, "--phase", "train", "--steps", "1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = Path(manifest_path(str(tmp_path / "checkpoints" / "last.ckpt")))
+    deadline = time.monotonic() + 120
+    while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert "emergency save saved" in stderr, stderr[-3000:]
+    record = json.loads((tmp_path / "checkpoints" / RECORD_NAME).read_text())
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert record["outcome"] == "saved" and record["checkpoint"] == str(last)
+    assert torch.load(last, weights_only=False)["global_step"] == record["checkpoint_step"]
+    assert not list((tmp_path / "checkpoints").glob("*.partial*"))
+    resume = subprocess.run(
+        [sys.executable, str(EXAMPLE), *flags[:3], "--phase", "resume", "--steps", "20"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CKPTPROF_NOTICE_SOURCES": ""},
+    )
+    assert resume.returncode == 0, resume.stderr[-3000:]
+    spans = spans_in(tmp_path / "traces")
+    (story,) = [s for s in spans if s["name"] == "ckpt.interruption"]
+    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
+    assert [link["context"]["span_id"] for link in restore["links"]] == [
+        story["context"]["span_id"]
+    ]
+    attrs = restore["attributes"]
+    assert attrs["ckpt.restored_step"] == record["checkpoint_step"]
+    assert attrs["ckpt.interruption.steps_lost"] == 0
+    assert 0 < attrs["ckpt.interruption.downtime_s"] < attrs["ckpt.interruption.recovery_s"]

@@ -153,7 +153,10 @@ class NoticeWatcher:
         """Hand the signal on to the handler ckptprof replaced (after the emergency save).
 
         The default action (terminate) is re-raised with the default handler in place, so
-        the process ends as it would have without ckptprof; ``SIG_IGN`` stays ignored.
+        the process ends as it would have without ckptprof; ``SIG_IGN`` stays ignored. When
+        a handler installed after ckptprof's wraps it (Lightning composes its SIGTERM
+        handler with the existing one), that handler already ran and decides what
+        happens next, so the default action is not re-raised.
         """
         signum, self.signum = self.signum, None
         if signum is None:
@@ -161,7 +164,7 @@ class NoticeWatcher:
         previous = self._previous.get(signum, signal.SIG_DFL)
         if callable(previous):
             previous(signum, None)
-        elif previous == signal.SIG_DFL:
+        elif previous == signal.SIG_DFL and signal.getsignal(signum) == self._on_signal:
             self.stop()
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
