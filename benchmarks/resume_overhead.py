@@ -9,6 +9,7 @@ measured; the adapter's residency check still runs).
 
     .venv/bin/python benchmarks/resume_overhead.py lightning --hidden 2048 --layers 6 --runs 16
     .venv/bin/python benchmarks/resume_overhead.py transformers --hidden 1024 --layers 4 --runs 16
+    .venv/bin/python benchmarks/resume_overhead.py deepspeed --hidden 2048 --layers 6 --runs 16
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import torch  # noqa: E402
 
 Resume = Callable[[bool], float]  # (with ckptprof?) -> seconds to the first step's end
 
@@ -87,7 +90,46 @@ def transformers_case(root: Path, hidden: int, layers: int) -> tuple[Resume, lis
     return resume, files, f"transformers {transformers.__version__}, HF checkpoint folder"
 
 
-CASES = {"lightning": lightning_case, "transformers": transformers_case}
+def deepspeed_case(root: Path, hidden: int, layers: int) -> tuple[Resume, list[Path], str]:
+    """One engine, loaded again and again (DeepSpeed's init is per process, not per resume)."""
+    import deepspeed
+    from deepspeed_resume import make_engine, single_process_env
+
+    from ckptprof.integrations.deepspeed import instrument, uninstrument
+
+    single_process_env()
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    engine = make_engine(2, hidden, layers)
+    x = torch.randn(2, 16)
+
+    def one_step() -> None:
+        engine.backward(torch.nn.functional.mse_loss(engine(x), x[:, :4]))
+        engine.step()
+
+    one_step()
+    engine.save_checkpoint(str(root / "checkpoints"))
+    folder = root / "checkpoints" / f"global_step{engine.global_steps}"
+
+    def resume(traced: bool) -> float:
+        if traced:
+            instrument(engine, trace_dir=root / "traces")
+        start = time.perf_counter()
+        engine.load_checkpoint(str(root / "checkpoints"))
+        one_step()
+        seconds = time.perf_counter() - start
+        if traced:
+            uninstrument(engine)
+        return seconds
+
+    files = [p for p in folder.iterdir() if p.is_file()]
+    return resume, files, f"deepspeed {deepspeed.__version__}, ZeRO-2, 1 rank"
+
+
+CASES = {
+    "lightning": lightning_case,
+    "transformers": transformers_case,
+    "deepspeed": deepspeed_case,
+}
 
 
 def main() -> int:
@@ -97,8 +139,6 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--runs", type=int, default=8)
     args = ap.parse_args()
-    import torch
-
     root = Path(tempfile.mkdtemp(prefix=f"ckptprof-{args.framework}-bench-"))
     resume, files, what = CASES[args.framework](root, args.hidden, args.layers)
     size = sum(p.stat().st_size for p in files)
