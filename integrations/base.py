@@ -133,12 +133,12 @@ class Instrumentation:
         save: Callable[[], str | None],
         stop: Callable[[], None] | None = None,
     ) -> None:
-        """Start an :class:`~ckptprof.integrations.interruptions.InterruptionGuard` when
+        """Start an :class:`~ckptprof.interrupt.guard.InterruptionGuard` when
         ``options`` is True or a dict of its keyword options (once)."""
         if not options or self.interruptions is not None:
             return
         from ckptprof.errors import CkptprofError
-        from ckptprof.integrations.interruptions import InterruptionGuard
+        from ckptprof.interrupt.guard import InterruptionGuard
 
         kwargs = {} if options is True else dict(options)
         try:
@@ -289,7 +289,7 @@ class Instrumentation:
             if summary is not None:
                 log.info("%s", summary.one_line())
                 if self.telemetry is not None:
-                    self.telemetry.flush()
+                    self.telemetry.flush(wait=False)  # off the training loop's critical path
             return summary
         except Exception as exc:  # noqa: BLE001
             self.warn_once("end_restore", exc)

@@ -108,6 +108,7 @@ class DeepSpeedInstrumentation:
     # ------------------------------------------------------------------ lifecycle
     def attach(self) -> DeepSpeedInstrumentation:
         engine, inst = self.engine, self._inst
+        inst.start()  # telemetry now, not inside the first restore
         inst.patch(engine, "load_checkpoint", self._wrap_load_checkpoint)
         inst.patch(engine, "_load_checkpoint", self._wrap_inner_load)
         inst.patch(engine, "_load_zero_checkpoint", self._wrap_zero_load)

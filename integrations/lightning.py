@@ -63,7 +63,7 @@ class CkptProf(Callback):
             save) or ``none``; resumes check against what the save recorded.
         tracer_provider: record into this OpenTelemetry provider instead.
         interruptions: ``True`` (or a dict of
-            :class:`~ckptprof.integrations.interruptions.InterruptionGuard` options) to
+            :class:`~ckptprof.interrupt.guard.InterruptionGuard` options) to
             save ``last.ckpt`` atomically on a Spot/preemption notice and link the next
             resume to it.
 
@@ -125,6 +125,7 @@ class CkptProf(Callback):
         try:
             self._trainer = trainer
             self._inst.rank = trainer.global_rank
+            self._inst.start()  # telemetry now, not inside the first restore
             self._attach(trainer)
         except Exception as exc:  # noqa: BLE001
             self._inst.warn_once("setup", exc)

@@ -67,7 +67,7 @@ class CkptProfCallback(TrainerCallback):
             save and per resume) or ``none``.
         tracer_provider: record into this OpenTelemetry provider instead.
         interruptions: ``True`` (or a dict of
-            :class:`~ckptprof.integrations.interruptions.InterruptionGuard` options:
+            :class:`~ckptprof.interrupt.guard.InterruptionGuard` options:
             ``sources``, ``metadata_url``, ``signal_grace_s``, ``cost_per_hour_usd``) to save
             on a Spot/preemption notice and link the next resume to it.
 
@@ -144,6 +144,7 @@ class CkptProfCallback(TrainerCallback):
         try:
             self.trainer = trainer
             self._inst.rank = trainer.args.process_index
+            self._inst.start()  # telemetry now, not inside the first restore
             self._inst.patch(trainer, "train", self._wrap_train)
         except Exception as exc:  # noqa: BLE001
             self._inst.warn_once("attach", exc)

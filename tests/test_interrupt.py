@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -135,3 +136,54 @@ def test_record_roundtrip_and_bad_records(tmp_path, caplog):
     messages = " ".join(r.message for r in caplog.records)
     assert "job-1's, this is run job-2" in messages and "corrupt" in messages
     assert read_record(str(tmp_path / "nothing-here")) is None
+
+
+# ---------------------------------------------------------------------- synthetic mode
+def test_simulated_interruption_tells_the_whole_story(checkpoints, tmp_path):
+    from tests.conftest import run_cli
+
+    ckpt = checkpoints("torch")
+    out = tmp_path / "out"
+    common = ["--cache", "hot", "--concurrency", "1", "--repeat", "1", "--no-report"]
+    result = run_cli("synth", "restore", str(ckpt), "--out", str(out), *common,
+                     "--simulate-interruption")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "simulated interruption: emergency save saved" in result.stdout
+    saved = list((out / "emergency").glob("step-*.pt"))
+    assert len(saved) == 1 and saved[0].stat().st_size > 0
+    story = run_cli("report", "--interruptions", str(out / "traces"))
+    assert story.returncode == 0, story.stderr
+    text = story.stdout
+    assert "simulated notice" in text and "steps lost: 0" in text
+    assert "before the deadline" in text and "cost at $32.77/h" in text
+    as_json = json.loads(run_cli("report", "--interruptions", "--format", "json",
+                                 str(out / "traces")).stdout)  # fmt: skip
+    (entry,) = as_json
+    assert entry["outcome"] == "saved" and entry["resumed"]
+    assert 0 < entry["downtime_s"] < entry["recovery_s"]
+    assert entry["rto_s"] > 0 and entry["save_s"] > 0
+
+
+def test_deadline_too_short_is_recorded_as_missed(checkpoints, tmp_path):
+    from tests.conftest import run_cli
+
+    out = tmp_path / "out"
+    result = run_cli("synth", "restore", str(checkpoints("torch")), "--out", str(out),
+                     "--cache", "hot", "--concurrency", "1", "--repeat", "1", "--no-report",
+                     "--simulate-interruption", "--deadline", "0.001")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "missed_deadline" in result.stdout
+    story = run_cli("report", "--interruptions", str(out / "traces")).stdout
+    assert "missed_deadline" in story and "after the deadline" in story
+
+
+def test_report_without_interruptions_says_how_to_get_them(checkpoints, tmp_path):
+    from tests.conftest import run_cli
+
+    out = tmp_path / "out"
+    run_cli("synth", "restore", str(checkpoints("torch")), "--out", str(out), "--cache", "hot",
+            "--concurrency", "1", "--repeat", "1", "--no-report")  # fmt: skip
+    story = run_cli("report", "--interruptions", str(out / "traces"))
+    assert story.returncode != 0
+    assert "no interruptions in these traces" in story.stderr
+    assert "Traceback" not in story.stderr

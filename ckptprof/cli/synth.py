@@ -181,6 +181,19 @@ def add_parser(commands) -> None:
         help="also emit one ckpt.file span per file (default: aggregated on the phase)",
     )
     res.add_argument(
+        "--simulate-interruption",
+        action="store_true",
+        help="first a Spot-style notice, an emergency save and its record; the first restore "
+        "is the recovery (see `ckptprof report --interruptions OUT/traces`)",
+    )
+    res.add_argument(
+        "--deadline",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="notice-to-termination time for --simulate-interruption (default 120: EC2 Spot)",
+    )
+    res.add_argument(
         "--report",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -264,6 +277,8 @@ def run_restore(args) -> int:
         per_file_spans=args.per_file_spans,
         stage_dir=args.stage,
         direct_io=args.direct_io,
+        simulate_interruption=args.simulate_interruption,
+        deadline_s=args.deadline,
     )
     run_restore(args.dest, options, args.out, args.trace_dir)
     if args.report:

@@ -169,6 +169,10 @@ class NoticeWatcher:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 
+    def inject(self, notice: Notice) -> None:
+        """Take ``notice`` as if a source had sent it (``--simulate-interruption``, tests)."""
+        self._notify(notice)
+
     # ------------------------------------------------------------------ sources
     def _on_signal(self, signum, frame) -> None:
         name = signal.Signals(signum).name.lower()

@@ -157,7 +157,8 @@ def render_stories(stories: list[Story]) -> str:
         if not st.resumed:
             lines.append("  not resumed yet (or the resumed run's traces are not among the PATHs)")
             continue
-        lines.append(f"  downtime: {_s(st.downtime_s)} (notice → the new process started)")
+        restart = "the restore started" if st.source == "simulated" else "the new process started"
+        lines.append(f"  downtime: {_s(st.downtime_s)} (notice → {restart})")
         largest = f" (largest phase {st.largest_phase})" if st.largest_phase else ""
         lines.append(f"  restore: RTO {_s(st.rto_s)}{largest}, from step {st.restored_step}")
         lines.append(f"  steps lost: {st.steps_lost} (restored step {st.restored_step})")

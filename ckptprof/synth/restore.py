@@ -51,6 +51,8 @@ class RestoreOptions:
     stage_dir: Path | None = None
     direct_io: bool = False
     progress: bool | None = None
+    simulate_interruption: bool = False
+    deadline_s: float = 120.0
 
     def validate(self) -> None:
         for cache in self.caches:
@@ -72,6 +74,8 @@ class RestoreOptions:
             )
         if self.part_size < 4096:
             raise CkptprofError(f"--part-size {self.part_size} must be at least 4096 bytes.")
+        if self.deadline_s <= 0:
+            raise CkptprofError(f"--deadline {self.deadline_s} must be positive (seconds).")
 
 
 @dataclass
@@ -117,6 +121,7 @@ class RestoreRunner:
         self._emulated_step: tuple[float, str] | None = None
         self.runs: list[RunRecord] = []
         self.failures: list[dict] = []
+        self.interruption = None  # an InterruptionGuard: the next restore links to it
         # without a local cache a "hot" run is a cold run under another name
         self.caches = tuple(
             c for c in options.caches if c == "cold" or self.storage.has_local_cache
@@ -224,7 +229,11 @@ class RestoreRunner:
             self.storage.stats.errors,
             self.storage.stats.requests,
         )
-        with self.tracer.restore(attrs) as op:
+        links, guard, self.interruption = [], self.interruption, None
+        if guard is not None:
+            links, extra = guard.resume_links(restart_ns=time.time_ns())
+            attrs.update(extra)
+        with self.tracer.restore(attrs, links) as op:
             try:
                 infos = self._list(op)
                 with op.phase(Phase.FETCH, **{Attr.CONCURRENCY: concurrency}):
@@ -251,6 +260,8 @@ class RestoreRunner:
                     buf.close()
                 if self.options.first_step:
                     self._first_step(op)
+                if guard is not None:
+                    guard.resumed(op, self.spec.step)
             finally:
                 for buf in buffers.values():
                     buf.close()
@@ -601,6 +612,18 @@ def run_restore(
             runner.estimate_first_step()
         ceiling = runner.ceiling()
         echo(ceiling.describe())
+        if options.simulate_interruption:
+            from ckptprof.synth.interruption import simulate
+
+            runner.interruption = simulate(runner, out_dir, telemetry, options.deadline_s)
+            record = runner.interruption.record
+            side = "before" if record.margin_s >= 0 else "after"
+            echo(
+                f"simulated interruption: emergency save {record.outcome} in "
+                f"{(record.save_end_ns - record.save_start_ns) / 1e9:.3f} s, "
+                f"{abs(record.margin_s):.1f} s {side} the {options.deadline_s:g} s deadline; "
+                "the first restore below is the recovery"
+            )
         if runner.caches != tuple(options.caches):
             echo(
                 f"{runner.storage.kind}: no local page cache, so only cold runs "

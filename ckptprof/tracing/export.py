@@ -228,10 +228,13 @@ class Telemetry:
     file_processor: BatchSpanProcessor | None = None
     network_processor: BatchSpanProcessor | None = None
 
-    def flush(self) -> None:
-        """Make the trace file complete now (bounded); network export stays in background."""
+    def flush(self, wait: bool = True) -> None:
+        """Make the trace file complete now (bounded); network export stays in background.
+
+        ``wait=False`` starts the flush and returns at once (off the job's critical path).
+        """
         if self.file_processor is not None:
-            _bounded(lambda: self.file_processor.force_flush(), FILE_FLUSH_TIMEOUT_S)
+            _bounded(lambda: self.file_processor.force_flush(), FILE_FLUSH_TIMEOUT_S if wait else 0)
 
     def shutdown(self) -> None:
         """Flush the trace file, give the network exporter a short chance, never hang."""
@@ -247,6 +250,8 @@ def _bounded(fn, timeout_s: float, quiet: bool = False) -> None:
     """Run ``fn`` on a daemon thread and stop waiting after ``timeout_s``."""
     worker = threading.Thread(target=fn, name="ckptprof-export", daemon=True)
     worker.start()
+    if timeout_s <= 0:
+        return
     worker.join(timeout_s)
     if worker.is_alive() and not quiet:
         log.warning("ckptprof: span export did not finish within %.0f s; not waiting.", timeout_s)

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ckptprof.interrupt.notice import Notice, NoticeWatcher
 from ckptprof.interrupt.record import (
@@ -50,6 +50,20 @@ NOTICE_SPAN, INTERRUPTION_SPAN, EMERGENCY_SAVE_SPAN = (
     "ckpt.interruption",
     "ckpt.emergency_save",
 )
+
+
+class GuardHost(Protocol):
+    """What the guard needs from its adapter (``integrations.base.Instrumentation`` has it)."""
+
+    framework: str
+    tracer: Any  # a CheckpointTracer once started
+    telemetry: Any  # a Telemetry (or None: nothing to flush)
+    save_parent: Any  # the guard sets an OpenTelemetry context here around the save
+    interruptions: Any
+
+    def start(self) -> None: ...
+
+    def warn_once(self, where: str, exc: BaseException) -> None: ...
 
 
 def cost_per_hour(value: float | None = None) -> float:
@@ -81,7 +95,7 @@ class InterruptionGuard:
     """Notice handling for one adapter (see the module docstring).
 
     Args:
-        inst: the adapter's :class:`~ckptprof.integrations.base.Instrumentation`.
+        inst: the adapter's host object (:class:`GuardHost`).
         location: a callable returning where records live (evaluated when needed).
         save: saves the current state through the adapter (traced); returns the path.
         stop: asks the framework to stop after the emergency save when no signal will end
@@ -92,7 +106,7 @@ class InterruptionGuard:
 
     def __init__(
         self,
-        inst,
+        inst: GuardHost,
         location: Callable[[], str | None],
         save: Callable[[], str | None],
         stop: Callable[[], None] | None = None,
@@ -110,6 +124,7 @@ class InterruptionGuard:
         self.watcher = NoticeWatcher(sources, None, metadata_url, signal_grace_s)
         self.record: InterruptionRecord | None = None
         self.resumed_from: InterruptionRecord | None = None
+        self._restart_ns: int | None = None
         self.last_step = 0
         self.last_step_ns: int | None = None
         self._lock = threading.Lock()
@@ -261,8 +276,14 @@ class InterruptionGuard:
             self.stop_training()
 
     # ------------------------------------------------------------------ resumed run
-    def resume_links(self, run_id: str | None = None) -> tuple[list, dict[str, Any]]:
-        """Links and attributes for a restore that follows an interruption (or nothing)."""
+    def resume_links(
+        self, run_id: str | None = None, restart_ns: int | None = None
+    ) -> tuple[list, dict[str, Any]]:
+        """Links and attributes for a restore that follows an interruption (or nothing).
+
+        ``restart_ns`` ends the downtime: this process's start by default (the simulated
+        interruption of the synthetic mode passes the restore's start).
+        """
         location = self.location()
         if not location:
             return [], {}
@@ -278,7 +299,7 @@ class InterruptionGuard:
             is_remote=True,
             trace_flags=TraceFlags(TraceFlags.SAMPLED),
         )
-        started = process_start_ns()
+        started = self._restart_ns = restart_ns or process_start_ns()
         attrs = {
             **as_attributes(record),
             "ckpt.interruption.downtime_s": round((started - record.notice_ns) / 1e9, 3),
@@ -292,7 +313,7 @@ class InterruptionGuard:
             return
         try:
             now = time.time_ns()
-            downtime_s = (process_start_ns() - record.notice_ns) / 1e9
+            downtime_s = ((self._restart_ns or process_start_ns()) - record.notice_ns) / 1e9
             rto_s = (now - op.start_ns) / 1e9
             lost = max(0, (record.last_step or record.step) - restored_step)
             rate = self.cost_per_hour

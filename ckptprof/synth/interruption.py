@@ -1,0 +1,99 @@
+"""``synth restore --simulate-interruption``: the interruption machinery without a framework.
+
+Before the sweep, a notice is injected into a real :class:`NoticeWatcher` (source
+``simulated``, the deadline ``--deadline`` seconds later), the shared
+:class:`~ckptprof.interrupt.guard.InterruptionGuard` writes the pending record, and the
+emergency save is real: the first_step model's weights and AdamW state, ``torch.save``d,
+written and fsynced beside the results, renamed into place — traced as a ``ckpt.save``
+under ``ckpt.emergency_save``. The sweep's first restore then links to it, so the report
+tells the same story as a framework job: notice → save and its margin → downtime (here:
+notice → the restore starts, in the same process) → restore → first step.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from pathlib import Path
+
+from ckptprof.errors import CkptprofError
+from ckptprof.interrupt.guard import InterruptionGuard
+from ckptprof.interrupt.notice import Notice
+from ckptprof.phases import Attr, Phase
+
+log = logging.getLogger("ckptprof")
+
+SOURCE = "simulated"
+
+
+class _Host:
+    """The guard's host for the synthetic runner (what an adapter's core provides)."""
+
+    framework = "synthetic"
+
+    def __init__(self, tracer, telemetry) -> None:
+        self.tracer = tracer
+        self.telemetry = telemetry
+        self.save_parent = None
+        self.interruptions = None
+
+    def start(self) -> None:
+        pass
+
+    def warn_once(self, where: str, exc: BaseException) -> None:
+        log.warning("ckptprof: %s failed: %r", where, exc)
+
+
+def simulate(runner, out_dir: Path, telemetry, deadline_s: float) -> InterruptionGuard:
+    """Notice → emergency save → record; returns the guard the first restore links to."""
+    if runner.model is None:
+        raise CkptprofError(
+            "--simulate-interruption saves the first_step model, which is not in memory here "
+            "(too big, world size > 1, or --no-first-step); use a smaller --scale."
+        )
+    host = _Host(runner.tracer, telemetry)
+    step = runner.spec.step
+    guard = InterruptionGuard(
+        host,
+        location=lambda: str(out_dir),
+        save=lambda: _emergency_save(runner, host, Path(out_dir) / "emergency", step),
+        sources=[],
+        signal_grace_s=deadline_s,
+    )
+    guard.start()
+    now = time.time_ns()
+    guard.watcher.inject(Notice(SOURCE, now, now + int(deadline_s * 1e9), deadline_assumed=True))
+    guard.step_end(step)  # the job's step boundary: the save runs here
+    guard.close()
+    return guard
+
+
+def _emergency_save(runner, host: _Host, folder: Path, step: int) -> str:
+    """A real save of the model and optimizer state: serialize, write + fsync, rename."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"step-{step}.pt"
+    partial = final.with_name(final.name + ".partial")
+    attrs = {Attr.FORMAT: "torch", Attr.PATH: str(final), Attr.STEP: step}
+    with runner.tracer.save(attrs, parent=host.save_parent) as op:
+        with op.phase(Phase.SERIALIZE):
+            buffer = io.BytesIO()
+            state = {"model": runner.model.state_dict(), "optimizer": runner.optimizer.state_dict()}
+            torch.save(state, buffer)
+        with op.phase(Phase.WRITE):
+            with open(partial, "wb") as handle:
+                handle.write(buffer.getbuffer())
+                handle.flush()
+                os.fsync(handle.fileno())
+            op.add_bytes(Phase.WRITE, buffer.getbuffer().nbytes)
+        with op.phase(Phase.COMMIT):
+            os.replace(partial, final)
+            fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    return str(final)
