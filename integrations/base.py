@@ -289,7 +289,8 @@ class Instrumentation:
             if summary is not None:
                 log.info("%s", summary.one_line())
                 if self.telemetry is not None:
-                    self.telemetry.flush(wait=False)  # off the training loop's critical path
+                    # off the training loop's critical path, unless the restore failed
+                    self.telemetry.flush(wait=error is not None)
             return summary
         except Exception as exc:  # noqa: BLE001
             self.warn_once("end_restore", exc)
@@ -571,6 +572,22 @@ def timed_read(path: str, op: Operation, loader: Callable[[Any], Any]) -> Any:
             )
 
 
+class TracedAdapter:
+    """What every adapter answers about its last operations (mixin; has ``self._inst``)."""
+
+    _inst: Instrumentation
+
+    @property
+    def last_restore(self) -> OperationSummary | None:
+        """Summary of the last traced resume (RTO, phases), or None."""
+        return self._inst.last_restore
+
+    @property
+    def last_save(self) -> OperationSummary | None:
+        """Summary of the last traced save, or None."""
+        return self._inst.last_save
+
+
 def _hash_file(path) -> str:
     import xxhash
 
@@ -637,6 +654,7 @@ __all__ = [
     "FolderCheckpoints",
     "FolderListing",
     "Instrumentation",
+    "TracedAdapter",
     "VerifyError",
     "manifest_path",
     "timed",

@@ -40,7 +40,12 @@ from typing import Any
 
 import torch
 
-from ckptprof.integrations.base import FolderCheckpoints, FolderListing, Instrumentation
+from ckptprof.integrations.base import (
+    FolderCheckpoints,
+    FolderListing,
+    Instrumentation,
+    TracedAdapter,
+)
 from ckptprof.phases import Attr, Phase
 
 log = logging.getLogger("ckptprof")
@@ -50,7 +55,7 @@ _OPTIM_RE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.
 _ATTACHED = "_ckptprof_instrumentation"
 
 
-class DeepSpeedInstrumentation:
+class DeepSpeedInstrumentation(TracedAdapter):
     """Tracing of one DeepSpeed engine (see the module docstring); made by :func:`instrument`."""
 
     def __init__(
@@ -85,15 +90,7 @@ class DeepSpeedInstrumentation:
         self._written: list[str] = []
         self._interruptions = interruptions
 
-    # ------------------------------------------------------------------ queries
-    @property
-    def last_restore(self):
-        return self._inst.last_restore
-
-    @property
-    def last_save(self):
-        return self._inst.last_save
-
+    # ------------------------------------------------------------------ saving from outside
     def save(self, save_dir: str | None = None) -> str:
         """Save now through ``engine.save_checkpoint`` (traced); returns ``<dir>/<tag>``.
 

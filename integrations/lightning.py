@@ -36,7 +36,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from ckptprof.integrations.base import Instrumentation, timed
+from ckptprof.integrations.base import Instrumentation, TracedAdapter, timed
 from ckptprof.phases import Attr, Phase
 
 log = logging.getLogger("ckptprof")
@@ -53,7 +53,7 @@ def _KEEP_ON_CPU(storage, location):  # noqa: N802 - TorchCheckpointIO's default
     return storage
 
 
-class CkptProf(Callback):
+class CkptProf(Callback, TracedAdapter):
     """Trace checkpoint saves and resumes of a Lightning ``Trainer``.
 
     Args:
@@ -87,16 +87,7 @@ class CkptProf(Callback):
         self._trainer = None
         self._awaiting_first_step = False
 
-    # ------------------------------------------------------------------ queries
-    @property
-    def last_restore(self):
-        """Summary of the last traced resume (RTO, phases), or None."""
-        return self._inst.last_restore
-
-    @property
-    def last_save(self):
-        return self._inst.last_save
-
+    # ------------------------------------------------------------------ saving from outside
     def save(self, filepath: str) -> None:
         """Save a checkpoint now, traced (for emergency saves from outside the loop)."""
         if self._trainer is None:

@@ -47,7 +47,12 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from ckptprof.errors import VerifyError
-from ckptprof.integrations.base import FolderCheckpoints, FolderListing, Instrumentation
+from ckptprof.integrations.base import (
+    FolderCheckpoints,
+    FolderListing,
+    Instrumentation,
+    TracedAdapter,
+)
 from ckptprof.phases import Attr, Phase
 
 log = logging.getLogger("ckptprof")
@@ -57,7 +62,7 @@ _RANK_IN_NAME = re.compile(r"(?:rng_state_|rank)(\d+)")
 ROTATE = "rotate"
 
 
-class CkptProfCallback(TrainerCallback):
+class CkptProfCallback(TrainerCallback, TracedAdapter):
     """Trace checkpoint saves and resumes of the Hugging Face ``Trainer`` it is given to.
 
     Args:
@@ -93,16 +98,6 @@ class CkptProfCallback(TrainerCallback):
         self.trainer: Trainer | None = None
         self._listing: FolderListing | None = None
         self._awaiting_first_step = False
-
-    # ------------------------------------------------------------------ queries
-    @property
-    def last_restore(self):
-        """Summary of the last traced resume (RTO, phases), or None."""
-        return self._inst.last_restore
-
-    @property
-    def last_save(self):
-        return self._inst.last_save
 
     # ------------------------------------------------------------------ events
     def on_init_end(self, args, state, control, **kwargs):

@@ -45,6 +45,34 @@ def children(spans: list[dict], root: dict) -> dict[str, dict]:
     return {s["name"]: s for s in spans if s["parent_id"] == root["context"]["span_id"]}
 
 
+def sigterm_when(command: list[str], ready: Path, **popen) -> tuple[int, str]:
+    """Run ``command``; once ``ready`` exists (a checkpoint it saved), send it a real
+    SIGTERM mid-training. Returns its exit status and stderr."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+    deadline = time.monotonic() + 120
+    while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    return proc.returncode, stderr
+
+
+def linked_story(spans: list[dict]) -> tuple[dict, dict]:
+    """The one ``ckpt.interruption`` root and the one restore, which links back to it."""
+    (story,) = [s for s in spans if s["name"] == "ckpt.interruption"]
+    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
+    assert [link["context"]["span_id"] for link in restore["links"]] == [
+        story["context"]["span_id"]
+    ]
+    return story, restore
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     """Generate each layout once per session; tests must not modify these."""

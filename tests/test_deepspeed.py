@@ -8,12 +8,18 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import RESTORE_PHASES, children, spans_in
+from tests.conftest import (
+    RESTORE_PHASES,
+    children,
+    linked_story,
+    run_cli,
+    sigterm_when,
+    spans_in,
+)
 
 pytest.importorskip("deepspeed")
 
@@ -27,16 +33,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(directory: Path, phase: str, *flags: str, nproc: int = 1, **popen):
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def command(directory: Path, phase: str, *flags: str, nproc: int = 1) -> list[str]:
     launcher = [sys.executable]
     if nproc > 1:
         launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
         launcher += ["--master-port", str(free_port())]
-    command = [*launcher, str(EXAMPLE), "--dir", str(directory), "--phase", phase, *flags]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if popen:
-        return subprocess.Popen(command, env=env, text=True, **popen)
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    return [*launcher, str(EXAMPLE), "--dir", str(directory), "--phase", phase, *flags]
+
+
+def run(directory: Path, phase: str, *flags: str, nproc: int = 1):
+    args = command(directory, phase, *flags, nproc=nproc)
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, env=ENV)
 
 
 def ok(result) -> None:
@@ -96,12 +106,7 @@ def test_two_processes_tag_ranks(tmp_path):
     folder = tmp_path / "checkpoints" / "global_step5"
     rank1 = json.loads((folder / MANIFEST.format(1)).read_text())
     assert set(rank1["files"]) == {"zero_pp_rank_1_mp_rank_00_optim_states.pt"}
-    report = subprocess.run(
-        [sys.executable, "-m", "ckptprof", "report", str(tmp_path / "traces")],
-        capture_output=True,
-        text=True,
-    )
-    assert "slowest rank" in report.stdout
+    assert "slowest rank" in run_cli("report", str(tmp_path / "traces")).stdout
 
 
 def test_two_ranks_to_one_through_a_universal_checkpoint(tmp_path):
@@ -163,24 +168,13 @@ print("clean")
 
 def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     flags = ["--interruptions", "--step-delay", "0.1", "--steps", "1000"]
-    proc = run(tmp_path, "train", *flags, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    first = tmp_path / "checkpoints" / "global_step5" / MANIFEST.format(0)
-    deadline = time.monotonic() + 120
-    while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == -signal.SIGTERM, stderr[-3000:]
+    ready = tmp_path / "checkpoints" / "global_step5" / MANIFEST.format(0)
+    returncode, stderr = sigterm_when(command(tmp_path, "train", *flags), ready, env=ENV)
+    assert returncode == -signal.SIGTERM, stderr[-3000:]
     record = json.loads((tmp_path / "checkpoints" / "ckptprof-interruption.json").read_text())
     assert record["outcome"] == "saved" and record["checkpoint_step"] > 5
     ok(run(tmp_path, "resume", "--interruptions", "--steps", str(record["checkpoint_step"] + 2)))
-    spans = spans_in(tmp_path / "traces")
-    (story,) = [s for s in spans if s["name"] == "ckpt.interruption"]
-    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
-    assert [link["context"]["span_id"] for link in restore["links"]] == [
-        story["context"]["span_id"]
-    ]
+    _, restore = linked_story(spans_in(tmp_path / "traces"))
     attrs = restore["attributes"]
     assert attrs["ckpt.restored_step"] == record["checkpoint_step"]
     assert attrs["ckpt.interruption.steps_lost"] == 0

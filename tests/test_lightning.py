@@ -14,7 +14,14 @@ import torch
 from ckptprof.errors import VerifyError
 from ckptprof.integrations.base import manifest_path
 from ckptprof.integrations.lightning import CkptProf
-from tests.conftest import RESTORE_PHASES, children, spans_in
+from tests.conftest import (
+    RESTORE_PHASES,
+    children,
+    linked_story,
+    run_cli,
+    sigterm_when,
+    spans_in,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_resume.py"
 sys.path.insert(0, str(EXAMPLE.parent))
@@ -144,12 +151,7 @@ def test_ddp_two_processes_tag_ranks(tmp_path):
     assert sorted(r["attributes"]["ckpt.rank"] for r in restores) == [0, 1]
     assert {r["attributes"]["ckpt.world_size"] for r in restores} == {2}
     assert len({r["attributes"]["ckpt.run_id"] for r in restores}) == 1  # one run, two ranks
-    report = subprocess.run(
-        [sys.executable, "-m", "ckptprof", "report", str(tmp_path / "traces")],
-        capture_output=True,
-        text=True,
-    )
-    assert "slowest rank" in report.stdout
+    assert "slowest rank" in run_cli("report", str(tmp_path / "traces")).stdout
 
 
 def test_async_checkpoint_io_shows_blocking_and_background_time(tmp_path):
@@ -201,25 +203,13 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     saves last.ckpt there, and the resume in a new process links back."""
     import json
     import os
-    import signal
-    import time
 
     from ckptprof.interrupt.record import RECORD_NAME
 
     flags = ["--dir", str(tmp_path), "--interruptions", "--step-delay", "0.1"]
-    proc = subprocess.Popen(
-        [sys.executable, str(EXAMPLE), *flags, "--phase", "train", "--steps", "1000"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    first = Path(manifest_path(str(tmp_path / "checkpoints" / "last.ckpt")))
-    deadline = time.monotonic() + 120
-    while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
+    command = [sys.executable, str(EXAMPLE), *flags, "--phase", "train", "--steps", "1000"]
+    ready = Path(manifest_path(str(tmp_path / "checkpoints" / "last.ckpt")))
+    _, stderr = sigterm_when(command, ready)
     assert "emergency save saved" in stderr, stderr[-3000:]
     record = json.loads((tmp_path / "checkpoints" / RECORD_NAME).read_text())
     last = tmp_path / "checkpoints" / "last.ckpt"
@@ -234,12 +224,7 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
         env={**os.environ, "CKPTPROF_NOTICE_SOURCES": ""},
     )
     assert resume.returncode == 0, resume.stderr[-3000:]
-    spans = spans_in(tmp_path / "traces")
-    (story,) = [s for s in spans if s["name"] == "ckpt.interruption"]
-    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
-    assert [link["context"]["span_id"] for link in restore["links"]] == [
-        story["context"]["span_id"]
-    ]
+    _, restore = linked_story(spans_in(tmp_path / "traces"))
     attrs = restore["attributes"]
     assert attrs["ckpt.restored_step"] == record["checkpoint_step"]
     assert attrs["ckpt.interruption.steps_lost"] == 0

@@ -16,7 +16,14 @@ from transformers import Trainer
 
 from ckptprof.errors import VerifyError
 from ckptprof.integrations.transformers import CkptProfCallback, instrument, uninstrument
-from tests.conftest import RESTORE_PHASES, children, spans_in
+from tests.conftest import (
+    RESTORE_PHASES,
+    children,
+    linked_story,
+    run_cli,
+    sigterm_when,
+    spans_in,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer_resume.py"
 sys.path.insert(0, str(EXAMPLE.parent))
@@ -265,37 +272,21 @@ def test_two_processes_tag_ranks(tmp_path):
         fetched = children(spans, restore)["ckpt.fetch"]["attributes"]["ckpt.bytes"]
         expected = [*READ_AT_RESUME[:-1], f"rng_state_{rank}.pth", "trainer_state.json"]
         assert fetched == sum((folder / n).stat().st_size for n in expected)
-    report = subprocess.run(
-        [sys.executable, "-m", "ckptprof", "report", str(tmp_path / "traces")],
-        capture_output=True,
-        text=True,
-    )
-    assert "slowest rank" in report.stdout
+    assert "slowest rank" in run_cli("report", str(tmp_path / "traces")).stdout
 
 
 # ---------------------------------------------------------------------- interruptions
 def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     """A real SIGTERM to a real training process, then a resume in a new process."""
     import signal
-    import time
 
     from ckptprof.interrupt.record import RECORD_NAME
 
     flags = ["--dir", str(tmp_path), "--interruptions", "--step-delay", "0.1"]
-    proc = subprocess.Popen(
-        [sys.executable, str(EXAMPLE), *flags, "--phase", "train", "--steps", "1000"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    first = tmp_path / "checkpoints" / "checkpoint-5" / "ckptprof-manifest.rank0.json"
-    deadline = time.monotonic() + 120
-    while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == -signal.SIGTERM, stderr[-3000:]  # the default action, chained
+    command = [sys.executable, str(EXAMPLE), *flags, "--phase", "train", "--steps", "1000"]
+    ready = tmp_path / "checkpoints" / "checkpoint-5" / "ckptprof-manifest.rank0.json"
+    returncode, stderr = sigterm_when(command, ready)
+    assert returncode == -signal.SIGTERM, stderr[-3000:]  # the default action, chained
     assert "emergency save saved" in stderr
     record = json.loads((tmp_path / "checkpoints" / RECORD_NAME).read_text())
     assert record["outcome"] == "saved" and record["source"] == "sigterm"
@@ -307,16 +298,12 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     resume = run_example(tmp_path, "--interruptions", "--phase", "resume", "--steps", "1000")
     assert resume.returncode == 0, resume.stderr[-3000:]
     spans = spans_in(tmp_path / "traces")
-    (story,) = [s for s in spans if s["name"] == "ckpt.interruption"]
+    story, restore = linked_story(spans)
     story_children = children(spans, story)
     assert {"ckpt.notice", "ckpt.emergency_save"} <= set(story_children)
     emergency = story_children["ckpt.emergency_save"]
     (emergency_save,) = [s for s in spans if s["parent_id"] == emergency["context"]["span_id"]]
     assert emergency_save["name"] == "ckpt.save"  # the adapter's save, nested
-    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
-    assert [link["context"]["span_id"] for link in restore["links"]] == [
-        story["context"]["span_id"]
-    ]
     attrs = restore["attributes"]
     assert attrs["ckpt.path"] == str(saved)
     assert attrs["ckpt.interruption.steps_lost"] == 0
