@@ -5,7 +5,8 @@ median resume times. Target: ≤ 1% overhead.
 A resume is timed from the framework's resume call to the end of the first training
 step after it, by a neutral timing callback present in both variants (so teardown is not
 counted), with the checkpoint hot in the page cache for both (storage is not what is
-measured; the adapter's residency check still runs).
+measured; the adapter's residency check still runs), after a ``gc.collect()`` so the
+garbage of earlier runs is not collected inside a timed one.
 
     .venv/bin/python benchmarks/resume_overhead.py lightning --hidden 2048 --layers 6 --runs 16
     .venv/bin/python benchmarks/resume_overhead.py transformers --hidden 1024 --layers 4 --runs 16
@@ -15,6 +16,7 @@ measured; the adapter's residency check still runs).
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import statistics
 import sys
@@ -148,6 +150,7 @@ def main() -> int:
         for variant in order:
             for path in files:
                 path.read_bytes()  # hot for both
+            gc.collect()  # earlier runs' trainers are garbage: collect it outside the timing
             seconds = resume(variant == "with")
             if run:
                 times[variant].append(seconds)

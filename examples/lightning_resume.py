@@ -67,7 +67,7 @@ def make_trainer(
         default_root_dir=root,
         accelerator="cpu",
         devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
+        strategy=kwargs.pop("strategy", "ddp" if devices > 1 else "auto"),
         max_steps=max_steps,
         logger=False,
         enable_progress_bar=False,

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from ckptprof.errors import VerifyError
 from ckptprof.integrations.base import (
     FolderCheckpoints,
     FolderListing,
@@ -169,11 +170,9 @@ class DeepSpeedInstrumentation(TracedAdapter):
         folder = os.path.join(load_dir, str(resolved))
         try:
             self._listing = self._folders.list(folder, op)
-        except Exception as exc:
-            from ckptprof.errors import VerifyError
-
-            if isinstance(exc, VerifyError):
-                raise
+        except VerifyError:
+            raise  # a file the save wrote is missing: the job should hear it, by name
+        except Exception as exc:  # noqa: BLE001 - ckptprof's own trouble
             self._inst.warn_once("list", exc)
             self._listing = None
         op.set_attributes({Attr.PATH: folder, "ckpt.universal": bool(universal)})

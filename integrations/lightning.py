@@ -36,10 +36,17 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from ckptprof.integrations.base import Instrumentation, TracedAdapter, timed
+from ckptprof.integrations.base import Instrumentation, TracedAdapter, manifest_path, timed
 from ckptprof.phases import Attr, Phase
 
 log = logging.getLogger("ckptprof")
+
+
+def _overrides(strategy, name: str) -> bool:
+    """Whether ``strategy`` replaces Lightning's base ``Strategy.<name>``."""
+    from lightning.pytorch.strategies import Strategy
+
+    return getattr(type(strategy), name, None) is not getattr(Strategy, name)
 
 
 def _checkpoint_dir(trainer) -> str:
@@ -174,6 +181,7 @@ class CkptProf(Callback, TracedAdapter):
     # ------------------------------------------------------------------ wiring
     _load_end_ns: int | None = None
     _resume_end_ns: int | None = None
+    _strategy_loading = False
 
     def _attach(self, trainer) -> None:
         inst = self._inst
@@ -198,7 +206,8 @@ class CkptProf(Callback, TracedAdapter):
             def load_checkpoint(path, map_location=_KEEP_ON_CPU, weights_only=None, **kwargs):
                 import time
 
-                op = inst.begin_restore(restore_attrs(path))
+                nested = self._strategy_loading and inst.restore_op is not None
+                op = inst.restore_op if nested else inst.begin_restore(restore_attrs(path))
                 try:
                     if plain_torch_io and op is not None and "://" not in str(path):
                         result = inst.load_file(
@@ -233,7 +242,8 @@ class CkptProf(Callback, TracedAdapter):
                             **kwargs,
                         )
                 except BaseException as exc:
-                    inst.end_restore(exc)
+                    if not nested:
+                        inst.end_restore(exc)
                     raise
                 self._load_end_ns = time.time_ns()
                 return result
@@ -344,6 +354,62 @@ class CkptProf(Callback, TracedAdapter):
 
             return remove_checkpoint
 
+        def wrap_strategy_load(original):
+            def load_checkpoint(path, *args, **kwargs):
+                import time
+
+                op = inst.begin_restore(restore_attrs(path))
+                if op is not None:
+                    op.set_phase_attributes(
+                        Phase.DESERIALIZE,
+                        **{
+                            "ckpt.fused_fetch": True,
+                            "ckpt.loader": f"{strategy_name}.load_checkpoint",
+                        },
+                    )
+                self._strategy_loading = True
+                try:
+                    # the strategy's own reading and loading; a CheckpointIO it calls is
+                    # traced in detail by the wrapper above and left out of this interval
+                    result = inst.split(
+                        op, Phase.DESERIALIZE, original, path, *args,
+                        inner=[(io, "load_checkpoint", None)], **kwargs,
+                    )  # fmt: skip
+                except BaseException as exc:
+                    inst.end_restore(exc)
+                    raise
+                finally:
+                    self._strategy_loading = False
+                self._load_end_ns = time.time_ns()
+                return result
+
+            return load_checkpoint
+
+        def wrap_strategy_save(original):
+            def save_checkpoint(checkpoint, filepath, *args, **kwargs):
+                op = inst.save_op
+                result = inst.split(
+                    op, Phase.WRITE, original, checkpoint, filepath, *args,
+                    inner=[(io, "save_checkpoint", None)], **kwargs,
+                )  # fmt: skip
+                if (
+                    op is not None
+                    and os.path.isfile(filepath)
+                    and not os.path.exists(manifest_path(str(filepath)))
+                ):
+                    op.add_bytes(Phase.WRITE, os.path.getsize(filepath))
+                    inst.write_manifest(str(filepath), op)
+                return result
+
+            return save_checkpoint
+
+        strategy = trainer.strategy
+        strategy_name = type(strategy).__name__
+        # DeepSpeed, FSDP, ModelParallel read and write checkpoints themselves (after setup)
+        if _overrides(strategy, "load_checkpoint"):
+            inst.patch(strategy, "load_checkpoint", wrap_strategy_load)
+        if _overrides(strategy, "save_checkpoint"):
+            inst.patch(strategy, "save_checkpoint", wrap_strategy_save)
         inst.patch(io, "load_checkpoint", wrap_load)
         inst.patch(io, "save_checkpoint", wrap_io_save)
         inst.patch(io, "remove_checkpoint", wrap_io_remove)

@@ -167,9 +167,9 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
         def train(resume_from_checkpoint=None, *args, **kwargs):
             trainer = self.trainer
             self._start_interruptions(trainer)
-            if resume_from_checkpoint not in (None, False):
-                resume_from_checkpoint = self._begin_restore(trainer, resume_from_checkpoint)
             try:
+                if resume_from_checkpoint not in (None, False):
+                    resume_from_checkpoint = self._begin_restore(trainer, resume_from_checkpoint)
                 with self._wrapped_for_training(trainer):
                     return original(resume_from_checkpoint, *args, **kwargs)
             except BaseException as exc:

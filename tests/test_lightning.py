@@ -10,6 +10,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from ckptprof.errors import VerifyError
 from ckptprof.integrations.base import manifest_path
@@ -229,3 +230,43 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     assert attrs["ckpt.restored_step"] == record["checkpoint_step"]
     assert attrs["ckpt.interruption.steps_lost"] == 0
     assert 0 < attrs["ckpt.interruption.downtime_s"] < attrs["ckpt.interruption.recovery_s"]
+
+
+class OwnCheckpointingStrategy(SingleDeviceStrategy):
+    """Like Lightning's DeepSpeed, FSDP and ModelParallel strategies (which need CUDA):
+    restores after setup and reads and writes checkpoints itself, not via CheckpointIO."""
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None):
+        return torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+        if self.is_global_zero:
+            Path(filepath).parent.mkdir(parents=True, exist_ok=True)
+            torch.save(checkpoint, filepath)
+
+
+def test_strategies_that_checkpoint_themselves_are_traced(tmp_path):
+    def strategy():
+        return OwnCheckpointingStrategy(device=torch.device("cpu"))
+
+    callback = CkptProf(trace_dir=tmp_path / "t")
+    make_trainer(tmp_path, 5, callback, strategy=strategy()).fit(TinyModel(), data())
+    last = tmp_path / "ckpt" / "last.ckpt"
+    write = callback.last_save.phases["write"]
+    assert write.nbytes == last.stat().st_size
+    assert Path(manifest_path(str(last))).exists()
+    callback = CkptProf(trace_dir=tmp_path / "t")
+    trainer = make_trainer(tmp_path, 7, callback, strategy=strategy())
+    trainer.fit(TinyModel(), data(), ckpt_path=str(last))
+    summary = callback.last_restore
+    assert {"deserialize", "reshard", "first_step"} <= set(summary.phases)
+    deserialize = summary.phases["deserialize"].attributes
+    assert deserialize["ckpt.fused_fetch"] is True
+    assert deserialize["ckpt.loader"] == "OwnCheckpointingStrategy.load_checkpoint"
+    assert summary.attributes["ckpt.strategy"] == "OwnCheckpointingStrategy"
+    assert not callback._inst.attached  # and unwrapped at teardown
+    assert "load_checkpoint" not in vars(trainer.strategy)
