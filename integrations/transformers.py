@@ -423,6 +423,7 @@ class _SaveGroups:
         def make(original):
             def run(*args, **kwargs):
                 op = self.op
+                before = self._snapshot()
                 start = time.time_ns()
                 try:
                     return self.owner._inst.split(
@@ -435,31 +436,37 @@ class _SaveGroups:
                     )
                 finally:
                     end = self.last_end_ns = time.time_ns()
-                    self._note_files(group, start, end)
+                    self._note_files(group, before, start, end)
 
             return run
 
         return make
 
-    def _note_files(self, group: str, start_ns: int, end_ns: int) -> None:
-        """Files this rank wrote in the group: new since it started, and this rank's by
-        name (``rng_state_<R>.pth``, ``rank<R>``) or, for shared files, the saving rank's."""
+    def _snapshot(self) -> dict[str, tuple]:
+        """Every file's identity and times (what a write changes), by name."""
+        try:
+            return {
+                e.name: _identity(e.stat())
+                for e in os.scandir(self.folder)
+                if e.is_file() and not e.name.startswith("ckptprof-manifest")
+            }
+        except FileNotFoundError:
+            return {}
+
+    def _note_files(self, group: str, before: dict, start_ns: int, end_ns: int) -> None:
+        """Files this rank wrote in the group: new or changed since it started (not by
+        mtime alone: file times come from a coarse clock), and this rank's by name
+        (``rng_state_<R>.pth``, ``rank<R>``) or, for shared files, the saving rank's."""
         trainer = self.owner.trainer
         rank = self.owner._inst.rank
-        try:
-            entries = list(os.scandir(self.folder))
-        except FileNotFoundError:
-            return  # a rank that writes nothing in this group
         nbytes = 0
-        for entry in entries:
-            if not entry.is_file() or entry.name.startswith("ckptprof-manifest"):
+        for name, identity in self._snapshot().items():
+            if before.get(name) == identity or name in self.written:
                 continue
-            owner = _RANK_IN_NAME.search(entry.name)
-            mine = int(owner.group(1)) == rank if owner else trainer.args.should_save
-            stat = entry.stat()
-            if mine and stat.st_mtime_ns >= start_ns - 2_000_000 and entry.name not in self.written:
-                self.written.add(entry.name)
-                nbytes += stat.st_size
+            owner = _RANK_IN_NAME.search(name)
+            if int(owner.group(1)) == rank if owner else trainer.args.should_save:
+                self.written.add(name)
+                nbytes += identity[-1]
         if nbytes:
             self.op.add_bytes(Phase.WRITE, nbytes)
             self.op.set_phase_attributes(
@@ -528,6 +535,11 @@ def _checkpoint_folder(trainer: Trainer, trial=None) -> str:
 
     run_dir = trainer._get_output_dir(trial=trial)
     return os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    """What changes when a file is written: inode, mtime, ctime and size (last)."""
+    return stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size
 
 
 def _checkpoints_in(run_dir: str) -> set[str]:
