@@ -15,14 +15,13 @@ import time
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-TOKEN = "test-imds-token"
-
 
 class MetadataServer:
     def __init__(self, notice_after_s: float = 0.0, deadline_s: float = 120.0) -> None:
         self.notice_after_s = notice_after_s
         self.deadline_s = deadline_s
         self.delay_s = 0.0
+        self.token = "test-imds-token"  # change it to expire the tokens handed out
         self.requests: list[tuple[str, str, dict]] = []
         self.started = time.time()
         server = self
@@ -36,7 +35,7 @@ class MetadataServer:
                 if self.path == "/latest/api/token" and self.headers.get(
                     "X-aws-ec2-metadata-token-ttl-seconds"
                 ):
-                    self._answer(200, TOKEN.encode())
+                    self._answer(200, server.token.encode())
                 else:
                     self._answer(400, b"")
 
@@ -81,7 +80,7 @@ class MetadataServer:
 
     def _route(self, path: str, headers) -> tuple[int, bytes]:
         if path.startswith("/latest/"):
-            if headers.get("X-aws-ec2-metadata-token") != TOKEN:
+            if headers.get("X-aws-ec2-metadata-token") != self.token:
                 return 401, b""
             if path == "/latest/meta-data/spot/instance-action" and self.noticed:
                 when = self.deadline.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -62,6 +62,30 @@ def test_aws_uses_imdsv2_tokens():
     assert len([r for r in server.requests if r[0] == "PUT"]) == 1  # the token is reused
 
 
+def test_aws_fetches_a_new_token_after_a_401():
+    with MetadataServer(notice_after_s=0.6) as server:
+        seen = []
+        watcher = NoticeWatcher(["aws"], seen.append, server.url, poll_interval_s=0.1).start()
+        assert wait_for(lambda: len(server.requests) >= 3)
+        server.token = "rotated"  # the token the poller holds now answers 401
+        assert wait_for(lambda: seen)
+        watcher.stop()
+    puts = [r for r in server.requests if r[0] == "PUT"]
+    assert len(puts) == 2  # one more token, then the notice
+    assert seen[0].source == "aws-spot"
+
+
+def test_cloud_hint_comes_from_local_dmi_files_only(tmp_path):
+    from ckptprof.interrupt.notice import suggest_metadata_source
+
+    (tmp_path / "sys_vendor").write_text("Amazon EC2\n")
+    hint = suggest_metadata_source(["sigterm"], tmp_path)
+    assert hint and "add 'aws'" in hint
+    assert suggest_metadata_source(["sigterm", "aws"], tmp_path) is None
+    (tmp_path / "sys_vendor").write_text("QEMU\n")
+    assert suggest_metadata_source(["sigterm"], tmp_path) is None
+
+
 def test_dead_or_slow_metadata_endpoint_is_one_warning_and_never_blocks(caplog):
     import socket
 

@@ -81,6 +81,21 @@ def parse_sources(spec: str | None) -> list[str]:
     return names
 
 
+def suggest_metadata_source(sources: list[str], dmi_dir=None) -> str | None:
+    """A hint when local DMI strings name a cloud whose notices are not being watched
+    (read from files only; nothing is contacted)."""
+    from ckptprof.tracing.resource import DMI_DIR, detect_cloud_provider
+
+    cloud = detect_cloud_provider(dmi_dir or DMI_DIR)
+    if cloud not in DEFAULT_URLS or cloud in sources:
+        return None
+    what = {"aws": "EC2 Spot", "gcp": "GCE preemption", "azure": "Azure Scheduled Events"}[cloud]
+    return (
+        f"ckptprof: this machine looks like {cloud} (DMI); add '{cloud}' to the notice "
+        f"sources ({SOURCES_ENV}) to see {what} notices before the signal comes"
+    )
+
+
 class NoticeWatcher:
     """Watches the chosen sources and keeps the first notice.
 
@@ -133,6 +148,9 @@ class NoticeWatcher:
                 log.warning("ckptprof: %s notices need the main thread; not watching it", name)
                 continue
             self._previous[signum] = signal.signal(signum, self._on_signal)
+        hint = suggest_metadata_source(self.sources)
+        if hint:
+            log.info("%s", hint)
         if self._pollers and self._thread is None:
             self._thread = threading.Thread(target=self._poll, name="ckptprof-notice", daemon=True)
             self._thread.start()
