@@ -211,3 +211,25 @@ def test_report_without_interruptions_says_how_to_get_them(checkpoints, tmp_path
     assert story.returncode != 0
     assert "no interruptions in these traces" in story.stderr
     assert "Traceback" not in story.stderr
+
+
+def test_record_beside_a_checkpoint_on_s3(s3_bucket, s3_env):
+    """The record goes beside checkpoints on S3 too: one PUT, read back, never a secret."""
+    s3_env()
+    location = f"s3://{s3_bucket.name}/job/checkpoints"
+    record = InterruptionRecord(
+        run_id="job-1",
+        trace_id="ab" * 16,
+        span_id="cd" * 8,
+        source="aws-spot",
+        notice_ns=1_000_000_000,
+        deadline_ns=121_000_000_000,
+        deadline_assumed=False,
+        step=7,
+    )
+    write_record(location, record)
+    assert read_record(location, "job-1") == record
+    raw = s3_bucket.client.get_object(Bucket=s3_bucket.name, Key=f"job/checkpoints/{RECORD_NAME}")
+    text = raw["Body"].read().decode()
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] not in text
+    assert os.environ["AWS_ACCESS_KEY_ID"] not in text
