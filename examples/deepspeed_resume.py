@@ -35,7 +35,7 @@ def single_process_env() -> None:
     )
 
 
-def make_engine(stage: int, hidden: int, layers: int):
+def make_engine(stage: int, hidden: int, layers: int, decoupled: bool = False):
     import deepspeed
     import deepspeed.ops
 
@@ -57,6 +57,12 @@ def make_engine(stage: int, hidden: int, layers: int):
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
     }
+    if decoupled:  # DeepSpeed's writer process; the commit happens at the next step
+        config["checkpoint"] = {
+            "writer": {"type": "python", "decoupled": True, "data_parallel": "replica"}
+        }
+        os.environ.setdefault("CROSS_SIZE", "1")  # set by the deepspeed launcher otherwise
+        os.environ.setdefault("CROSS_RANK", "0")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     return engine
@@ -88,6 +94,9 @@ def main() -> int:
     ap.add_argument("--verify", default="size", choices=["full", "size", "none"])
     ap.add_argument("--interruptions", action="store_true", help="save on SIGTERM/SIGUSR1, exit")
     ap.add_argument("--step-delay", type=float, default=0.0, help="seconds added to each step")
+    ap.add_argument(
+        "--decoupled", action="store_true", help="save with DeepSpeed's decoupled writer"
+    )
     args = ap.parse_args()
     if args.phase == "all":
         flags = [
@@ -110,7 +119,7 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from ckptprof.integrations.deepspeed import instrument
 
-    engine = make_engine(args.stage, args.hidden, args.layers)
+    engine = make_engine(args.stage, args.hidden, args.layers, args.decoupled)
     save_dir = str(args.dir / "checkpoints")
     ckptprof = instrument(  # the one line
         engine,
@@ -124,6 +133,7 @@ def main() -> int:
         engine.load_checkpoint(save_dir)
     train(engine, args.steps or (10 if args.phase == "train" else 12), args.step_delay, 5, save_dir)
     ckptprof.close()
+    engine.destroy()  # ends DeepSpeed's decoupled writer process, if any
     return 0
 
 

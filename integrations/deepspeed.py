@@ -23,7 +23,9 @@ Where each phase is measured (DeepSpeed 0.19, tested with 0.19.8):
   rest of ``_save_checkpoint`` / ``_save_zero_checkpoint`` (building the state dicts),
   ``commit`` DeepSpeed's ``checkpoint_engine.commit`` plus this rank's manifest
   (``<dir>/<tag>/ckptprof-manifest.rank<R>.json``). ``latest``, tag validation and the
-  barriers are the rest of the ``ckpt.save`` span.
+  barriers are the rest of the ``ckpt.save`` span. With the decoupled writer, ``write`` is
+  the blocking part (``ckpt.write.async``) and the commit at the next step (waiting for
+  the writer process) is a background ``ckpt.save`` linked to it.
 
 Nothing global: only the engine and its ``checkpoint_engine``/``optimizer`` instances are
 patched; :func:`uninstrument` (or :meth:`DeepSpeedInstrumentation.close`) undoes it.
@@ -89,6 +91,7 @@ class DeepSpeedInstrumentation(TracedAdapter):
         self._reads: dict[str, int] = {}
         self._restored_step: int | None = None
         self._written: list[str] = []
+        self._pending: tuple | None = None  # a decoupled save waiting for its commit
         self._interruptions = interruptions
 
     # ------------------------------------------------------------------ saving from outside
@@ -114,6 +117,8 @@ class DeepSpeedInstrumentation(TracedAdapter):
         inst.patch(engine, "_save_checkpoint", self._wrap_serialize)
         inst.patch(engine, "_save_zero_checkpoint", self._wrap_serialize)
         inst.patch(engine, "step", self._wrap_step)
+        if engine.checkpoint_engine.is_decoupled():
+            inst.patch(engine, "_commit_decoupled_checkpoint", self._wrap_decoupled_commit)
         ckpt_engine = engine.checkpoint_engine
         inst.patch(ckpt_engine, "load", self._wrap_file_load)
         inst.patch(ckpt_engine, "save", self._wrap_file_save)
@@ -332,13 +337,48 @@ class DeepSpeedInstrumentation(TracedAdapter):
                 inst.end_save(exc)
                 raise
             op = inst.save_op
-            if op is not None:
-                names = [os.path.basename(p) for p in self._written if os.path.dirname(p) == folder]
+            names = [os.path.basename(p) for p in self._written if os.path.dirname(p) == folder]
+            if op is not None and engine.checkpoint_engine.is_decoupled():
+                # files are still being written by DeepSpeed's writer process; the commit
+                # (and this rank's manifest) happen at the next optimizer step
+                op.set_phase_attributes(Phase.WRITE, **{"ckpt.write.async": True})
+                self._pending = (folder, names, op.span_context, engine.global_steps)
+            elif op is not None:
                 self._folders.commit(folder, names, op)
             inst.end_save()
             return result
 
         return save_checkpoint
+
+    def _wrap_decoupled_commit(self, original):
+        """A decoupled save's second half, at the next step: waiting for the writer process
+        and DeepSpeed's commit, as a background ``ckpt.save`` linked to the one that
+        queued the files (``ckpt.save.background``)."""
+
+        def commit_decoupled_checkpoint(*args, **kwargs):
+            pending, self._pending = self._pending, None
+            inst = self._inst
+            if pending is None or inst.tracer is None:
+                return original(*args, **kwargs)
+            from opentelemetry.trace import Link
+
+            folder, names, ctx, step = pending
+            attrs = {Attr.FORMAT: "deepspeed", Attr.PATH: folder, Attr.STEP: step}
+            attrs.update({Attr.RANK: inst.rank, Attr.WORLD_SIZE: self.engine.world_size})
+            attrs["ckpt.save.background"] = True
+            op = inst.tracer.save(attrs, links=[Link(ctx)] if ctx is not None else None)
+            try:
+                with op.phase(Phase.COMMIT, **{"ckpt.commit.waits_for_writer": True}):
+                    result = original(*args, **kwargs)
+            except BaseException as exc:
+                op.finish(exc)
+                raise
+            op.add_bytes(Phase.COMMIT, sum(_size(os.path.join(folder, n)) for n in names))
+            self._folders.commit(folder, names, op)
+            op.finish()
+            return result
+
+        return commit_decoupled_checkpoint
 
     def _wrap_serialize(self, original):
         def build_and_write(*args, **kwargs):

@@ -46,7 +46,7 @@ def command(directory: Path, phase: str, *flags: str, nproc: int = 1) -> list[st
 
 def run(directory: Path, phase: str, *flags: str, nproc: int = 1):
     args = command(directory, phase, *flags, nproc=nproc)
-    return subprocess.run(args, capture_output=True, text=True, timeout=600, env=ENV)
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, env=ENV)
 
 
 def ok(result) -> None:
@@ -179,3 +179,27 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     assert attrs["ckpt.restored_step"] == record["checkpoint_step"]
     assert attrs["ckpt.interruption.steps_lost"] == 0
     assert attrs["ckpt.interruption.downtime_s"] > 0
+
+
+def test_decoupled_writer_shows_blocking_and_background_time(tmp_path):
+    # saves at steps 5 and 10; DeepSpeed commits each at the next step
+    ok(run(tmp_path, "train", "--stage", "0", "--steps", "11", "--decoupled"))
+    spans = spans_in(tmp_path / "traces")
+    saves = [s for s in spans if s["name"] == "ckpt.save"]
+    blocking = [s for s in saves if not s["attributes"].get("ckpt.save.background")]
+    background = [s for s in saves if s["attributes"].get("ckpt.save.background")]
+    assert len(blocking) == len(background) == 2
+    assert children(spans, blocking[0])["ckpt.write"]["attributes"]["ckpt.write.async"] is True
+    linked = {link["context"]["span_id"] for s in background for link in s["links"]}
+    assert linked == {s["context"]["span_id"] for s in blocking}
+    folder = tmp_path / "checkpoints" / "global_step10"
+    (last,) = [s for s in background if s["attributes"]["ckpt.path"] == str(folder)]
+    commit = children(spans, last)["ckpt.commit"]["attributes"]
+    model = folder / "mp_rank_00_model_states.pt"
+    assert commit["ckpt.bytes"] == model.stat().st_size > 0
+    manifest = json.loads((folder / MANIFEST.format(0)).read_text())
+    assert manifest["files"]["mp_rank_00_model_states.pt"]["size"] == model.stat().st_size
+    # and the checkpoint resumes, verified against that manifest
+    ok(run(tmp_path, "resume", "--stage", "0", "--steps", "12"))
+    (restore,) = restores(tmp_path)
+    assert restore["attributes"]["ckpt.restored_step"] == 10
