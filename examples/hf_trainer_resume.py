@@ -104,6 +104,30 @@ def make_trainer(
     return Trainer(model=model, args=args, train_dataset=TokenDataset(), callbacks=callbacks)
 
 
+def deepspeed_arguments(stage: int) -> dict:
+    """TrainingArguments for DeepSpeed ZeRO on CPU (one process without torchrun too)."""
+    import socket
+
+    import deepspeed.ops
+
+    # skip the JIT build of DeepSpeed's shm all-reduce op: training never uses it
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+        )
+    config = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+    }
+    return {"deepspeed": config, "optim": "adamw_torch"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, default=Path("hf-demo"))
@@ -120,6 +144,9 @@ def main() -> int:
         help="on SIGTERM/SIGUSR1 (or $CKPTPROF_NOTICE_SOURCES) save, then exit; link the resume",
     )
     ap.add_argument("--step-delay", type=float, default=0.0, help="seconds added to each step")
+    ap.add_argument(
+        "--deepspeed-stage", type=int, default=None, help="train through DeepSpeed ZeRO (CPU)"
+    )
     args = ap.parse_args()
     if args.phase == "all":
         launcher = [sys.executable]
@@ -131,6 +158,8 @@ def main() -> int:
         ]  # fmt: skip
         if args.max_shard_size:
             flags += ["--max-shard-size", args.max_shard_size]
+        if args.deepspeed_stage is not None:
+            flags += ["--deepspeed-stage", str(args.deepspeed_stage)]
         for phase in ("train", "resume"):
             subprocess.run([*launcher, __file__, *flags, "--phase", phase], check=True)
         subprocess.run(
@@ -141,6 +170,7 @@ def main() -> int:
         trace_dir=args.dir / "traces", verify=args.verify, interruptions=args.interruptions
     )
     callbacks = [callback] + ([SlowSteps(args.step_delay)] if args.step_delay else [])
+    extra = {} if args.deepspeed_stage is None else deepspeed_arguments(args.deepspeed_stage)
     trainer = make_trainer(
         args.dir,
         max_steps=args.steps or (10 if args.phase == "train" else 15),
@@ -148,6 +178,7 @@ def main() -> int:
         hidden=args.hidden,
         layers=args.layers,
         max_shard_size=args.max_shard_size,
+        **extra,
     )
     trainer.train(resume_from_checkpoint=args.phase == "resume")
     return 0

@@ -33,6 +33,7 @@ patched; :func:`uninstrument` (or :meth:`DeepSpeedInstrumentation.close`) undoes
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -71,6 +72,7 @@ class DeepSpeedInstrumentation(TracedAdapter):
         universal: str | None = None,
         save_dir: str | None = None,
         interruptions: bool | dict = False,
+        shared: Instrumentation | None = None,
     ) -> None:
         if universal not in (None, "convert"):
             from ckptprof.errors import CkptprofError
@@ -79,13 +81,16 @@ class DeepSpeedInstrumentation(TracedAdapter):
         self.engine = engine
         self.universal = universal
         self.save_dir = save_dir
-        self._inst = Instrumentation(
+        # inside another adapter (the HF Trainer's DeepSpeed path) its operations are ours
+        self._shared = shared is not None
+        self._inst = shared or Instrumentation(
             "deepspeed",
             trace_dir=trace_dir,
             verify=verify,
             tracer_provider=tracer_provider,
             rank=engine.global_rank,
         )
+        self._patches = contextlib.ExitStack()
         self._folders = FolderCheckpoints(self._inst)
         self._listing: FolderListing | None = None
         self._reads: dict[str, int] = {}
@@ -110,26 +115,33 @@ class DeepSpeedInstrumentation(TracedAdapter):
     def attach(self) -> DeepSpeedInstrumentation:
         engine, inst = self.engine, self._inst
         inst.start()  # telemetry now, not inside the first restore
-        inst.patch(engine, "load_checkpoint", self._wrap_load_checkpoint)
-        inst.patch(engine, "_load_checkpoint", self._wrap_inner_load)
-        inst.patch(engine, "_load_zero_checkpoint", self._wrap_zero_load)
-        inst.patch(engine, "save_checkpoint", self._wrap_save_checkpoint)
-        inst.patch(engine, "_save_checkpoint", self._wrap_serialize)
-        inst.patch(engine, "_save_zero_checkpoint", self._wrap_serialize)
-        inst.patch(engine, "step", self._wrap_step)
+
+        def patch(obj, name, make):
+            self._patches.enter_context(inst.temporarily(obj, name, make))
+
+        patch(engine, "load_checkpoint", self._wrap_load_checkpoint)
+        patch(engine, "_load_checkpoint", self._wrap_inner_load)
+        patch(engine, "_load_zero_checkpoint", self._wrap_zero_load)
+        patch(engine, "save_checkpoint", self._wrap_save_checkpoint)
+        patch(engine, "_save_checkpoint", self._wrap_serialize)
+        patch(engine, "_save_zero_checkpoint", self._wrap_serialize)
         if engine.checkpoint_engine.is_decoupled():
-            inst.patch(engine, "_commit_decoupled_checkpoint", self._wrap_decoupled_commit)
+            patch(engine, "_commit_decoupled_checkpoint", self._wrap_decoupled_commit)
         ckpt_engine = engine.checkpoint_engine
-        inst.patch(ckpt_engine, "load", self._wrap_file_load)
-        inst.patch(ckpt_engine, "save", self._wrap_file_save)
-        inst.patch(ckpt_engine, "commit", self._wrap_commit)
-        inst.watch_interruptions(self._interruptions, lambda: self.save_dir, self.save)
+        patch(ckpt_engine, "load", self._wrap_file_load)
+        patch(ckpt_engine, "save", self._wrap_file_save)
+        patch(ckpt_engine, "commit", self._wrap_commit)
+        if not self._shared:  # else the host adapter ends restores and watches notices
+            patch(engine, "step", self._wrap_step)
+            inst.watch_interruptions(self._interruptions, lambda: self.save_dir, self.save)
         setattr(engine, _ATTACHED, self)
         return self
 
     def close(self) -> None:
-        """Undo every patch, stop watching for notices, flush and close the trace."""
-        self._inst.close()
+        """Undo every patch; stop watching for notices, flush and close our own trace."""
+        self._patches.close()
+        if not self._shared:
+            self._inst.close()
         if getattr(self.engine, _ATTACHED, None) is self:
             delattr(self.engine, _ATTACHED)
 
@@ -137,7 +149,8 @@ class DeepSpeedInstrumentation(TracedAdapter):
     def _wrap_load_checkpoint(self, original):
         def load_checkpoint(load_dir, tag=None, *args, **kwargs):
             engine, inst = self.engine, self._inst
-            op = inst.begin_restore(
+            nested = self._shared and inst.restore_op is not None
+            op = inst.restore_op if nested else inst.begin_restore(
                 {
                     Attr.FORMAT: "deepspeed",
                     Attr.PATH: str(load_dir),
@@ -145,16 +158,17 @@ class DeepSpeedInstrumentation(TracedAdapter):
                     Attr.STORAGE_KIND: "posix",
                     "ckpt.strategy": f"zero{engine.zero_optimization_stage()}",
                 }
-            )
+            )  # fmt: skip
             self._reads = {}
             try:
                 if op is not None:
                     tag = self._list(op, str(load_dir), tag)
                 result = original(load_dir, tag, *args, **kwargs)
             except BaseException as exc:
-                inst.end_restore(exc)
+                if not nested:
+                    inst.end_restore(exc)
                 raise
-            if op is not None:
+            if op is not None and not nested:
                 if result == (None, None):  # DeepSpeed found no checkpoint and said so
                     inst.end_restore()
                 else:
@@ -321,20 +335,23 @@ class DeepSpeedInstrumentation(TracedAdapter):
             self.save_dir = str(save_dir)
             resolved = tag if tag is not None else f"global_step{engine.global_steps}"
             folder = os.path.join(str(save_dir), str(resolved))
-            inst.begin_save(
-                {
-                    Attr.FORMAT: "deepspeed",
-                    Attr.PATH: folder,
-                    Attr.STEP: engine.global_steps,
-                    Attr.WORLD_SIZE: engine.world_size,
-                    "ckpt.strategy": f"zero{engine.zero_optimization_stage()}",
-                }
-            )
+            nested = self._shared and inst.save_op is not None
+            if not nested:
+                inst.begin_save(
+                    {
+                        Attr.FORMAT: "deepspeed",
+                        Attr.PATH: folder,
+                        Attr.STEP: engine.global_steps,
+                        Attr.WORLD_SIZE: engine.world_size,
+                        "ckpt.strategy": f"zero{engine.zero_optimization_stage()}",
+                    }
+                )
             self._written = []
             try:
                 result = original(save_dir, tag, *args, **kwargs)
             except BaseException as exc:
-                inst.end_save(exc)
+                if not nested:
+                    inst.end_save(exc)
                 raise
             op = inst.save_op
             names = [os.path.basename(p) for p in self._written if os.path.dirname(p) == folder]
@@ -345,7 +362,8 @@ class DeepSpeedInstrumentation(TracedAdapter):
                 self._pending = (folder, names, op.span_context, engine.global_steps)
             elif op is not None:
                 self._folders.commit(folder, names, op)
-            inst.end_save()
+            if not nested:
+                inst.end_save()
             return result
 
         return save_checkpoint

@@ -98,6 +98,7 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
         self.trainer: Trainer | None = None
         self._listing: FolderListing | None = None
         self._awaiting_first_step = False
+        self._deepspeed = None  # the engine's tracing on the Trainer's DeepSpeed path
 
     # ------------------------------------------------------------------ events
     def on_init_end(self, args, state, control, **kwargs):
@@ -221,7 +222,9 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
             op.set_attributes({Attr.PATH: str(folder)})
         self._listing = self._guarded(self._folders.list, str(folder), op)
         if self._listing is not None:
-            op.set_attributes({Attr.FORMAT: _weights_format(self._listing.sizes)})
+            deepspeed = getattr(trainer, "is_deepspeed_enabled", False)
+            fmt = "deepspeed" if deepspeed else _weights_format(self._listing.sizes)
+            op.set_attributes({Attr.FORMAT: fmt})
             self._fetch(op, [TRAINER_STATE])
         return folder
 
@@ -284,7 +287,42 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
         }
         for name, make in wrappers.items():
             stack.enter_context(inst.temporarily(trainer, name, make))
+        if getattr(trainer, "is_deepspeed_enabled", False):
+            # the engine exists once accelerate has prepared it: trace its own checkpoint
+            # reads and writes inside this Trainer's operations
+            stack.enter_context(
+                inst.temporarily(trainer.accelerator, "prepare", self._wrap_prepare)
+            )
+            stack.callback(self._close_deepspeed)
         return stack
+
+    def _wrap_prepare(self, original):
+        def prepare(*args, **kwargs):
+            op = self._inst.restore_op
+            start = time.time_ns()
+            result = original(*args, **kwargs)
+            if op is not None:  # building the ZeRO engine partitions what the load fills
+                op.add_interval(Phase.RESHARD, start, time.time_ns())
+                op.set_phase_attributes(
+                    Phase.RESHARD, **{"ckpt.reshard.includes": "accelerate.prepare (DeepSpeed)"}
+                )
+            wrapped = getattr(self.trainer.accelerator, "deepspeed_engine_wrapped", None)
+            engine = getattr(wrapped, "engine", None)
+            if engine is not None and self._deepspeed is None:
+                try:
+                    from ckptprof.integrations.deepspeed import DeepSpeedInstrumentation
+
+                    self._deepspeed = DeepSpeedInstrumentation(engine, shared=self._inst).attach()
+                except Exception as exc:  # noqa: BLE001
+                    self._inst.warn_once("deepspeed", exc)
+            return result
+
+        return prepare
+
+    def _close_deepspeed(self) -> None:
+        deepspeed, self._deepspeed = self._deepspeed, None
+        if deepspeed is not None:
+            deepspeed.close()
 
     def _wrap_load_model(self, original):
         def load_from_checkpoint(resume_from_checkpoint, model=None):
@@ -412,14 +450,18 @@ class _SaveGroups:
             (getattr(trainer, "model", None), "state_dict"),
             (getattr(trainer, "optimizer", None), "state_dict"),
         ]
+        engine = getattr(trainer, "deepspeed", None)  # its save traces itself
+        exclude = [(engine, "save_checkpoint")] if engine is not None else []
         for method, group in self.GROUPS.items():
-            stack.enter_context(inst.temporarily(trainer, method, self._timed(group, serialize)))
+            timed = self._timed(group, serialize, exclude)
+            stack.enter_context(inst.temporarily(trainer, method, timed))
         state = getattr(trainer, "state", None)
         if state is not None:
-            stack.enter_context(inst.temporarily(state, "save_to_json", self._timed("state", [])))
+            timed = self._timed("state", [], [])
+            stack.enter_context(inst.temporarily(state, "save_to_json", timed))
         return stack
 
-    def _timed(self, group: str, serialize):
+    def _timed(self, group: str, serialize, exclude):
         def make(original):
             def run(*args, **kwargs):
                 op = self.op
@@ -431,7 +473,8 @@ class _SaveGroups:
                         Phase.WRITE,
                         original,
                         *args,
-                        inner=[(obj, name, Phase.SERIALIZE) for obj, name in serialize],
+                        inner=[(obj, name, Phase.SERIALIZE) for obj, name in serialize]
+                        + [(obj, name, None) for obj, name in exclude],
                         **kwargs,
                     )
                 finally:

@@ -415,3 +415,31 @@ def test_metadata_notice_saves_and_stops_training(tmp_path):
     assert 100 < attrs["ckpt.interruption.margin_s"] <= 120
     step = attrs["ckpt.interruption.checkpoint_step"]
     assert (tmp_path / "checkpoints" / f"checkpoint-{step}" / "optimizer.pt").exists()
+
+
+def test_deepspeed_path_traces_the_engine_inside_the_trainer(tmp_path):
+    pytest.importorskip("deepspeed")
+    flags = ["--deepspeed-stage", "2"]
+    ok = run_example(tmp_path, *flags, "--phase", "train", "--steps", "5")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    again = run_example(tmp_path, *flags, "--phase", "resume", "--steps", "6")
+    assert again.returncode == 0, again.stderr[-3000:]
+    spans = spans_in(tmp_path / "traces")
+    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
+    assert restore["attributes"]["ckpt.format"] == "deepspeed"
+    assert restore["attributes"]["ckpt.strategy"] == "deepspeed"
+    phases = children(spans, restore)
+    assert set(phases) >= RESTORE_PHASES
+    assert "accelerate.prepare" in phases["ckpt.reshard"]["attributes"]["ckpt.reshard.includes"]
+    tag = tmp_path / "checkpoints" / "checkpoint-5" / "global_step5"
+    read = ["mp_rank_00_model_states.pt"] * 2 + ["zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    fetch = phases["ckpt.fetch"]["attributes"]
+    assert fetch["ckpt.fetch.repeated_reads"] == 1  # DeepSpeed's double read, seen from HF
+    assert fetch["ckpt.bytes"] >= sum((tag / n).stat().st_size for n in read)
+    manifest = json.loads((tag / "ckptprof-manifest.rank0.json").read_text())
+    assert set(manifest["files"]) == {p.name for p in tag.iterdir() if "ckptprof" not in p.name}
+    (save,) = [s for s in spans if s["name"] == "ckpt.save" and s["attributes"]["ckpt.step"] == 5]
+    write = children(spans, save)["ckpt.write"]["attributes"]
+    assert write["ckpt.bytes"] >= sum(
+        p.stat().st_size for p in tag.iterdir() if "ckptprof" not in p.name
+    )
