@@ -62,6 +62,8 @@ class Instrumentation:
         framework: value of ``ckpt.framework``.
         trace_dir: trace-file directory (default ``$CKPTPROF_TRACE_DIR`` or ``./ckptprof-traces``).
         tracer_provider: record into this provider instead of ckptprof's own (no trace file).
+            Give it ``id_generator=OsRandomIdGenerator()`` (``ckptprof.tracing.export``):
+            the SDK's default draws ids from Python's ``random``, the job's own stream.
         verify: at save, write a manifest with sizes (``size``) or sizes and xxh3 hashes
             (``full``, costs one read of each saved file); at resume, check against it.
         rank: ``ckpt.rank`` of this process (default from ``RANK``).
@@ -142,9 +144,17 @@ class Instrumentation:
 
         kwargs = {} if options is True else dict(options)
         try:
-            self.interruptions = InterruptionGuard(self, location, save, stop, **kwargs).start()
+            guard = InterruptionGuard(self, location, save, stop, **kwargs)
         except CkptprofError:
             raise  # a bad option: the user's to fix
+        except (TypeError, ValueError) as exc:
+            raise CkptprofError(
+                f"interruptions={options!r}: {exc}; expected True or a dict of sources, "
+                "metadata_url, signal_grace_s, cost_per_hour_usd (and numbers in "
+                "CKPTPROF_SIGNAL_GRACE_S / CKPTPROF_COST_PER_HOUR)."
+            ) from None
+        try:
+            self.interruptions = guard.start()
         except Exception as exc:  # noqa: BLE001
             self.warn_once("interruptions", exc)
 
@@ -186,14 +196,16 @@ class Instrumentation:
 
     @contextlib.contextmanager
     def temporarily(
-        self, obj: Any, name: str, make: Callable[[Callable], Callable]
+        self, obj: Any, name: str, make: Callable[[Callable], Callable], force: bool = False
     ) -> Iterator[None]:
         """Like :meth:`patch`, for one call of the framework: undone when the block ends.
 
-        A missing attribute is left alone (the framework version does not have it).
+        A missing attribute is left alone (the framework version does not have it); one
+        ckptprof already wrapped is wrapped again only with ``force`` (a timer around it).
         """
         original = getattr(obj, name, None)
-        if original is None or getattr(original, "__ckptprof_owner__", None) is self:
+        ours = getattr(original, "__ckptprof_owner__", None) is self
+        if original is None or (ours and not force):
             yield
             return
         had_own = name in getattr(obj, "__dict__", {})
@@ -251,7 +263,8 @@ class Instrumentation:
         with contextlib.ExitStack() as stack:
             for obj, name, inner_phase in inner:
                 if obj is not None:
-                    stack.enter_context(self.temporarily(obj, name, timer(inner_phase)))
+                    timed_inner = timer(inner_phase)
+                    stack.enter_context(self.temporarily(obj, name, timed_inner, force=True))
             start = time.time_ns()
             try:
                 return fn(*args, **kwargs)
@@ -280,21 +293,37 @@ class Instrumentation:
         if op is None:
             return None
         try:
-            attrs = op.attributes
-            step = attrs.get(Attr.RESTORED_STEP, attrs.get(Attr.STEP))
+            step = op.attributes.get(Attr.RESTORED_STEP)  # the checkpoint's own step
             if self.interruptions is not None and error is None and step is not None:
                 self.interruptions.resumed(op, int(step))
             summary = op.finish(error)
             self.last_restore = summary
-            if summary is not None:
-                log.info("%s", summary.one_line())
-                if self.telemetry is not None:
-                    # off the training loop's critical path, unless the restore failed
-                    self.telemetry.flush(wait=error is not None)
+            if summary is not None and self.telemetry is not None:
+                # off the training loop's critical path, unless the restore failed
+                self.telemetry.flush(wait=error is not None)
             return summary
         except Exception as exc:  # noqa: BLE001
             self.warn_once("end_restore", exc)
             return None
+
+    def first_step_done(
+        self, step: int, since_ns: int | None = None, announce: bool = True, **attributes: Any
+    ) -> OperationSummary | None:
+        """End the restore at the end of the first training step after it: ``first_step``
+        from ``since_ns`` (default: the end of the last restore phase), the step reached,
+        and the one-line summary logged where ``announce`` (rank zero)."""
+        op = self.restore_op
+        if op is None:
+            return None
+        try:
+            op.add_interval(Phase.FIRST_STEP, since_ns or op.latest_end_ns, time.time_ns())
+            op.set_attributes({Attr.STEP: step, **attributes})
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("first_step", exc)
+        summary = self.end_restore()
+        if summary is not None and announce:
+            log.warning("%s", summary.one_line())
+        return summary
 
     def begin_save(self, attributes: dict[str, Any]) -> Operation | None:
         try:

@@ -108,11 +108,21 @@ class DeepSpeedInstrumentation(TracedAdapter):
         save_dir = save_dir or self.save_dir
         if save_dir is None:
             raise RuntimeError("no save_dir: pass instrument(engine, save_dir=...) or save(dir)")
-        self.engine.save_checkpoint(save_dir)
-        return os.path.join(save_dir, f"global_step{self.engine.global_steps}")
+        engine = self.engine
+        engine.save_checkpoint(save_dir)
+        if engine.checkpoint_engine.is_decoupled():  # an emergency cannot wait for a step
+            engine._commit_decoupled_checkpoint()
+        return os.path.join(save_dir, f"global_step{engine.global_steps}")
 
     # ------------------------------------------------------------------ lifecycle
     def attach(self) -> DeepSpeedInstrumentation:
+        try:
+            return self._attach()
+        except BaseException:
+            self._patches.close()  # nothing half-attached stays on the engine
+            raise
+
+    def _attach(self) -> DeepSpeedInstrumentation:
         engine, inst = self.engine, self._inst
         inst.start()  # telemetry now, not inside the first restore
 
@@ -194,7 +204,9 @@ class DeepSpeedInstrumentation(TracedAdapter):
         except Exception as exc:  # noqa: BLE001 - ckptprof's own trouble
             self._inst.warn_once("list", exc)
             self._listing = None
-        op.set_attributes({Attr.PATH: folder, "ckpt.universal": bool(universal)})
+        # nested in another adapter's restore, the path stays the host's (its checkpoint)
+        path_key = "ckpt.deepspeed.path" if self._shared else Attr.PATH
+        op.set_attributes({path_key: folder, "ckpt.universal": bool(universal)})
         if self._listing is None or universal or engine.zero_optimization_stage() == 0:
             if universal and self._listing is not None:
                 self._fetch_tree(op, folder)
@@ -241,7 +253,8 @@ class DeepSpeedInstrumentation(TracedAdapter):
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 torch.distributed.barrier()
         engine._config.load_universal_checkpoint = True  # this engine's config object only
-        op.set_attributes({"ckpt.universal": True, Attr.PATH: os.path.join(load_dir, target)})
+        path_key = "ckpt.deepspeed.path" if self._shared else Attr.PATH
+        op.set_attributes({"ckpt.universal": True, path_key: os.path.join(load_dir, target)})
         self._fetch_tree(op, os.path.join(load_dir, target))
         return target
 
@@ -316,12 +329,8 @@ class DeepSpeedInstrumentation(TracedAdapter):
             op = inst.restore_op
             restored = self._restored_step
             if op is not None and restored is not None and engine.global_steps > restored:
-                op.add_interval(Phase.FIRST_STEP, op.latest_end_ns, time.time_ns())
-                op.set_attributes({Attr.STEP: engine.global_steps})
                 self._restored_step = None
-                summary = inst.end_restore()
-                if summary is not None and engine.global_rank == 0:
-                    log.warning("%s", summary.one_line())
+                inst.first_step_done(engine.global_steps, announce=engine.global_rank == 0)
             if inst.interruptions is not None:
                 inst.interruptions.step_end(engine.global_steps)
             return result

@@ -162,17 +162,8 @@ class CkptProf(Callback, TracedAdapter):
 
     def _first_step_done(self, trainer) -> None:
         self._awaiting_first_step = False
-        op = self._inst.restore_op
-        if op is not None and self._resume_end_ns is not None:
-            import time
-
-            op.add_interval(Phase.FIRST_STEP, self._resume_end_ns, time.time_ns())
-        op_attrs = {Attr.STEP: trainer.global_step}
-        if op is not None:
-            op.set_attributes(op_attrs)
-        summary = self._inst.end_restore()
-        if summary is not None and trainer.is_global_zero:
-            log.warning("%s", summary.one_line())
+        since = self._resume_end_ns  # restore_training_state and resume_end are done
+        self._inst.first_step_done(trainer.global_step, since, announce=trainer.is_global_zero)
 
     @override
     def teardown(self, trainer, pl_module, stage: str) -> None:

@@ -229,11 +229,18 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
         return folder
 
     def _last_complete(self, folder: str | None) -> str | None:
-        """The newest ``checkpoint-N`` whose save finished: when ckptprof traced the saves,
-        a folder without a manifest was cut short (killed mid-save) and is skipped."""
+        """The newest ``checkpoint-N``, unless the interruption record says its save was
+        cut short (no manifest, and the emergency save of that step never finished):
+        then the newest one whose save did finish."""
+        from ckptprof.interrupt.record import SAVED, read_record
+
         if folder is None or self._folders.read_manifest(folder) is not None:
             return folder
         parent = os.path.dirname(folder)
+        record = read_record(parent)
+        step = folder.rsplit("-", 1)[-1]
+        if record is None or record.outcome == SAVED or str(record.step) != step:
+            return folder  # nothing says it is incomplete: the Trainer's choice stands
         finished = [
             p
             for p in _checkpoints_in(parent)
@@ -241,11 +248,13 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
             and self._folders.read_manifest(os.path.join(parent, p)) is not None
         ]
         if not finished:
-            return folder  # not saved with ckptprof: the Trainer's choice stands
+            return folder
         best = max(finished, key=lambda name: int(name.rsplit("-", 1)[-1]))
         log.warning(
-            "ckptprof: %s has no ckptprof manifest: its save did not finish; resuming from %s",
+            "ckptprof: %s was being saved when the job was stopped (%s) and has no manifest; "
+            "resuming from %s",
             folder,
+            record.outcome,
             best,
         )
         return os.path.join(parent, best)
@@ -372,19 +381,11 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
         op = self._inst.restore_op
         if op is None:
             return
-        try:
-            op.add_interval(Phase.FIRST_STEP, op.latest_end_ns, time.time_ns())
-            folder = str(op.attributes.get(Attr.PATH, ""))
-            restored = folder.rsplit("-", 1)[-1]
-            op.set_attributes({Attr.STEP: step})
-            if restored.isdigit():  # checkpoint-<global step at save>
-                op.set_attributes({Attr.RESTORED_STEP: int(restored)})
-        except Exception as exc:  # noqa: BLE001
-            self._inst.warn_once("first_step", exc)
-        summary = self._inst.end_restore()
+        restored = str(op.attributes.get(Attr.PATH, "")).rsplit("-", 1)[-1]
+        extra = {Attr.RESTORED_STEP: int(restored)} if restored.isdigit() else {}  # checkpoint-N
         trainer = self.trainer
-        if summary is not None and trainer is not None and trainer.is_world_process_zero():
-            log.warning("%s", summary.one_line())
+        announce = trainer is not None and trainer.is_world_process_zero()
+        self._inst.first_step_done(step, announce=announce, **extra)
 
     # ------------------------------------------------------------------ save
     def _wrap_save_checkpoint(self, original):
@@ -465,7 +466,10 @@ class _SaveGroups:
         def make(original):
             def run(*args, **kwargs):
                 op = self.op
-                before = self._snapshot()
+                try:
+                    before = self._snapshot()
+                except Exception:  # noqa: BLE001 - bookkeeping, not the save
+                    before = {}
                 start = time.time_ns()
                 try:
                     return self.owner._inst.split(
@@ -479,7 +483,10 @@ class _SaveGroups:
                     )
                 finally:
                     end = self.last_end_ns = time.time_ns()
-                    self._note_files(group, before, start, end)
+                    try:
+                        self._note_files(group, before, start, end)
+                    except Exception as exc:  # noqa: BLE001 - bookkeeping, not the save
+                        self.owner._inst.warn_once("save files", exc)
 
             return run
 

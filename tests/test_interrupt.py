@@ -18,6 +18,7 @@ from ckptprof.interrupt.record import (
     read_record,
     write_record,
 )
+from tests.conftest import read_spans
 from tests.metadata_server import MetadataServer
 
 
@@ -233,3 +234,55 @@ def test_record_beside_a_checkpoint_on_s3(s3_bucket, s3_env):
     text = raw["Body"].read().decode()
     assert os.environ["AWS_SECRET_ACCESS_KEY"] not in text
     assert os.environ["AWS_ACCESS_KEY_ID"] not in text
+
+
+def test_a_signal_after_a_handled_notice_is_handed_on(tmp_path):
+    """A metadata notice was saved for; the SIGTERM that follows must still reach the
+    handler ckptprof replaced (here a Python one, so the test process survives)."""
+    import signal
+
+    from ckptprof.interrupt.guard import InterruptionGuard
+    from ckptprof.interrupt.notice import Notice
+    from ckptprof.synth.interruption import _Host
+    from ckptprof.tracing.export import setup_telemetry
+    from ckptprof.tracing.recorder import CheckpointTracer
+
+    calls = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
+    telemetry = setup_telemetry(tmp_path / "traces")
+    try:
+        host = _Host(CheckpointTracer(telemetry.provider, framework="test"), telemetry)
+        guard = InterruptionGuard(
+            host, lambda: str(tmp_path), lambda: "saved-here", sources=["sigusr1"]
+        ).start()
+        now = time.time_ns()
+        guard.watcher.inject(Notice("aws-spot", now, now + 120_000_000_000))
+        guard.step_end(3)  # the emergency save
+        assert guard.record.outcome == "saved" and calls == []
+        os.kill(os.getpid(), signal.SIGUSR1)
+        guard.step_end(4)
+        assert calls == [signal.SIGUSR1]
+        guard.close()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        telemetry.shutdown()
+
+
+def test_a_notice_never_saved_for_is_still_recorded(tmp_path):
+    from ckptprof.interrupt.guard import InterruptionGuard
+    from ckptprof.interrupt.notice import Notice
+    from ckptprof.synth.interruption import _Host
+    from ckptprof.tracing.export import setup_telemetry
+    from ckptprof.tracing.recorder import CheckpointTracer
+
+    telemetry = setup_telemetry(tmp_path / "traces")
+    host = _Host(CheckpointTracer(telemetry.provider, framework="test"), telemetry)
+    guard = InterruptionGuard(host, lambda: str(tmp_path), lambda: "x", sources=[]).start()
+    now = time.time_ns()
+    guard.watcher.inject(Notice("gcp-preempted", now, now + 30_000_000_000, True))
+    assert wait_for(lambda: guard.record is not None)  # pending record, from the thread
+    guard.close()  # training ended before any step boundary
+    telemetry.shutdown()
+    assert read_record(str(tmp_path)).outcome == "none"
+    (root,) = [s for s in read_spans(telemetry.trace_file) if s["name"] == "ckpt.interruption"]
+    assert root["attributes"]["ckpt.interruption.outcome"] == "none"

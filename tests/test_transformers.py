@@ -357,7 +357,7 @@ def test_save_cut_short_by_the_deadline_leaves_the_previous_checkpoint_in_use(tm
     trainer = make_trainer(tmp_path, 11, [callback])
     with caplog.at_level(logging.WARNING, logger="ckptprof"):
         trainer.train(resume_from_checkpoint=True)
-    assert "checkpoint-12 has no ckptprof manifest" in caplog.text
+    assert "checkpoint-12 was being saved when the job was stopped" in caplog.text
     attrs = callback.last_restore.attributes
     assert attrs["ckpt.path"] == str(checkpoints / "checkpoint-10")
     assert attrs["ckpt.interruption.outcome"] == "pending"  # the save never finished
@@ -375,9 +375,12 @@ def test_notice_during_a_save_is_handled_after_it(tmp_path):
         )
         trainer = make_trainer(tmp_path, 7, [callback])
         save_pretrained = trainer.model.save_pretrained
+        sent = []
 
         def save_and_get_noticed(*args, **kwargs):
-            os.kill(os.getpid(), signal.SIGUSR1)  # arrives mid-save
+            if not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGUSR1)  # arrives mid-save (the first one)
             return save_pretrained(*args, **kwargs)
 
         trainer.model.save_pretrained = save_and_get_noticed
@@ -428,6 +431,9 @@ def test_deepspeed_path_traces_the_engine_inside_the_trainer(tmp_path):
     (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
     assert restore["attributes"]["ckpt.format"] == "deepspeed"
     assert restore["attributes"]["ckpt.strategy"] == "deepspeed"
+    assert restore["attributes"]["ckpt.path"].endswith("checkpoint-5")  # the Trainer's
+    assert restore["attributes"]["ckpt.deepspeed.path"].endswith("checkpoint-5/global_step5")
+    assert restore["attributes"]["ckpt.restored_step"] == 5
     phases = children(spans, restore)
     assert set(phases) >= RESTORE_PHASES
     assert "accelerate.prepare" in phases["ckpt.reshard"]["attributes"]["ckpt.reshard.includes"]
@@ -443,3 +449,12 @@ def test_deepspeed_path_traces_the_engine_inside_the_trainer(tmp_path):
     assert write["ckpt.bytes"] >= sum(
         p.stat().st_size for p in tag.iterdir() if "ckptprof" not in p.name
     )
+
+
+def test_bad_interruption_options_are_one_clear_error(tmp_path):
+    from ckptprof.errors import CkptprofError
+
+    callback = CkptProfCallback(trace_dir=tmp_path / "t", interruptions={"source": ["aws"]})
+    trainer = make_trainer(tmp_path, 2, [callback])
+    with pytest.raises(CkptprofError, match=r"interruptions=.*expected True or a dict"):
+        trainer.train()

@@ -31,6 +31,7 @@ from ckptprof.interrupt.notice import Notice, NoticeWatcher
 from ckptprof.interrupt.record import (
     FAILED,
     MISSED,
+    NOT_SAVED,
     SAVED,
     InterruptionRecord,
     as_attributes,
@@ -60,6 +61,7 @@ class GuardHost(Protocol):
     telemetry: Any  # a Telemetry (or None: nothing to flush)
     save_parent: Any  # the guard sets an OpenTelemetry context here around the save
     interruptions: Any
+    rank: int  # only rank 0 writes and retires the record
 
     def start(self) -> None: ...
 
@@ -145,11 +147,22 @@ class InterruptionGuard:
         return self
 
     def close(self) -> None:
+        """Stop watching. A notice that came but was never saved for (training ended
+        first) is recorded as such and its trace ended, so the story is not lost."""
         self._stopped.set()
         self.watcher.stop()
         if self._thread is not None:
             self._thread.join(timeout=2)
             self._thread = None
+        if self._root is not None and not self._handled and self.record is not None:
+            try:
+                self._handled = True
+                self.record.outcome = NOT_SAVED
+                self._write()
+                self._root.set_attributes(as_attributes(self.record))
+                self._root.end()
+            except Exception as exc:  # noqa: BLE001
+                self.inst.warn_once("interruption", exc)
 
     @property
     def notice(self) -> Notice | None:
@@ -204,8 +217,9 @@ class InterruptionGuard:
                 self.inst.warn_once("interruption", exc)
 
     def _write(self) -> None:
+        """The record, by rank 0 only (every rank sees the notice; one record per job)."""
         location = self.location()
-        if location and self.record is not None:
+        if location and self.record is not None and getattr(self.inst, "rank", 0) == 0:
             try:
                 write_record(location, self.record)
             except Exception as exc:  # noqa: BLE001
@@ -214,6 +228,9 @@ class InterruptionGuard:
     def step_end(self, step: int) -> None:
         """Call at every step boundary; runs the emergency save when a notice is pending."""
         self.last_step, self.last_step_ns = step, time.time_ns()
+        if self._handled and self.watcher.signum is not None:
+            self.watcher.chain()  # a signal after the notice was already saved for
+            return
         if self.watcher.notice is None or self._handled:
             return
         self._handled = True
@@ -272,8 +289,8 @@ class InterruptionGuard:
                 self.inst.warn_once("emergency_save", exc)
         if self.watcher.signum is not None:
             self.watcher.chain()  # the default action ends the process here
-        elif notice is not None and self.stop_training is not None:
-            self.stop_training()
+        elif notice is not None and notice.deadline_ns is not None and self.stop_training:
+            self.stop_training()  # (a rebalance recommendation has no deadline: go on)
 
     # ------------------------------------------------------------------ resumed run
     def resume_links(
@@ -328,7 +345,7 @@ class InterruptionGuard:
                 }
             )
             location = self.location()
-            if location:
+            if location and getattr(self.inst, "rank", 0) == 0:
                 consume_record(location)
         except Exception as exc:  # noqa: BLE001
             self.inst.warn_once("resumed", exc)

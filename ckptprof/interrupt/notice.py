@@ -102,8 +102,8 @@ class NoticeWatcher:
     Args:
         sources: names from :data:`ALL_SOURCES`; default ``$CKPTPROF_NOTICE_SOURCES`` or
             ``sigterm,sigusr1``. Metadata sources are never on by default.
-        on_notice: called once, with the first notice (from a signal handler or the poll
-            thread: keep it short; it should only set flags).
+        on_notice: called once, with the first notice, from the watcher's thread (a
+            signal handler only records the notice; the thread delivers it within ~50 ms).
         metadata_url: base URL of the metadata service (tests: a server on 127.0.0.1).
         signal_grace_s: deadline assumed after a signal.
     """
@@ -151,8 +151,9 @@ class NoticeWatcher:
         hint = suggest_metadata_source(self.sources)
         if hint:
             log.info("%s", hint)
-        if self._pollers and self._thread is None:
-            self._thread = threading.Thread(target=self._poll, name="ckptprof-notice", daemon=True)
+        if (self._pollers or self.on_notice is not None) and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="ckptprof-notice", daemon=True)
             self._thread.start()
         return self
 
@@ -193,42 +194,51 @@ class NoticeWatcher:
 
     # ------------------------------------------------------------------ sources
     def _on_signal(self, signum, frame) -> None:
-        name = signal.Signals(signum).name.lower()
-        now = time.time_ns()
+        """Only plain assignments: no lock, no I/O, no callback (the thread delivers it)."""
         self.signum = signum
-        self._notify(Notice(name, now, now + int(self.signal_grace_s * 1e9), True))
+        if self.notice is None:
+            now = time.time_ns()
+            name = signal.Signals(signum).name.lower()
+            self.notice = Notice(name, now, now + int(self.signal_grace_s * 1e9), True)
 
     def _notify(self, notice: Notice) -> None:
         with self._lock:
-            if self.notice is not None:
-                return
-            self.notice = notice
-        if self.on_notice is not None:
-            try:
-                self.on_notice(notice)
-            except Exception as exc:  # noqa: BLE001 - never let ckptprof break the job
-                log.warning("ckptprof: notice handler failed: %r", exc)
+            if self.notice is None:
+                self.notice = notice
 
-    def _poll(self) -> None:
+    def _run(self) -> None:
+        """Poll the metadata sources when due; hand the first notice to ``on_notice``."""
         failures: dict[str, int] = {}
-        while not self._stop.is_set() and self.notice is None:
-            for poller in self._pollers:
-                try:
-                    notice = poller.check()
-                except Exception as exc:  # noqa: BLE001 - a dead endpoint is only logged
-                    failures[poller.name] = failures.get(poller.name, 0) + 1
-                    if failures[poller.name] == 1:
-                        log.warning(
-                            "ckptprof: %s metadata at %s not answering (%s); still polling",
-                            poller.name,
-                            poller.base,
-                            type(exc).__name__,
-                        )
-                    continue
-                if notice is not None:
-                    self._notify(notice)
-                    return
-            self._stop.wait(self.poll_interval_s)
+        next_poll = time.monotonic()
+        while not self._stop.wait(0.05):
+            if self.notice is None and self._pollers and time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + self.poll_interval_s
+                self._poll_once(failures)
+            if self.notice is not None:
+                if self.on_notice is not None:
+                    try:
+                        self.on_notice(self.notice)
+                    except Exception as exc:  # noqa: BLE001 - never break the job
+                        log.warning("ckptprof: notice handler failed: %r", exc)
+                return
+
+    def _poll_once(self, failures: dict[str, int]) -> None:
+        for poller in self._pollers:
+            try:
+                notice = poller.check()
+            except Exception as exc:  # noqa: BLE001 - a dead endpoint is only logged
+                failures[poller.name] = failures.get(poller.name, 0) + 1
+                if failures[poller.name] == 1:
+                    log.warning(
+                        "ckptprof: %s metadata at %s not answering (%s); still polling",
+                        poller.name,
+                        poller.base,
+                        type(exc).__name__,
+                    )
+                continue
+            if notice is not None:
+                self._notify(notice)
+                return
 
 
 # ---------------------------------------------------------------------- pollers

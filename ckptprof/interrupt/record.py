@@ -121,12 +121,22 @@ def read_record(location: str, run_id: str | None = None) -> InterruptionRecord 
 
 
 def consume_record(location: str) -> None:
-    """Rename the record once a resume has linked to it, so the next resume does not."""
+    """Retire the record once a resume has linked to it, so the next resume does not:
+    renamed to ``….done`` (on S3: copied there, then deleted)."""
+    done = f"{RECORD_NAME}.{time.strftime('%Y%m%dT%H%M%S')}.done"
     if location.startswith("s3://"):
-        return  # kept; the resumed trace carries the link, and run ids tell runs apart
+        from ckptprof.storage import open_storage
+
+        try:
+            storage = open_storage(location)
+            storage.write_bytes(done, storage.read_bytes(RECORD_NAME))
+            storage.delete(RECORD_NAME)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("ckptprof: could not retire interruption record in %s: %s", location, exc)
+        return
     path = os.path.join(location, RECORD_NAME)
     try:
-        os.replace(path, f"{path}.{time.strftime('%Y%m%dT%H%M%S')}.done")
+        os.replace(path, os.path.join(location, done))
     except OSError as exc:
         log.warning("ckptprof: could not retire interruption record %s: %s", path, exc)
 

@@ -32,18 +32,22 @@ class _Host:
     """The guard's host for the synthetic runner (what an adapter's core provides)."""
 
     framework = "synthetic"
+    rank = 0
 
     def __init__(self, tracer, telemetry) -> None:
         self.tracer = tracer
         self.telemetry = telemetry
         self.save_parent = None
         self.interruptions = None
+        self._warned: set[str] = set()
 
     def start(self) -> None:
         pass
 
     def warn_once(self, where: str, exc: BaseException) -> None:
-        log.warning("ckptprof: %s failed: %r", where, exc)
+        if where not in self._warned:
+            self._warned.add(where)
+            log.warning("ckptprof: %s failed: %r", where, exc)
 
 
 def simulate(runner, out_dir: Path, telemetry, deadline_s: float) -> InterruptionGuard:
@@ -59,8 +63,7 @@ def simulate(runner, out_dir: Path, telemetry, deadline_s: float) -> Interruptio
         host,
         location=lambda: str(out_dir),
         save=lambda: _emergency_save(runner, host, Path(out_dir) / "emergency", step),
-        sources=[],
-        signal_grace_s=deadline_s,
+        sources=[],  # the notice is injected below, with the deadline
     )
     guard.start()
     now = time.time_ns()
