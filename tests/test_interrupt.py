@@ -286,3 +286,37 @@ def test_a_notice_never_saved_for_is_still_recorded(tmp_path):
     assert read_record(str(tmp_path)).outcome == "none"
     (root,) = [s for s in read_spans(telemetry.trace_file) if s["name"] == "ckpt.interruption"]
     assert root["attributes"]["ckpt.interruption.outcome"] == "none"
+
+
+def test_report_tells_one_story_per_interruption_across_ranks():
+    from ckptprof.report.interruptions import build_stories, render_stories
+
+    def span(name, span_id, attrs, links=(), parent=None, start="2026-11-30T00:00:00Z"):
+        return {
+            "name": name,
+            "context": {"trace_id": "0x" + span_id * 2, "span_id": span_id},
+            "parent_id": parent,
+            "start_time": start,
+            "end_time": start,
+            "attributes": attrs,
+            "links": [{"context": {"span_id": s}} for s in links],
+        }
+
+    common = {"ckpt.run_id": "job", "ckpt.interruption.source": "sigterm"}
+    spans = [
+        span("ckpt.interruption", "0xa0", {**common, "ckpt.rank": 0}),
+        span("ckpt.interruption", "0xa1", {**common, "ckpt.rank": 1}),
+    ]
+    for rank, (root, wall) in enumerate((("0xa0", 1.0), ("0xa1", 2.5))):
+        attrs = {
+            "ckpt.rank": rank,
+            "ckpt.wall_s": wall,
+            "ckpt.interruption.source": "sigterm",
+            "ckpt.interruption.steps_lost": 0,
+            "ckpt.interruption.restored_step": 7,
+        }
+        spans.append(span("ckpt.restore", f"0xb{rank}", attrs, links=[root]))
+    (story,) = build_stories(spans)
+    assert story.ranks == 2 and story.rto_s == 2.5  # the job's restore: its slowest rank
+    text = render_stories([story])
+    assert "2 ranks" in text and "RTO 2.500 s, slowest rank" in text

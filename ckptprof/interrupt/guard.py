@@ -185,6 +185,7 @@ class InterruptionGuard:
                 self.inst.start()
                 tracer = self.inst.tracer
                 attrs = _notice_attributes(notice, self.last_step)
+                attrs["ckpt.rank"] = getattr(self.inst, "rank", 0)
                 self._root = tracer.start_span(INTERRUPTION_SPAN, attrs, notice.received_ns)
                 from opentelemetry import trace
 

@@ -36,6 +36,7 @@ class Story:
     cost_per_hour: float | None = None
     downtime_cost: float | None = None
     restore_cost: float | None = None
+    ranks: int = 1
 
 
 def _ns(text: str | None) -> int | None:
@@ -52,23 +53,38 @@ def _attr(span: dict | None, name: str) -> Any:
 
 
 def build_stories(spans: list[dict[str, Any]]) -> list[Story]:
-    """Pair each ``ckpt.interruption`` trace with the restore that links to it."""
+    """One story per interruption: the interrupted run's ``ckpt.interruption`` traces
+    (one per rank; rank 0's tells it) and the restores that link back (the slowest rank's
+    is the job's restore)."""
     roots = [s for s in spans if s["name"] == "ckpt.interruption"]
     restores = [s for s in spans if s["name"] == "ckpt.restore" and _attr(s, "source")]
-    linked: dict[str, dict] = {}
+    linked: dict[str, list[dict]] = {}
     for restore in restores:
         for link in restore.get("links") or []:
-            linked[link["context"]["span_id"]] = restore
-    stories, paired = [], set()
+            linked.setdefault(link["context"]["span_id"], []).append(restore)
+    by_run: dict[Any, list[dict]] = {}
     for root in roots:
-        restore = linked.get(root["context"]["span_id"])
-        paired.add(id(restore))
-        stories.append(_story(root, spans, restore))
+        run = (root.get("attributes") or {}).get("ckpt.run_id") or root["context"]["span_id"]
+        by_run.setdefault(run, []).append(root)
+    stories, paired = [], set()
+    for group in by_run.values():
+        group.sort(key=lambda r: (r.get("attributes") or {}).get("ckpt.rank", 0))
+        root = group[0]
+        resumed = [r for g in group for r in linked.get(g["context"]["span_id"], [])]
+        paired.update(id(r) for r in resumed)
+        slowest = max(resumed, key=_wall, default=None)
+        story = _story(root, spans, slowest)
+        story.ranks = max(len(group), len(resumed), 1)
+        stories.append(story)
     for restore in restores:  # resumed, but the interrupted process left no trace here
         if id(restore) not in paired:
             stories.append(_story(None, spans, restore))
     stories.sort(key=lambda s: s.notice_at or "")
     return stories
+
+
+def _wall(span: dict) -> float:
+    return float((span.get("attributes") or {}).get("ckpt.wall_s") or 0.0)
 
 
 def _story(root, spans, restore) -> Story:
@@ -138,6 +154,7 @@ def render_stories(stories: list[Story]) -> str:
             deadline = f"deadline {st.deadline_s:.1f} s later{assumed}"
         at = f" at {st.notice_at}" if st.notice_at else ""
         step = f", step {st.step_at_notice}" if st.step_at_notice is not None else ""
+        step += f", {st.ranks} ranks" if st.ranks > 1 else ""
         lines.append(
             f"interruption {n}: {st.source} notice{at} (run {st.run_id}{step}); {deadline}"
         )
@@ -160,7 +177,10 @@ def render_stories(stories: list[Story]) -> str:
         restart = "the restore started" if st.source == "simulated" else "the new process started"
         lines.append(f"  downtime: {_s(st.downtime_s)} (notice → {restart})")
         largest = f" (largest phase {st.largest_phase})" if st.largest_phase else ""
-        lines.append(f"  restore: RTO {_s(st.rto_s)}{largest}, from step {st.restored_step}")
+        slowest = ", slowest rank" if st.ranks > 1 else ""
+        lines.append(
+            f"  restore: RTO {_s(st.rto_s)}{slowest}{largest}, from step {st.restored_step}"
+        )
         lines.append(f"  steps lost: {st.steps_lost} (restored step {st.restored_step})")
         lines.append(f"  recovery: {_s(st.recovery_s)} from the notice to the first step done")
         if st.cost_per_hour is not None:
