@@ -345,6 +345,33 @@ class Instrumentation:
             self.warn_once("end_save", exc)
             return None
 
+    @contextlib.contextmanager
+    def saving(self, attributes: dict[str, Any]) -> Iterator[Operation | None]:
+        """A ``ckpt.save`` around the block; the framework's exception ends it and passes."""
+        op = self.begin_save(attributes)
+        try:
+            yield op
+        except BaseException as exc:
+            self.end_save(exc)
+            raise
+        self.end_save()
+
+    def begin_background_save(self, attributes: dict[str, Any], queued_by) -> Operation | None:
+        """The second half of an asynchronous save (a writer thread or process): its own
+        ``ckpt.save`` marked ``ckpt.save.background``, linked to the save that queued it
+        (``queued_by``: that save's span context)."""
+        try:
+            from opentelemetry.trace import Link
+
+            if self.tracer is None:
+                return None
+            links = [Link(queued_by)] if queued_by is not None else None
+            attrs = self._attrs({**attributes, "ckpt.save.background": True})
+            return self.tracer.save(attrs, links=links)
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("background_save", exc)
+            return None
+
     def _attrs(self, attributes: dict[str, Any]) -> dict[str, Any]:
         return {Attr.RANK: self.rank, **attributes}
 

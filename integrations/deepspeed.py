@@ -49,6 +49,7 @@ from ckptprof.integrations.base import (
     FolderListing,
     Instrumentation,
     TracedAdapter,
+    timed,
 )
 from ckptprof.phases import Attr, Phase
 
@@ -344,35 +345,25 @@ class DeepSpeedInstrumentation(TracedAdapter):
             self.save_dir = str(save_dir)
             resolved = tag if tag is not None else f"global_step{engine.global_steps}"
             folder = os.path.join(str(save_dir), str(resolved))
-            nested = self._shared and inst.save_op is not None
-            if not nested:
-                inst.begin_save(
-                    {
-                        Attr.FORMAT: "deepspeed",
-                        Attr.PATH: folder,
-                        Attr.STEP: engine.global_steps,
-                        Attr.WORLD_SIZE: engine.world_size,
-                        "ckpt.strategy": f"zero{engine.zero_optimization_stage()}",
-                    }
-                )
+            attrs = {
+                Attr.FORMAT: "deepspeed",
+                Attr.PATH: folder,
+                Attr.STEP: engine.global_steps,
+                Attr.WORLD_SIZE: engine.world_size,
+                "ckpt.strategy": f"zero{engine.zero_optimization_stage()}",
+            }
+            nested = self._shared and inst.save_op is not None  # inside the host's save
             self._written = []
-            try:
+            with contextlib.nullcontext(inst.save_op) if nested else inst.saving(attrs) as op:
                 result = original(save_dir, tag, *args, **kwargs)
-            except BaseException as exc:
-                if not nested:
-                    inst.end_save(exc)
-                raise
-            op = inst.save_op
-            names = [os.path.basename(p) for p in self._written if os.path.dirname(p) == folder]
-            if op is not None and engine.checkpoint_engine.is_decoupled():
-                # files are still being written by DeepSpeed's writer process; the commit
-                # (and this rank's manifest) happen at the next optimizer step
-                op.set_phase_attributes(Phase.WRITE, **{"ckpt.write.async": True})
-                self._pending = (folder, names, op.span_context, engine.global_steps)
-            elif op is not None:
-                self._folders.commit(folder, names, op)
-            if not nested:
-                inst.end_save()
+                names = [os.path.basename(p) for p in self._written if os.path.dirname(p) == folder]
+                if op is not None and engine.checkpoint_engine.is_decoupled():
+                    # files are still being written by DeepSpeed's writer process; the commit
+                    # (and this rank's manifest) happen at the next optimizer step
+                    op.set_phase_attributes(Phase.WRITE, **{"ckpt.write.async": True})
+                    self._pending = (folder, names, op.span_context, engine.global_steps)
+                elif op is not None:
+                    self._folders.commit(folder, names, op)
             return result
 
         return save_checkpoint
@@ -385,24 +376,25 @@ class DeepSpeedInstrumentation(TracedAdapter):
         def commit_decoupled_checkpoint(*args, **kwargs):
             pending, self._pending = self._pending, None
             inst = self._inst
-            if pending is None or inst.tracer is None:
+            if pending is None:
                 return original(*args, **kwargs)
-            from opentelemetry.trace import Link
-
-            folder, names, ctx, step = pending
+            folder, names, queued_by, step = pending
             attrs = {Attr.FORMAT: "deepspeed", Attr.PATH: folder, Attr.STEP: step}
-            attrs.update({Attr.RANK: inst.rank, Attr.WORLD_SIZE: self.engine.world_size})
-            attrs["ckpt.save.background"] = True
-            op = inst.tracer.save(attrs, links=[Link(ctx)] if ctx is not None else None)
+            attrs[Attr.WORLD_SIZE] = self.engine.world_size
+            op = inst.begin_background_save(attrs, queued_by)
+            if op is not None:
+                op.set_phase_attributes(Phase.COMMIT, **{"ckpt.commit.waits_for_writer": True})
             try:
-                with op.phase(Phase.COMMIT, **{"ckpt.commit.waits_for_writer": True}):
-                    result = original(*args, **kwargs)
+                result = timed(op, Phase.COMMIT, original, *args, **kwargs)
             except BaseException as exc:
-                op.finish(exc)
+                if op is not None:
+                    op.finish(exc)
                 raise
-            op.add_bytes(Phase.COMMIT, sum(_size(os.path.join(folder, n)) for n in names))
+            if op is not None:
+                op.add_bytes(Phase.COMMIT, sum(_size(os.path.join(folder, n)) for n in names))
             self._folders.commit(folder, names, op)
-            op.finish()
+            if op is not None:
+                op.finish()
             return result
 
         return commit_decoupled_checkpoint

@@ -261,21 +261,14 @@ class CkptProf(Callback, TracedAdapter):
 
         def wrap_save_checkpoint(original):
             def save_checkpoint(filepath, *args, **kwargs):
-                inst.begin_save(
-                    {
-                        Attr.FORMAT: "torch",
-                        Attr.PATH: str(filepath),
-                        Attr.STEP: trainer.global_step,
-                        Attr.WORLD_SIZE: trainer.world_size,
-                    }
-                )
-                try:
-                    result = original(filepath, *args, **kwargs)
-                except BaseException as exc:
-                    inst.end_save(exc)
-                    raise
-                inst.end_save()
-                return result
+                attrs = {
+                    Attr.FORMAT: "torch",
+                    Attr.PATH: str(filepath),
+                    Attr.STEP: trainer.global_step,
+                    Attr.WORLD_SIZE: trainer.world_size,
+                }
+                with inst.saving(attrs):
+                    return original(filepath, *args, **kwargs)
 
             return save_checkpoint
 
@@ -304,23 +297,9 @@ class CkptProf(Callback, TracedAdapter):
 
         def wrap_background_save(original):
             def background_save_checkpoint(checkpoint, path, *args, **kwargs):
-                op = None
-                try:
-                    from opentelemetry.trace import Link
-
-                    ctx = submitted.pop(str(path), None)
-                    if inst.tracer is not None:
-                        op = inst.tracer.save(
-                            {
-                                Attr.FORMAT: "torch",
-                                Attr.PATH: str(path),
-                                Attr.RANK: inst.rank,
-                                "ckpt.save.background": True,
-                            },
-                            links=[Link(ctx)] if ctx is not None else None,
-                        )
-                except Exception as exc:  # noqa: BLE001
-                    inst.warn_once("background_save", exc)
+                queued_by = submitted.pop(str(path), None)
+                attrs = {Attr.FORMAT: "torch", Attr.PATH: str(path)}
+                op = inst.begin_background_save(attrs, queued_by)
                 try:
                     result = timed(op, Phase.WRITE, original, checkpoint, path, *args, **kwargs)
                 except BaseException as exc:

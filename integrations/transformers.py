@@ -395,27 +395,21 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
             folder = _checkpoint_folder(trainer, trial)
             run_dir = os.path.dirname(folder)
             before = _checkpoints_in(run_dir)
-            op = inst.begin_save(
-                {
-                    Attr.PATH: folder,
-                    Attr.STEP: trainer.state.global_step,
-                    Attr.WORLD_SIZE: trainer.args.world_size,
-                }
-            )
-            groups = _SaveGroups(self, op, folder)
-            try:
+            attrs = {
+                Attr.PATH: folder,
+                Attr.STEP: trainer.state.global_step,
+                Attr.WORLD_SIZE: trainer.args.world_size,
+            }
+            with inst.saving(attrs) as op:
+                groups = _SaveGroups(self, op, folder)
                 with groups.wrapped(trainer):
                     result = original(model, trial, *args, **kwargs)
-            except BaseException as exc:
-                inst.end_save(exc)
-                raise
-            if op is not None:
-                try:
-                    groups.finish(run_dir, before)
-                except Exception as exc:  # noqa: BLE001
-                    inst.warn_once("save", exc)
-                self._folders.commit(folder, groups.written, op)
-            inst.end_save()
+                if op is not None:
+                    try:
+                        groups.finish(run_dir, before)
+                    except Exception as exc:  # noqa: BLE001
+                        inst.warn_once("save", exc)
+                    self._folders.commit(folder, groups.written, op)
             return result
 
         return save_checkpoint
