@@ -1,0 +1,84 @@
+"""Atomic file writes: temp name in the same folder, fsync, rename, fsync the folder.
+
+Everything ckptprof writes that a reader may trust (manifests, results, interruption
+records, plots, published checkpoint files) goes through here, so nothing half-written
+ever looks done, and an I/O error always names the file it was writing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+PARTIAL_SUFFIX = ".partial"
+
+
+def partial_path(path: str | os.PathLike) -> Path:
+    """Where ``path`` is written before it is renamed into place (unique per process)."""
+    final = Path(path)
+    return final.with_name(f"{final.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename inside ``path`` durable (best effort: some filesystems refuse)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def named(exc: OSError, path: str | os.PathLike) -> OSError:
+    """``exc`` with ``path`` as its filename (write errors such as ENOSPC carry none)."""
+    if exc.filename is None and exc.errno is not None:
+        return type(exc)(exc.errno, exc.strerror, str(path))
+    return exc
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path to write; on a clean exit fsync it and rename it to ``path``.
+
+    On any error the temp file is removed and the error (naming the file) re-raised.
+    """
+    final = Path(path)
+    tmp = partial_path(final)
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise named(exc, final) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(final.parent)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator[IO]:
+    """``open(path, mode)`` whose content appears at ``path`` only when the block ends
+    cleanly; a failure leaves whatever was there before."""
+    with replacing(path) as tmp, open(tmp, mode, **kwargs) as handle:
+        yield handle
+        handle.flush()
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` atomically (bytes, or text as UTF-8)."""
+    raw = data.encode() if isinstance(data, str) else data
+    with atomic_open(path, "wb") as handle:
+        handle.write(raw)
