@@ -92,6 +92,9 @@ def main() -> int:
     ap.add_argument("--universal", choices=["convert"], default=None)
     ap.add_argument("--steps", type=int, default=None, help="train to this step (10, resume 12)")
     ap.add_argument("--verify", default="size", choices=["full", "size", "none"])
+    ap.add_argument(
+        "--strict", action="store_true", help="refuse a resume whose files do not match"
+    )
     ap.add_argument("--interruptions", action="store_true", help="save on SIGTERM/SIGUSR1, exit")
     ap.add_argument("--step-delay", type=float, default=0.0, help="seconds added to each step")
     ap.add_argument(
@@ -125,6 +128,7 @@ def main() -> int:
         engine,
         trace_dir=args.dir / "traces",
         verify=args.verify,
+        strict=args.strict,
         universal=args.universal,
         save_dir=save_dir,
         interruptions=args.interruptions,
@@ -132,7 +136,7 @@ def main() -> int:
     if args.phase == "resume":
         engine.load_checkpoint(save_dir)
     train(engine, args.steps or (10 if args.phase == "train" else 12), args.step_delay, 5, save_dir)
-    ckptprof.close()
+    ckptprof.uninstrument()
     engine.destroy()  # ends DeepSpeed's decoupled writer process, if any
     return 0
 

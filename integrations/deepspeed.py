@@ -1,19 +1,19 @@
 """DeepSpeed: ``instrument(engine)`` after ``deepspeed.initialize`` traces every
 ``engine.save_checkpoint`` and ``engine.load_checkpoint``, ZeRO stages 0-3, per rank.
 
-Where each phase is measured (DeepSpeed 0.19, tested with 0.19.8):
+Where each phase is measured (DeepSpeed 0.19, tested with 0.19.8; the patch table below):
 
 * ``list``: reading ``latest`` (or ``latest_universal``) to resolve the tag, listing
-  ``<dir>/<tag>`` and its ckptprof manifests, and counting the ZeRO partitions to detect a
-  data-parallel world-size change (``ckpt.saved_world_size``).
-* ``fetch`` / ``deserialize``: every ``checkpoint_engine.load`` of the default
-  ``TorchCheckpointEngine`` runs ``torch.load`` on a file whose reads are timed (reads are
-  fetch, the time between them deserialize; no extra copy). DeepSpeed reads the model
-  states twice per load (once to check the MP world size); both reads are real cost and
-  are shown (``ckpt.fetch.repeated_reads`` / ``…repeated_bytes``). Universal checkpoints'
-  per-parameter files, which DeepSpeed reads with its own ``torch.load``, are fetched into
-  the page cache first, so their reading shows as fetch and the rest as reshard.
-* ``verify``: each file once, against the manifests the save wrote.
+  ``<dir>/<tag>`` and its records in ckptprof's state location, and counting the ZeRO
+  partitions to detect a data-parallel world-size change (``ckpt.saved_world_size``).
+* ``fetch`` / ``deserialize``: before every ``checkpoint_engine.load`` (DeepSpeed's own
+  checkpoint-engine interface), the file is brought into the page cache (``fetch``) and
+  checked once (``verify``); the engine's own load, called unchanged, is ``deserialize``.
+  DeepSpeed reads the model states twice per load (once to check the MP world size);
+  both reads are real cost and are shown (``ckpt.fetch.repeated_reads`` /
+  ``…repeated_bytes``). Universal checkpoints' per-parameter files, which DeepSpeed
+  reads with its own ``torch.load``, are fetched into the page cache first, so their
+  reading shows as fetch and the rest as reshard.
 * ``reshard``: ``load_module_state_dict``, the non-ZeRO ``optimizer.load_state_dict`` and
   ``_load_zero_checkpoint`` (ZeRO re-partition) minus their file reads.
 * ``universal_convert`` (its own span, when ``universal="convert"`` and the world size
@@ -21,14 +21,15 @@ Where each phase is measured (DeepSpeed 0.19, tested with 0.19.8):
 * ``first_step``: until the first ``engine.step()`` that advances ``global_steps``.
 * save: ``write`` is each ``checkpoint_engine.save`` (per file, bytes), ``serialize`` the
   rest of ``_save_checkpoint`` / ``_save_zero_checkpoint`` (building the state dicts),
-  ``commit`` DeepSpeed's ``checkpoint_engine.commit`` plus this rank's manifest
-  (``<dir>/<tag>/ckptprof-manifest.rank<R>.json``). ``latest``, tag validation and the
-  barriers are the rest of the ``ckpt.save`` span. With the decoupled writer, ``write`` is
-  the blocking part (``ckpt.write.async``) and the commit at the next step (waiting for
-  the writer process) is a background ``ckpt.save`` linked to it.
+  ``commit`` DeepSpeed's ``checkpoint_engine.commit`` plus this rank's record of the files
+  it wrote. ``latest``, tag validation and the barriers are the rest of the ``ckpt.save``
+  span. With the decoupled writer, ``write`` is the blocking part (``ckpt.write.async``)
+  and the commit at the next step (waiting for the writer process) is a background
+  ``ckpt.save`` linked to it.
 
 Nothing global: only the engine and its ``checkpoint_engine``/``optimizer`` instances are
-patched; :func:`uninstrument` (or :meth:`DeepSpeedInstrumentation.close`) undoes it.
+patched; :func:`uninstrument` undoes it, and so does the engine's garbage collection or
+the interpreter's exit.
 """
 
 from __future__ import annotations
@@ -41,16 +42,11 @@ import re
 import time
 from typing import Any
 
-import torch
-
-from ckptprof.errors import VerifyError
-from ckptprof.integrations.base import (
-    FolderCheckpoints,
-    FolderListing,
-    Instrumentation,
-    TracedAdapter,
-    timed,
-)
+from ckptprof.errors import CkptprofError, VerifyError
+from ckptprof.integrations.files import FolderListing
+from ckptprof.integrations.instrumentor import Instrumentor
+from ckptprof.integrations.patching import Target, argument, replace_argument
+from ckptprof.integrations.session import timed
 from ckptprof.phases import Attr, Phase
 
 log = logging.getLogger("ckptprof")
@@ -60,45 +56,88 @@ _OPTIM_RE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.
 _ATTACHED = "_ckptprof_instrumentation"
 
 
-class DeepSpeedInstrumentation(TracedAdapter):
-    """Tracing of one DeepSpeed engine (see the module docstring); made by :func:`instrument`."""
+class DeepSpeedInstrumentor(Instrumentor):
+    """Tracing of one DeepSpeed engine (see the module docstring); made by :func:`instrument`.
+
+    Args:
+        universal: ``"convert"`` to convert a checkpoint saved with another data-parallel
+            world size to a universal one (timed) and load that.
+        save_dir: where :meth:`save` (and emergency saves) write.
+        **options: :class:`~ckptprof.integrations.instrumentor.Instrumentor`'s.
+    """
+
+    framework = "deepspeed"
+    distribution = "deepspeed"
+    known_versions = "0.14 to 0.19 (tested with 0.19.8)"
+    loader_name = "DeepSpeed"
+    targets = (
+        Target("", "load_checkpoint", "_traced_load", "the restore", ("load_dir", "tag")),
+        Target(
+            "", "_load_checkpoint", "_traced_inner_load", "deserialize vs reshard", ("load_dir",)
+        ),
+        Target("", "_load_zero_checkpoint", "_traced_zero_load", "the ZeRO reshard", ("load_dir",)),
+        Target("", "save_checkpoint", "_traced_save", "the save", ("save_dir", "tag")),
+        Target("", "_save_checkpoint", "_traced_serialize", "serialize", ("save_dir", "tag")),
+        Target("", "_save_zero_checkpoint", "_traced_serialize", "serialize", ("save_path", "tag")),
+        Target(
+            "",
+            "_commit_decoupled_checkpoint",
+            "_traced_decoupled_commit",
+            "the background commit",
+            when="_decoupled",
+        ),
+        Target(
+            "checkpoint_engine", "load", "_traced_file_load", "fetch and deserialize", ("path",)
+        ),
+        Target("checkpoint_engine", "save", "_traced_file_save", "write", ("state_dict", "path")),
+        Target("checkpoint_engine", "commit", "_traced_commit", "commit"),
+        Target("", "step", "_traced_step", "first_step", when="_owns_steps"),
+    )
 
     def __init__(
-        self,
-        engine,
-        *,
-        trace_dir=None,
-        verify: str = "size",
-        tracer_provider=None,
-        universal: str | None = None,
-        save_dir: str | None = None,
-        interruptions: bool | dict = False,
-        shared: Instrumentation | None = None,
+        self, *, universal: str | None = None, save_dir: str | None = None, **options: Any
     ) -> None:
         if universal not in (None, "convert"):
-            from ckptprof.errors import CkptprofError
-
             raise CkptprofError(f"universal={universal!r} is not valid; use None or 'convert'.")
-        self.engine = engine
+        super().__init__(**options)
         self.universal = universal
         self.save_dir = save_dir
         # inside another adapter (the HF Trainer's DeepSpeed path) its operations are ours
-        self._shared = shared is not None
-        self._inst = shared or Instrumentation(
-            "deepspeed",
-            trace_dir=trace_dir,
-            verify=verify,
-            tracer_provider=tracer_provider,
-            rank=engine.global_rank,
-        )
-        self._patches = contextlib.ExitStack()
-        self._folders = FolderCheckpoints(self._inst)
+        self._nested = not self._live.owns_session
         self._listing: FolderListing | None = None
         self._reads: dict[str, int] = {}
         self._restored_step: int | None = None
         self._written: list[str] = []
         self._pending: tuple | None = None  # a decoupled save waiting for its commit
-        self._interruptions = interruptions
+
+    @property
+    def engine(self):
+        return self.root
+
+    def instrument(self, root) -> DeepSpeedInstrumentor:
+        if not self._nested:
+            self.session.rank = root.global_rank
+        super().instrument(root)
+        if self.instrumented:
+            vars(root)[_ATTACHED] = self
+            if not self._nested:
+                self.watch_interruptions(self._records_dir, self.save)
+        return self
+
+    def uninstrument(self) -> None:
+        engine = self.engine
+        if engine is not None and vars(engine).get(_ATTACHED) is self:
+            del vars(engine)[_ATTACHED]
+        super().uninstrument()
+
+    def _decoupled(self, engine) -> bool:
+        return bool(engine.checkpoint_engine.is_decoupled())
+
+    def _owns_steps(self, engine) -> bool:
+        return not self._nested  # else the host adapter ends restores and watches notices
+
+    def _records_dir(self) -> str | None:
+        return self.save_dir
 
     # ------------------------------------------------------------------ saving from outside
     def save(self, save_dir: str | None = None) -> str:
@@ -115,73 +154,39 @@ class DeepSpeedInstrumentation(TracedAdapter):
             engine._commit_decoupled_checkpoint()
         return os.path.join(save_dir, f"global_step{engine.global_steps}")
 
-    # ------------------------------------------------------------------ lifecycle
-    def attach(self) -> DeepSpeedInstrumentation:
-        try:
-            return self._attach()
-        except BaseException:
-            self._patches.close()  # nothing half-attached stays on the engine
-            raise
-
-    def _attach(self) -> DeepSpeedInstrumentation:
-        engine, inst = self.engine, self._inst
-        inst.start()  # telemetry now, not inside the first restore
-
-        def patch(obj, name, make):
-            self._patches.enter_context(inst.temporarily(obj, name, make))
-
-        patch(engine, "load_checkpoint", self._wrap_load_checkpoint)
-        patch(engine, "_load_checkpoint", self._wrap_inner_load)
-        patch(engine, "_load_zero_checkpoint", self._wrap_zero_load)
-        patch(engine, "save_checkpoint", self._wrap_save_checkpoint)
-        patch(engine, "_save_checkpoint", self._wrap_serialize)
-        patch(engine, "_save_zero_checkpoint", self._wrap_serialize)
-        if engine.checkpoint_engine.is_decoupled():
-            patch(engine, "_commit_decoupled_checkpoint", self._wrap_decoupled_commit)
-        ckpt_engine = engine.checkpoint_engine
-        patch(ckpt_engine, "load", self._wrap_file_load)
-        patch(ckpt_engine, "save", self._wrap_file_save)
-        patch(ckpt_engine, "commit", self._wrap_commit)
-        if not self._shared:  # else the host adapter ends restores and watches notices
-            patch(engine, "step", self._wrap_step)
-            inst.watch_interruptions(self._interruptions, lambda: self.save_dir, self.save)
-        setattr(engine, _ATTACHED, self)
-        return self
-
-    def close(self) -> None:
-        """Undo every patch; stop watching for notices, flush and close our own trace."""
-        self._patches.close()
-        if not self._shared:
-            self._inst.close()
-        if getattr(self.engine, _ATTACHED, None) is self:
-            delattr(self.engine, _ATTACHED)
-
     # ------------------------------------------------------------------ restore
-    def _wrap_load_checkpoint(self, original):
-        def load_checkpoint(load_dir, tag=None, *args, **kwargs):
-            engine, inst = self.engine, self._inst
-            nested = self._shared and inst.restore_op is not None
-            op = inst.restore_op if nested else inst.begin_restore(
+    def _traced_load(self, original):
+        def load_checkpoint(*args, **kwargs):
+            engine, session = self.engine, self.session
+            load_dir = str(argument(args, kwargs, "load_dir", 0))
+            tag = argument(args, kwargs, "tag", 1)
+            nested = self._nested and session.restore_op is not None
+            op = session.restore_op if nested else session.begin_restore(
                 {
                     Attr.FORMAT: "deepspeed",
-                    Attr.PATH: str(load_dir),
+                    Attr.PATH: load_dir,
                     Attr.WORLD_SIZE: engine.world_size,
                     Attr.STORAGE_KIND: "posix",
                     "ckpt.strategy": f"zero{engine.zero_optimization_stage()}",
                 }
             )  # fmt: skip
             self._reads = {}
+            universal = contextlib.nullcontext()
             try:
                 if op is not None:
-                    tag = self._list(op, str(load_dir), tag)
-                result = original(load_dir, tag, *args, **kwargs)
+                    converted = self._list(op, load_dir, tag)
+                    if converted is not None:  # load the universal copy, just this once
+                        args, kwargs = replace_argument(args, kwargs, "tag", 1, converted)
+                        universal = self._loading_universal()
+                with universal:
+                    result = original(*args, **kwargs)
             except BaseException as exc:
                 if not nested:
-                    inst.end_restore(exc)
+                    session.end_restore(exc)
                 raise
             if op is not None and not nested:
                 if result == (None, None):  # DeepSpeed found no checkpoint and said so
-                    inst.end_restore()
+                    session.end_restore()
                 else:
                     self._restored_step = engine.global_steps
                     op.set_attributes({Attr.RESTORED_STEP: engine.global_steps})
@@ -189,35 +194,49 @@ class DeepSpeedInstrumentation(TracedAdapter):
 
         return load_checkpoint
 
+    @contextlib.contextmanager
+    def _loading_universal(self):
+        """DeepSpeed reads a universal checkpoint when its config says so: for this load
+        only; the engine's config is left as it was found."""
+        config = self.engine._config
+        before = config.load_universal_checkpoint
+        config.load_universal_checkpoint = True
+        try:
+            yield
+        finally:
+            config.load_universal_checkpoint = before
+
     def _list(self, op, load_dir: str, tag: str | None) -> str | None:
-        """Resolve the tag, list ``<dir>/<tag>``, detect a world-size change (and convert)."""
+        """Resolve the tag, list ``<dir>/<tag>``, detect a world-size change; returns the
+        tag of a universal copy when ckptprof converted one (else None)."""
         engine = self.engine
         with op.phase(Phase.LIST):
             universal = engine.load_universal_checkpoint()
             resolved = tag if tag is not None else _read_latest(load_dir, universal)
         if resolved is None:
-            return tag  # DeepSpeed reports the missing `latest` in its own words
+            return None  # DeepSpeed reports the missing `latest` in its own words
         folder = os.path.join(load_dir, str(resolved))
         try:
-            self._listing = self._folders.list(folder, op)
+            self._listing = self.files.list_folder(folder, op)
+            self.files.report_missing(self._listing, self.files.missing(self._listing), op)
         except VerifyError:
-            raise  # a file the save wrote is missing: the job should hear it, by name
+            raise  # strict verification refused it, naming the file
         except Exception as exc:  # noqa: BLE001 - ckptprof's own trouble
-            self._inst.warn_once("list", exc)
+            self.session.warn_once("list", exc)
             self._listing = None
         # nested in another adapter's restore, the path stays the host's (its checkpoint)
-        path_key = "ckpt.deepspeed.path" if self._shared else Attr.PATH
+        path_key = "ckpt.deepspeed.path" if self._nested else Attr.PATH
         op.set_attributes({path_key: folder, "ckpt.universal": bool(universal)})
         if self._listing is None or universal or engine.zero_optimization_stage() == 0:
             if universal and self._listing is not None:
                 self._fetch_tree(op, folder)
-            return tag
+            return None
         saved = len([n for n in self._listing.sizes if _OPTIM_RE.search(n)])
         current = getattr(engine, "seq_dp_world_size", None) or engine.dp_world_size
         if saved:
             op.set_attributes({Attr.SAVED_WORLD_SIZE: saved})
         if not saved or saved == current:
-            return tag
+            return None
         if self.universal != "convert":
             log.warning(
                 "ckptprof: %s was saved by %d data-parallel ranks and this job has %d: ZeRO "
@@ -227,13 +246,14 @@ class DeepSpeedInstrumentation(TracedAdapter):
                 saved,
                 current,
             )
-            return tag
+            return None
         return self._convert(op, load_dir, str(resolved))
 
     def _convert(self, op, load_dir: str, tag: str) -> str:
         """``ds_to_universal`` on rank 0 (the others wait), then load the universal copy."""
         import argparse
 
+        import torch
         from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
         engine = self.engine
@@ -253,8 +273,7 @@ class DeepSpeedInstrumentation(TracedAdapter):
                 )
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 torch.distributed.barrier()
-        engine._config.load_universal_checkpoint = True  # this engine's config object only
-        path_key = "ckpt.deepspeed.path" if self._shared else Attr.PATH
+        path_key = "ckpt.deepspeed.path" if self._nested else Attr.PATH
         op.set_attributes({"ckpt.universal": True, path_key: os.path.join(load_dir, target)})
         self._fetch_tree(op, os.path.join(load_dir, target))
         return target
@@ -265,18 +284,16 @@ class DeepSpeedInstrumentation(TracedAdapter):
         files = glob.glob(os.path.join(glob.escape(folder), "zero", "**", "*.pt"), recursive=True)
         for sub in sorted({os.path.dirname(p) for p in files}):
             sizes = {e.name: e.stat().st_size for e in os.scandir(sub) if e.is_file()}
-            self._folders.fetch(FolderListing(sub, sizes, None), sorted(sizes), op)
+            self.files.fetch_from_folder(FolderListing(sub, sizes, None), sorted(sizes), op)
 
-    def _wrap_file_load(self, original):
-        plain = type(self.engine.checkpoint_engine).__name__ == "TorchCheckpointEngine"
-
-        def load(path, map_location=None, *args, **kwargs):
-            op = self._inst.restore_op
+    def _traced_file_load(self, original):
+        def load(*args, **kwargs):
+            op = self.session.restore_op
             if op is None:
-                return original(path, map_location, *args, **kwargs)
-            key = str(path)
-            self._reads[key] = self._reads.get(key, 0) + 1
-            if self._reads[key] > 1:  # DeepSpeed reads the model states twice
+                return original(*args, **kwargs)
+            path = str(argument(args, kwargs, "path", 0))
+            self._reads[path] = self._reads.get(path, 0) + 1
+            if self._reads[path] > 1:  # DeepSpeed reads the model states twice
                 repeats = {p: n - 1 for p, n in self._reads.items() if n > 1}
                 op.set_phase_attributes(
                     Phase.FETCH,
@@ -285,25 +302,23 @@ class DeepSpeedInstrumentation(TracedAdapter):
                         "ckpt.fetch.repeated_bytes": sum(n * _size(p) for p, n in repeats.items()),
                     },
                 )
-            if not plain:  # a custom engine: timed whole
-                op.set_phase_attributes(Phase.DESERIALIZE, **{"ckpt.fused_fetch": True})
-                with op.phase(Phase.DESERIALIZE):
-                    return original(path, map_location, *args, **kwargs)
-            return self._folders.load(
-                self._listing if self._in_listing(key) else None,
-                key,
-                op,
-                lambda f: torch.load(f, map_location=map_location, weights_only=False),
-            )
+            listing = self._listing
+            if listing is None or os.path.dirname(path) != listing.folder:
+                sizes = {os.path.basename(path): _size(path)} if os.path.isfile(path) else {}
+                listing = FolderListing(os.path.dirname(path), sizes, None)
+            try:
+                self.files.fetch_from_folder(listing, [os.path.basename(path)], op)
+            except VerifyError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self.session.warn_once("fetch", exc)
+            return timed(op, Phase.DESERIALIZE, original, *args, **kwargs)
 
         return load
 
-    def _in_listing(self, path: str) -> bool:
-        return self._listing is not None and os.path.dirname(path) == self._listing.folder
-
-    def _wrap_inner_load(self, original):
+    def _traced_inner_load(self, original):
         def _load_checkpoint(*args, **kwargs):
-            op = self._inst.restore_op
+            op = self.session.restore_op
             engine = self.engine
             inner = [
                 (engine.checkpoint_engine, "load", None),
@@ -311,40 +326,42 @@ class DeepSpeedInstrumentation(TracedAdapter):
             ]
             if not engine.zero_optimization():
                 inner.append((engine.optimizer, "load_state_dict", Phase.RESHARD))
-            return self._inst.split(op, Phase.DESERIALIZE, original, *args, inner=inner, **kwargs)
+            return self.split(op, Phase.DESERIALIZE, original, *args, inner=inner, **kwargs)
 
         return _load_checkpoint
 
-    def _wrap_zero_load(self, original):
+    def _traced_zero_load(self, original):
         def _load_zero_checkpoint(*args, **kwargs):
-            op = self._inst.restore_op
+            op = self.session.restore_op
             inner = [(self.engine.checkpoint_engine, "load", None)]
-            return self._inst.split(op, Phase.RESHARD, original, *args, inner=inner, **kwargs)
+            return self.split(op, Phase.RESHARD, original, *args, inner=inner, **kwargs)
 
         return _load_zero_checkpoint
 
-    def _wrap_step(self, original):
+    def _traced_step(self, original):
         def step(*args, **kwargs):
             result = original(*args, **kwargs)
-            engine, inst = self.engine, self._inst
-            op = inst.restore_op
+            engine, session = self.engine, self.session
             restored = self._restored_step
-            if op is not None and restored is not None and engine.global_steps > restored:
+            advanced = restored is not None and engine.global_steps > restored
+            if session.restore_op is not None and advanced:
                 self._restored_step = None
-                inst.first_step_done(engine.global_steps, announce=engine.global_rank == 0)
-            if inst.interruptions is not None:
-                inst.interruptions.step_end(engine.global_steps)
+                session.first_step_done(engine.global_steps, announce=engine.global_rank == 0)
+            if self.interruptions is not None:
+                self.interruptions.step_end(engine.global_steps)
             return result
 
         return step
 
     # ------------------------------------------------------------------ save
-    def _wrap_save_checkpoint(self, original):
-        def save_checkpoint(save_dir, tag=None, *args, **kwargs):
-            engine, inst = self.engine, self._inst
-            self.save_dir = str(save_dir)
+    def _traced_save(self, original):
+        def save_checkpoint(*args, **kwargs):
+            engine, session = self.engine, self.session
+            save_dir = str(argument(args, kwargs, "save_dir", 0))
+            tag = argument(args, kwargs, "tag", 1)
+            self.save_dir = save_dir
             resolved = tag if tag is not None else f"global_step{engine.global_steps}"
-            folder = os.path.join(str(save_dir), str(resolved))
+            folder = os.path.join(save_dir, str(resolved))
             attrs = {
                 Attr.FORMAT: "deepspeed",
                 Attr.PATH: folder,
@@ -352,36 +369,36 @@ class DeepSpeedInstrumentation(TracedAdapter):
                 Attr.WORLD_SIZE: engine.world_size,
                 "ckpt.strategy": f"zero{engine.zero_optimization_stage()}",
             }
-            nested = self._shared and inst.save_op is not None  # inside the host's save
+            nested = self._nested and session.save_op is not None  # inside the host's save
             self._written = []
-            with contextlib.nullcontext(inst.save_op) if nested else inst.saving(attrs) as op:
-                result = original(save_dir, tag, *args, **kwargs)
+            self.files.forget_rank_record(folder)  # a save cut short leaves no record
+            with contextlib.nullcontext(session.save_op) if nested else session.saving(attrs) as op:
+                result = original(*args, **kwargs)
                 names = [os.path.basename(p) for p in self._written if os.path.dirname(p) == folder]
                 if op is not None and engine.checkpoint_engine.is_decoupled():
                     # files are still being written by DeepSpeed's writer process; the commit
-                    # (and this rank's manifest) happen at the next optimizer step
+                    # (and this rank's record) happen at the next optimizer step
                     op.set_phase_attributes(Phase.WRITE, **{"ckpt.write.async": True})
                     self._pending = (folder, names, op.span_context, engine.global_steps)
                 elif op is not None:
-                    self._folders.commit(folder, names, op)
+                    self.files.commit_folder(folder, names, op, engine.global_steps)
             return result
 
         return save_checkpoint
 
-    def _wrap_decoupled_commit(self, original):
+    def _traced_decoupled_commit(self, original):
         """A decoupled save's second half, at the next step: waiting for the writer process
         and DeepSpeed's commit, as a background ``ckpt.save`` linked to the one that
         queued the files (``ckpt.save.background``)."""
 
         def commit_decoupled_checkpoint(*args, **kwargs):
             pending, self._pending = self._pending, None
-            inst = self._inst
             if pending is None:
                 return original(*args, **kwargs)
             folder, names, queued_by, step = pending
             attrs = {Attr.FORMAT: "deepspeed", Attr.PATH: folder, Attr.STEP: step}
             attrs[Attr.WORLD_SIZE] = self.engine.world_size
-            op = inst.begin_background_save(attrs, queued_by)
+            op = self.session.begin_background_save(attrs, queued_by)
             if op is not None:
                 op.set_phase_attributes(Phase.COMMIT, **{"ckpt.commit.waits_for_writer": True})
             try:
@@ -392,26 +409,26 @@ class DeepSpeedInstrumentation(TracedAdapter):
                 raise
             if op is not None:
                 op.add_bytes(Phase.COMMIT, sum(_size(os.path.join(folder, n)) for n in names))
-            self._folders.commit(folder, names, op)
+            self.files.commit_folder(folder, names, op, step)
             if op is not None:
                 op.finish()
             return result
 
         return commit_decoupled_checkpoint
 
-    def _wrap_serialize(self, original):
+    def _traced_serialize(self, original):
         def build_and_write(*args, **kwargs):
             inner = [(self.engine.checkpoint_engine, "save", None)]
-            return self._inst.split(
-                self._inst.save_op, Phase.SERIALIZE, original, *args, inner=inner, **kwargs
+            return self.split(
+                self.session.save_op, Phase.SERIALIZE, original, *args, inner=inner, **kwargs
             )
 
         return build_and_write
 
-    def _wrap_file_save(self, original):
+    def _traced_file_save(self, original):
         def save(*args, **kwargs):
-            op = self._inst.save_op
-            path = kwargs.get("path", args[1] if len(args) > 1 else None)
+            op = self.session.save_op
+            path = argument(args, kwargs, "path", 1)
             start = time.time_ns()
             try:
                 return original(*args, **kwargs)
@@ -419,44 +436,40 @@ class DeepSpeedInstrumentation(TracedAdapter):
                 if op is not None and path is not None:
                     end = time.time_ns()
                     op.add_interval(Phase.WRITE, start, end)
-                    try:
-                        size = os.path.getsize(path)
-                    except OSError:
-                        size = 0
-                    op.add_file(Phase.WRITE, str(path), size, (end - start) / 1e9, start)
+                    op.add_file(
+                        Phase.WRITE, str(path), _size(str(path)), (end - start) / 1e9, start
+                    )
                     self._written.append(str(path))
 
         return save
 
-    def _wrap_commit(self, original):
+    def _traced_commit(self, original):
         def commit(*args, **kwargs):
-            op = self._inst.save_op
-            if op is None:
-                return original(*args, **kwargs)
-            with op.phase(Phase.COMMIT):
-                return original(*args, **kwargs)
+            return timed(self.session.save_op, Phase.COMMIT, original, *args, **kwargs)
 
         return commit
 
 
-def instrument(engine, **options: Any) -> DeepSpeedInstrumentation:
+def instrument(engine, **options: Any) -> DeepSpeedInstrumentor:
     """Trace ``engine``'s ``save_checkpoint`` / ``load_checkpoint`` (once per engine).
 
-    Options: ``trace_dir``, ``verify`` (``size``/``full``/``none``), ``tracer_provider``,
-    ``universal='convert'`` (convert a checkpoint saved with another data-parallel world
-    size to a universal one, timed, and load that), ``save_dir`` (for :meth:`save`), and
-    ``interruptions`` (``True`` or guard options: save on a Spot/preemption notice).
+    Options: ``trace_dir``, ``verify`` (``size``/``full``/``none``), ``strict``,
+    ``state_dir``, ``tracer_provider``, ``universal='convert'`` (convert a checkpoint saved
+    with another data-parallel world size to a universal one, timed, and load that),
+    ``save_dir`` (for :meth:`~DeepSpeedInstrumentor.save`), and ``interruptions``
+    (``True`` or guard options: save on a Spot/preemption notice).
     """
-    existing = getattr(engine, _ATTACHED, None)
+    existing = vars(engine).get(_ATTACHED)
     if existing is not None:
         return existing
-    return DeepSpeedInstrumentation(engine, **options).attach()
+    return DeepSpeedInstrumentor(**options).instrument(engine)
 
 
 def uninstrument(engine) -> None:
-    existing = getattr(engine, _ATTACHED, None)
+    """Remove everything ckptprof placed on ``engine``."""
+    existing = vars(engine).get(_ATTACHED)
     if existing is not None:
-        existing.close()
+        existing.uninstrument()
 
 
 def _read_latest(load_dir: str, universal: bool) -> str | None:
@@ -475,4 +488,4 @@ def _size(path: str) -> int:
         return 0
 
 
-__all__ = ["DeepSpeedInstrumentation", "instrument", "uninstrument"]
+__all__ = ["DeepSpeedInstrumentor", "instrument", "uninstrument"]

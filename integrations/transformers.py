@@ -8,35 +8,37 @@ with it fires ``on_init_end``, finds that Trainer on the call stack and wraps it
 ``train`` method on the instance. A callback added later with ``add_callback`` cannot do
 that; call :func:`instrument` (one line, the documented alternative) instead.
 
-Where each phase is measured (Transformers 5.x, tested with 5.24; local folders):
+The Trainer has no public hooks around its loaders and savers, so the ones it calls in
+``train()`` are wrapped for that call only (:attr:`TransformersInstrumentor.call_targets`,
+checked against their signatures; a changed one is one warning and goes untraced):
 
 * ``list``: resolving ``resume_from_checkpoint=True`` (``get_last_checkpoint``), listing
-  ``checkpoint-N`` and reading the manifests the save wrote.
-* ``fetch`` + ``verify``: each file is read into the page cache (pages already cached
+  ``checkpoint-N`` and reading the records its save left in ckptprof's state location.
+* ``fetch`` + ``verify``: each file is brought into the page cache (pages already cached
   are not read again; ``ckpt.cache.resident_fraction`` says how many were) and checked
-  against the manifest just before the Trainer's own loader opens it: model weights
-  (``model.safetensors``, ``pytorch_model.bin`` or the shards of an index), then
-  ``optimizer.pt`` + ``scheduler.pt``, ``scaler.pt``, ``rng_state[_R].pth``, and
-  ``trainer_state.json``.
-* ``deserialize``: the Trainer's loaders (``_load_from_checkpoint``,
-  ``_load_optimizer_and_scheduler``, ``_load_rng_state``, the trainer-state part of
-  ``_init_training_state``) minus the time in ``load_state_dict``, which is ``reshard``.
+  (against the record, or its format's own integrity data) just before the Trainer's
+  own loader opens it: weights (``model.safetensors``, ``pytorch_model.bin`` or the
+  shards of an index), then ``optimizer.pt`` + ``scheduler.pt``, ``scaler.pt``,
+  ``rng_state[_R].pth``, and ``trainer_state.json``.
+* ``deserialize``: the Trainer's loaders minus the time in ``load_state_dict``, which is
+  ``reshard``.
 * ``first_step``: from the last load to the end of the first optimizer step
   (``on_step_end``); it includes the data loader's skip of already-seen batches.
 * save: ``ckpt.save`` around ``_save_checkpoint``; ``serialize`` is the ``state_dict()``
   calls, ``write`` the rest of each group (model, optimizer + scheduler, scaler, rng,
   trainer state; per-group seconds and bytes as ``ckpt.write.<group>_s/_bytes``),
-  ``rotate`` deleting old checkpoints (``save_total_limit``), ``commit`` the rank's
-  manifest ``ckptprof-manifest.rank<R>.json`` inside the checkpoint folder.
+  ``rotate`` deleting old checkpoints (``save_total_limit``), ``commit`` this rank's
+  record of the files it wrote.
 
-Only the attached Trainer and the objects it owns are patched, on the instance; the
-inner wrappers live for one ``train()`` call, and :func:`uninstrument` removes the
-``train`` wrapper and the callback. The callback is deliberately not an
+Telemetry lives for one ``train()`` call: a Trainer left behind (a hyper-parameter search
+builds hundreds) holds no thread and no open file. The callback is deliberately not an
 ``ExportableState``, so the Trainer never re-creates it on resume.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import re
@@ -47,161 +49,123 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from ckptprof.errors import VerifyError
-from ckptprof.integrations.base import (
-    FolderCheckpoints,
-    FolderListing,
-    Instrumentation,
-    TracedAdapter,
-)
+from ckptprof.integrations.files import FolderListing
+from ckptprof.integrations.instrumentor import GuestCallback, Instrumentor
+from ckptprof.integrations.patching import Target, argument, replace_argument
 from ckptprof.phases import Attr, Phase
 
 log = logging.getLogger("ckptprof")
 
 TRAINER_STATE = "trainer_state.json"
 _RANK_IN_NAME = re.compile(r"(?:rng_state_|rank)(\d+)")
+_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
 ROTATE = "rotate"
 
 
-class CkptProfCallback(TrainerCallback, TracedAdapter):
-    """Trace checkpoint saves and resumes of the Hugging Face ``Trainer`` it is given to.
+class TransformersInstrumentor(Instrumentor):
+    """Tracing of one Hugging Face ``Trainer`` (see the module docstring)."""
 
-    Args:
-        trace_dir: where the JSON-lines trace goes (default ``$CKPTPROF_TRACE_DIR`` or
-            ``./ckptprof-traces``); OTLP follows the standard ``OTEL_*`` variables.
-        verify: ``size`` (default), ``full`` (xxh3 of every saved byte, one extra read per
-            save and per resume) or ``none``.
-        tracer_provider: record into this OpenTelemetry provider instead.
-        interruptions: ``True`` (or a dict of
-            :class:`~ckptprof.interrupt.guard.InterruptionGuard` options:
-            ``sources``, ``metadata_url``, ``signal_grace_s``, ``cost_per_hour_usd``) to save
-            on a Spot/preemption notice and link the next resume to it.
+    framework = "transformers"
+    distribution = "transformers"
+    known_versions = "4.40 to 5.x (tested with 5.24)"
+    loader_name = "the Trainer"
+    starts_telemetry = False  # only inside train()
+    targets = (Target("", "train", "_traced_train", "every save and resume"),)
+    call_targets = (
+        Target(
+            "",
+            "_load_from_checkpoint",
+            "_traced_load_model",
+            "fetch and deserialize of the weights",
+            ("resume_from_checkpoint",),
+        ),
+        Target(
+            "",
+            "_load_optimizer_and_scheduler",
+            "_traced_load_optimizer",
+            "fetch and deserialize of the optimizer",
+            ("checkpoint",),
+        ),
+        Target("", "_load_scaler", "_traced_load_scaler", "the scaler load", ("checkpoint",)),
+        Target("", "_load_rng_state", "_traced_load_rng", "the RNG state load", ("checkpoint",)),
+        Target("", "_init_training_state", "_traced_load_state", "the trainer-state load"),
+        Target("", "_save_checkpoint", "_traced_save", "the save", ("model", "trial")),
+        Target(
+            "accelerator",
+            "prepare",
+            "_traced_prepare",
+            "the DeepSpeed engine build",
+            when="_uses_deepspeed",
+        ),
+    )
 
-    Example::
-
-        trainer = Trainer(model, args, train_dataset=ds, callbacks=[CkptProfCallback()])
-        trainer.train(resume_from_checkpoint=True)
-    """
-
-    def __init__(
-        self,
-        trace_dir=None,
-        verify: str = "size",
-        tracer_provider=None,
-        interruptions: bool | dict = False,
-    ) -> None:
-        self._inst = Instrumentation(
-            "transformers", trace_dir=trace_dir, verify=verify, tracer_provider=tracer_provider
-        )
-        self._interruptions = interruptions
-        self._stop_requested = False
-        self._folders = FolderCheckpoints(self._inst)
-        self.trainer: Trainer | None = None
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._options = options
         self._listing: FolderListing | None = None
         self._awaiting_first_step = False
+        self.stop_requested = False
         self._deepspeed = None  # the engine's tracing on the Trainer's DeepSpeed path
 
-    # ------------------------------------------------------------------ events
-    def on_init_end(self, args, state, control, **kwargs):
-        if self.trainer is None:
-            trainer = _calling_trainer(self)
-            if trainer is not None:
-                self.attach(trainer)
+    @property
+    def trainer(self) -> Trainer | None:
+        return self.root
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        if self.trainer is None:
-            trainer = _calling_trainer(self)
-            if trainer is not None:
-                self.attach(trainer)
-                log.warning(
-                    "ckptprof: CkptProfCallback was added after the Trainer was built, so "
-                    "this run's resume is not traced; pass it in Trainer(callbacks=[...]) "
-                    "or call ckptprof.integrations.transformers.instrument(trainer)."
-                )
+    def instrument(self, root: Trainer) -> TransformersInstrumentor:
+        self.session.rank = root.args.process_index
+        return super().instrument(root)
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if self._awaiting_first_step:
-            self._awaiting_first_step = False
-            self._finish_restore(state.global_step)
-        guard = self._inst.interruptions
-        if guard is not None:
-            guard.step_end(state.global_step)
-            if self._stop_requested:
-                control.should_training_stop = True
+    def _uses_deepspeed(self, trainer) -> bool:
+        return bool(getattr(trainer, "is_deepspeed_enabled", False))
 
-    def on_save(self, args, state, control, **kwargs):
-        # a notice that arrived during the Trainer's own save is handled right after it
-        guard = self._inst.interruptions
-        if guard is not None and guard.notice is not None:
-            self.on_step_end(args, state, control)
-
-    # ------------------------------------------------------------------ wiring
-    def attach(self, trainer: Trainer) -> None:
-        """Wrap ``trainer.train`` (on the instance) so each call is traced."""
-        try:
-            self.trainer = trainer
-            self._inst.rank = trainer.args.process_index
-            self._inst.start()  # telemetry now, not inside the first restore
-            self._inst.patch(trainer, "train", self._wrap_train)
-        except Exception as exc:  # noqa: BLE001
-            self._inst.warn_once("attach", exc)
-
-    def detach(self) -> None:
-        """Undo every wrapper and flush spans."""
-        self._inst.close()
-        self.trainer = None
-
-    def save(self) -> str:
-        """Save a checkpoint of the current step now, traced; returns its folder.
-
-        For emergency saves from outside the training loop (a signal handler, a Spot
-        notice): the same ``_save_checkpoint`` the Trainer runs on ``save_steps``.
-        """
-        trainer = self.trainer
-        if trainer is None:
-            raise RuntimeError("CkptProfCallback.save() needs instrument(trainer) first.")
-        folder = _checkpoint_folder(trainer)
-        with self._inst.temporarily(trainer, "_save_checkpoint", self._wrap_save_checkpoint):
-            trainer._save_checkpoint(trainer.model_wrapped, trial=None)
-        return folder
-
-    def _wrap_train(self, original):
-        def train(resume_from_checkpoint=None, *args, **kwargs):
-            trainer = self.trainer
-            self._start_interruptions(trainer)
+    # ------------------------------------------------------------------ train()
+    def _traced_train(self, original):
+        def train(*args, **kwargs):
+            self.session.start()
+            self._start_interruptions()
             try:
-                if resume_from_checkpoint not in (None, False):
-                    resume_from_checkpoint = self._begin_restore(trainer, resume_from_checkpoint)
-                with self._wrapped_for_training(trainer):
-                    return original(resume_from_checkpoint, *args, **kwargs)
+                requested = argument(args, kwargs, "resume_from_checkpoint", 0)
+                if requested not in (None, False):
+                    chosen = self._begin_restore(requested)
+                    if chosen is not requested:  # the newest checkpoint's save was cut short
+                        args, kwargs = replace_argument(
+                            args, kwargs, "resume_from_checkpoint", 0, chosen
+                        )
+                with contextlib.ExitStack() as scope:
+                    self.apply(self.call_targets, self.trainer, scope)
+                    scope.callback(self._close_deepspeed)
+                    return original(*args, **kwargs)
             except BaseException as exc:
                 self._awaiting_first_step = False
-                self._inst.end_restore(exc)
+                self.session.end_restore(exc)
                 raise
             finally:
-                if self._inst.restore_op is not None:  # no step ran after the resume
+                if self.session.restore_op is not None:  # no step ran after the resume
                     self._awaiting_first_step = False
-                    self._inst.end_restore()
-                self._inst.stop_interruptions()
-                if self._inst.telemetry is not None:
-                    self._inst.telemetry.flush()
+                    self.session.end_restore()
+                self.end_run()
 
         return train
 
-    def _start_interruptions(self, trainer: Trainer) -> None:
-        self._stop_requested = False
-        self._inst.watch_interruptions(
-            self._interruptions,
-            location=lambda: trainer.args.output_dir,
-            save=self.save,
-            stop=lambda: setattr(self, "_stop_requested", True),
-        )
+    def _start_interruptions(self) -> None:
+        self.stop_requested = False
+        self.watch_interruptions(self._records_dir, self.save, self._request_stop)
 
-    def _begin_restore(self, trainer: Trainer, requested):
+    def _records_dir(self) -> str | None:
+        return self.trainer.args.output_dir if self.trainer is not None else None
+
+    def _request_stop(self) -> None:
+        self.stop_requested = True
+
+    # ------------------------------------------------------------------ restore
+    def _begin_restore(self, requested):
         """``list``: resolve ``True`` to the last ``checkpoint-N`` (as the Trainer would)
-        and list it; returns what ``train`` is then given."""
+        and list it; returns what ``train`` is then given: ``requested`` itself, unless
+        the interruption record says the newest checkpoint's save was cut short."""
         from transformers.trainer_utils import get_last_checkpoint
 
-        op = self._inst.begin_restore(
+        trainer = self.trainer
+        op = self.session.begin_restore(
             {
                 Attr.PATH: str(requested),
                 Attr.WORLD_SIZE: trainer.args.world_size,
@@ -211,33 +175,48 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
         )
         if op is None:
             return requested
-        folder = requested
+        folder = last = requested
         if requested is True:
             with op.phase(Phase.LIST):
                 output_dir = trainer.args.output_dir
-                folder = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-                folder = self._last_complete(folder)
+                last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+                folder = self._last_complete(last)
             if folder is None:
                 return requested  # the Trainer raises its own "No valid checkpoint found"
             op.set_attributes({Attr.PATH: str(folder)})
-        self._listing = self._guarded(self._folders.list, str(folder), op)
+        self._listing = self._guarded(self._list, str(folder), op)
         if self._listing is not None:
-            deepspeed = getattr(trainer, "is_deepspeed_enabled", False)
-            fmt = "deepspeed" if deepspeed else _weights_format(self._listing.sizes)
+            fmt = "deepspeed" if self._uses_deepspeed(trainer) else _weights_format(self._listing)
             op.set_attributes({Attr.FORMAT: fmt})
             self._fetch(op, [TRAINER_STATE])
-        return folder
+        return requested if folder == last else folder
+
+    def _list(self, folder: str, op) -> FolderListing | None:
+        """List the folder; files the save wrote that are gone are verify findings — except
+        weights converted to another form the Trainer also loads (sharded ↔ single)."""
+        listing = self.files.list_folder(folder, op)
+        missing = self.files.missing(listing)
+        if listing is not None and missing:
+            if _weight_files(listing):
+                converted = [n for n in missing if _WEIGHTS.match(n)]
+                if converted:
+                    op.set_phase_attributes(
+                        Phase.VERIFY, **{"ckpt.verify.weights_converted": ", ".join(converted)}
+                    )
+                missing = [n for n in missing if n not in converted]
+            self.files.report_missing(listing, missing, op)
+        return listing
 
     def _last_complete(self, folder: str | None) -> str | None:
         """The newest ``checkpoint-N``, unless the interruption record says its save was
-        cut short (no manifest, and the emergency save of that step never finished):
-        then the newest one whose save did finish."""
+        cut short (no record of its files, and the emergency save of that step never
+        finished): then the newest one whose save did finish."""
         from ckptprof.interrupt.record import SAVED, read_record
 
-        if folder is None or self._folders.read_manifest(folder) is not None:
+        if folder is None or self.files.read_folder_records(folder) is not None:
             return folder
         parent = os.path.dirname(folder)
-        record = read_record(parent)
+        record = read_record(self.files.state.location(parent))
         step = folder.rsplit("-", 1)[-1]
         if record is None or record.outcome == SAVED or str(record.step) != step:
             return folder  # nothing says it is incomplete: the Trainer's choice stands
@@ -245,14 +224,14 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
             p
             for p in _checkpoints_in(parent)
             if p.rsplit("-", 1)[-1].isdigit()
-            and self._folders.read_manifest(os.path.join(parent, p)) is not None
+            and self.files.read_folder_records(os.path.join(parent, p)) is not None
         ]
         if not finished:
             return folder
         best = max(finished, key=lambda name: int(name.rsplit("-", 1)[-1]))
         log.warning(
-            "ckptprof: %s was being saved when the job was stopped (%s) and has no manifest; "
-            "resuming from %s",
+            "ckptprof: %s was being saved when the job was stopped (%s) and has no record of "
+            "its files; resuming from %s",
             folder,
             record.outcome,
             best,
@@ -260,54 +239,71 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
         return os.path.join(parent, best)
 
     def _fetch(self, op, names) -> None:
-        self._guarded(self._folders.fetch, self._listing, names, op)
+        self._guarded(self.files.fetch_from_folder, self._listing, names, op)
 
     def _guarded(self, fn, *args):
-        """ckptprof's own file work: a failed check ends the restore and reaches the
-        job (naming the file); anything else is ckptprof's problem, logged once."""
+        """ckptprof's own file work: a strict verify refusal ends the restore and reaches
+        the job (naming the file); anything else is ckptprof's problem, logged once."""
         try:
             return fn(*args)
         except VerifyError as exc:
-            self._inst.end_restore(exc)
+            self.session.end_restore(exc)
             raise
         except Exception as exc:  # noqa: BLE001
-            self._inst.warn_once(fn.__name__, exc)
+            self.session.warn_once(getattr(fn, "__name__", "files"), exc)
             return None
 
-    def _wrapped_for_training(self, trainer: Trainer):
-        """The Trainer's loaders and ``_save_checkpoint``, wrapped for one ``train()``."""
-        import contextlib
+    def _loader(self, files, inner):
+        """A loader whose ``files(trainer)`` are fetched first and whose ``inner(trainer)``
+        methods are reshard."""
 
-        stack = contextlib.ExitStack()
-        inst = self._inst
-        wrappers = {
-            "_load_from_checkpoint": self._wrap_load_model,
-            "_load_optimizer_and_scheduler": self._wrap_load(
-                lambda t, ckpt: ["optimizer.pt", "optimizer.bin", "scheduler.pt"],
-                lambda t: [(t.optimizer, "load_state_dict")],
-            ),
-            "_load_scaler": self._wrap_load(lambda t, ckpt: ["scaler.pt"], lambda t: []),
-            "_load_rng_state": self._wrap_load(
-                lambda t, ckpt: ["rng_state.pth", f"rng_state_{t.args.process_index}.pth"],
-                lambda t: [],
-            ),
-            "_init_training_state": self._wrap_load(lambda t, ckpt: [], lambda t: []),
-            "_save_checkpoint": self._wrap_save_checkpoint,
-        }
-        for name, make in wrappers.items():
-            stack.enter_context(inst.temporarily(trainer, name, make))
-        if getattr(trainer, "is_deepspeed_enabled", False):
-            # the engine exists once accelerate has prepared it: trace its own checkpoint
-            # reads and writes inside this Trainer's operations
-            stack.enter_context(
-                inst.temporarily(trainer.accelerator, "prepare", self._wrap_prepare)
-            )
-            stack.callback(self._close_deepspeed)
-        return stack
+        def make(original):
+            def load(*args, **kwargs):
+                op = self.session.restore_op
+                if op is None:
+                    return original(*args, **kwargs)
+                trainer = self.trainer
+                self._fetch(op, files(trainer))
+                try:
+                    targets = [(obj, name, Phase.RESHARD) for obj, name in inner(trainer)]
+                    return self.split(
+                        op, Phase.DESERIALIZE, original, *args, inner=targets, **kwargs
+                    )
+                finally:
+                    self._awaiting_first_step = True
 
-    def _wrap_prepare(self, original):
+            return load
+
+        return make
+
+    def _traced_load_model(self, original):
+        weights = self._loader(
+            lambda t: _weight_files(self._listing), lambda t: [(t.model, "load_state_dict")]
+        )
+        return weights(original)
+
+    def _traced_load_optimizer(self, original):
+        optimizer = self._loader(
+            lambda t: ["optimizer.pt", "optimizer.bin", "scheduler.pt"],
+            lambda t: [(t.optimizer, "load_state_dict")],
+        )
+        return optimizer(original)
+
+    def _traced_load_scaler(self, original):
+        return self._loader(lambda t: ["scaler.pt"], lambda t: [])(original)
+
+    def _traced_load_rng(self, original):
+        rng = self._loader(
+            lambda t: ["rng_state.pth", f"rng_state_{t.args.process_index}.pth"], lambda t: []
+        )
+        return rng(original)
+
+    def _traced_load_state(self, original):
+        return self._loader(lambda t: [], lambda t: [])(original)
+
+    def _traced_prepare(self, original):
         def prepare(*args, **kwargs):
-            op = self._inst.restore_op
+            op = self.session.restore_op
             start = time.time_ns()
             result = original(*args, **kwargs)
             if op is not None:  # building the ZeRO engine partitions what the load fills
@@ -319,11 +315,13 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
             engine = getattr(wrapped, "engine", None)
             if engine is not None and self._deepspeed is None:
                 try:
-                    from ckptprof.integrations.deepspeed import DeepSpeedInstrumentation
+                    from ckptprof.integrations.deepspeed import DeepSpeedInstrumentor
 
-                    self._deepspeed = DeepSpeedInstrumentation(engine, shared=self._inst).attach()
+                    shared = {k: v for k, v in self._options.items() if k in _SHARED_OPTIONS}
+                    self._deepspeed = DeepSpeedInstrumentor(session=self.session, **shared)
+                    self._deepspeed.instrument(engine)
                 except Exception as exc:  # noqa: BLE001
-                    self._inst.warn_once("deepspeed", exc)
+                    self.session.warn_once("deepspeed", exc)
             return result
 
         return prepare
@@ -331,67 +329,51 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
     def _close_deepspeed(self) -> None:
         deepspeed, self._deepspeed = self._deepspeed, None
         if deepspeed is not None:
-            deepspeed.close()
+            deepspeed.uninstrument()
 
-    def _wrap_load_model(self, original):
-        def load_from_checkpoint(resume_from_checkpoint, model=None):
-            op = self._inst.restore_op
-            if op is None:
-                return original(resume_from_checkpoint, model)
-            trainer = self.trainer
-            self._fetch(op, _weight_files(self._listing))
-            target = model if model is not None else trainer.model
-            return self._deserialize(
-                op, original, resume_from_checkpoint, model, inner=[(target, "load_state_dict")]
-            )
-
-        return load_from_checkpoint
-
-    def _wrap_load(self, files, inner):
-        """A loader whose ``files(trainer, checkpoint)`` are fetched first and whose
-        ``inner(trainer)`` methods are reshard."""
-
-        def make(original):
-            def load(*args, **kwargs):
-                op = self._inst.restore_op
-                if op is None:
-                    return original(*args, **kwargs)
-                trainer = self.trainer
-                self._fetch(op, files(trainer, args[0] if args else None))
-                return self._deserialize(op, original, *args, inner=inner(trainer), **kwargs)
-
-            return load
-
-        return make
-
-    def _deserialize(self, op, original, *args, inner, **kwargs):
-        try:
-            return self._inst.split(
-                op,
-                Phase.DESERIALIZE,
-                original,
-                *args,
-                inner=[(obj, name, Phase.RESHARD) for obj, name in inner],
-                **kwargs,
-            )
-        finally:
-            self._awaiting_first_step = True
+    def step_end(self, step: int, control) -> None:
+        if self._awaiting_first_step:
+            self._awaiting_first_step = False
+            self._finish_restore(step)
+        guard = self.interruptions
+        if guard is not None:
+            guard.step_end(step)
+            if self.stop_requested:
+                control.should_training_stop = True
 
     def _finish_restore(self, step: int) -> None:
-        op = self._inst.restore_op
+        op = self.session.restore_op
         if op is None:
             return
         restored = str(op.attributes.get(Attr.PATH, "")).rsplit("-", 1)[-1]
         extra = {Attr.RESTORED_STEP: int(restored)} if restored.isdigit() else {}  # checkpoint-N
         trainer = self.trainer
         announce = trainer is not None and trainer.is_world_process_zero()
-        self._inst.first_step_done(step, announce=announce, **extra)
+        self.session.first_step_done(step, announce=announce, **extra)
 
     # ------------------------------------------------------------------ save
-    def _wrap_save_checkpoint(self, original):
-        def save_checkpoint(model, trial, *args, **kwargs):
+    def save(self) -> str:
+        """Save a checkpoint of the current step now, traced; returns its folder."""
+        trainer = self.trainer
+        if trainer is None:
+            raise RuntimeError("CkptProfCallback.save() needs instrument(trainer) first.")
+        folder = _checkpoint_folder(trainer)
+        inside_train = self.session.started
+        self.session.start()
+        try:
+            with contextlib.ExitStack() as scope:
+                save_target = [t for t in self.call_targets if t.name == "_save_checkpoint"]
+                self.apply(save_target, trainer, scope)
+                trainer._save_checkpoint(trainer.model_wrapped, trial=None)
+        finally:
+            if not inside_train:
+                self.session.close()
+        return folder
+
+    def _traced_save(self, original):
+        def save_checkpoint(*args, **kwargs):
             trainer = self.trainer
-            inst = self._inst
+            trial = argument(args, kwargs, "trial", 1)
             folder = _checkpoint_folder(trainer, trial)
             run_dir = os.path.dirname(folder)
             before = _checkpoints_in(run_dir)
@@ -400,19 +382,23 @@ class CkptProfCallback(TrainerCallback, TracedAdapter):
                 Attr.STEP: trainer.state.global_step,
                 Attr.WORLD_SIZE: trainer.args.world_size,
             }
-            with inst.saving(attrs) as op:
+            self.files.forget_rank_record(folder)  # a save cut short leaves no record
+            with self.session.saving(attrs) as op:
                 groups = _SaveGroups(self, op, folder)
                 with groups.wrapped(trainer):
-                    result = original(model, trial, *args, **kwargs)
+                    result = original(*args, **kwargs)
                 if op is not None:
                     try:
                         groups.finish(run_dir, before)
                     except Exception as exc:  # noqa: BLE001
-                        inst.warn_once("save", exc)
-                    self._folders.commit(folder, groups.written, op)
+                        self.session.warn_once("save", exc)
+                    self.files.commit_folder(folder, groups.written, op, trainer.state.global_step)
             return result
 
         return save_checkpoint
+
+
+_SHARED_OPTIONS = ("verify", "strict", "state_dir")
 
 
 class _SaveGroups:
@@ -425,7 +411,7 @@ class _SaveGroups:
         "_save_rng_state": "rng",
     }
 
-    def __init__(self, owner: CkptProfCallback, op, folder: str) -> None:
+    def __init__(self, owner: TransformersInstrumentor, op, folder: str) -> None:
         self.owner = owner
         self.op = op
         self.folder = folder
@@ -433,12 +419,10 @@ class _SaveGroups:
         self.last_end_ns: int | None = None
 
     def wrapped(self, trainer: Trainer):
-        import contextlib
-
         stack = contextlib.ExitStack()
         if self.op is None:
             return stack
-        inst = self.owner._inst
+        patcher = self.owner.patcher
         # never the scheduler: LRScheduler.state_dict() pickles its own __dict__, where a
         # wrapper would land in the checkpoint
         serialize = [
@@ -449,11 +433,16 @@ class _SaveGroups:
         exclude = [(engine, "save_checkpoint")] if engine is not None else []
         for method, group in self.GROUPS.items():
             timed = self._timed(group, serialize, exclude)
-            stack.enter_context(inst.temporarily(trainer, method, timed))
+            stack.enter_context(
+                patcher.scoped(trainer, method, timed, label=method, phase=f"{group} write")
+            )
         state = getattr(trainer, "state", None)
         if state is not None:
             timed = self._timed("state", [], [])
-            stack.enter_context(inst.temporarily(state, "save_to_json", timed))
+            label = "state.save_to_json"
+            stack.enter_context(
+                patcher.scoped(state, "save_to_json", timed, label=label, phase="state write")
+            )
         return stack
 
     def _timed(self, group: str, serialize, exclude):
@@ -466,7 +455,7 @@ class _SaveGroups:
                     before = {}
                 start = time.time_ns()
                 try:
-                    return self.owner._inst.split(
+                    return self.owner.split(
                         op,
                         Phase.WRITE,
                         original,
@@ -480,7 +469,7 @@ class _SaveGroups:
                     try:
                         self._note_files(group, before, start, end)
                     except Exception as exc:  # noqa: BLE001 - bookkeeping, not the save
-                        self.owner._inst.warn_once("save files", exc)
+                        self.owner.session.warn_once("save files", exc)
 
             return run
 
@@ -489,11 +478,7 @@ class _SaveGroups:
     def _snapshot(self) -> dict[str, tuple]:
         """Every file's identity and times (what a write changes), by name."""
         try:
-            return {
-                e.name: _identity(e.stat())
-                for e in os.scandir(self.folder)
-                if e.is_file() and not e.name.startswith("ckptprof-manifest")
-            }
+            return {e.name: _identity(e.stat()) for e in os.scandir(self.folder) if e.is_file()}
         except FileNotFoundError:
             return {}
 
@@ -502,7 +487,7 @@ class _SaveGroups:
         mtime alone: file times come from a coarse clock), and this rank's by name
         (``rng_state_<R>.pth``, ``rank<R>``) or, for shared files, the saving rank's."""
         trainer = self.owner.trainer
-        rank = self.owner._inst.rank
+        rank = self.owner.session.rank
         nbytes = 0
         for name, identity in self._snapshot().items():
             if before.get(name) == identity or name in self.written:
@@ -523,10 +508,13 @@ class _SaveGroups:
 
     def finish(self, run_dir: str, before: set[str]) -> None:
         """``rotate``: what ``_save_checkpoint`` did after the last group (deleting old
-        checkpoints for ``save_total_limit``); plus the format and file count."""
+        checkpoints for ``save_total_limit``, and their records); the format, file count."""
         trainer = self.owner.trainer
         removed = before - _checkpoints_in(run_dir)
         limit = trainer.args.save_total_limit
+        if trainer.args.should_save:
+            for name in removed:
+                self.owner.files.forget_folder(os.path.join(run_dir, name))
         if limit and self.last_end_ns is not None and trainer.args.should_save:
             self.op.add_interval(ROTATE, self.last_end_ns, time.time_ns())
             self.op.set_phase_attributes(
@@ -534,6 +522,100 @@ class _SaveGroups:
             )
         self.op.set_phase_attributes(Phase.WRITE, **{Attr.FILES: len(self.written)})
         self.op.set_attributes({Attr.FORMAT: _weights_format(self.written)})
+
+
+class CkptProfCallback(GuestCallback, TrainerCallback):
+    """Trace checkpoint saves and resumes of the Hugging Face ``Trainer`` it is given to.
+
+    Args:
+        trace_dir: where the JSON-lines trace goes (default ``$CKPTPROF_TRACE_DIR`` or
+            ``./ckptprof-traces``); OTLP follows the standard ``OTEL_*`` variables.
+        verify: ``size`` (default), ``full`` (xxh3 of every saved byte, one extra read per
+            save and per resume) or ``none``.
+        tracer_provider: record into this OpenTelemetry provider instead.
+        interruptions: ``True`` (or a dict of
+            :class:`~ckptprof.interrupt.guard.InterruptionGuard` options:
+            ``sources``, ``metadata_url``, ``signal_grace_s``, ``cost_per_hour_usd``) to save
+            on a Spot/preemption notice and link the next resume to it.
+        strict: refuse a resume whose files do not match what the save recorded (default:
+            a warning naming the file, and the Trainer loads as usual).
+        state_dir: where ckptprof keeps its records (default ``$CKPTPROF_STATE_DIR`` or
+            ``~/.local/state/ckptprof``; a shared path or ``s3://`` for jobs resumed on
+            another machine; ``"beside"`` for records next to the checkpoints).
+
+    Example::
+
+        trainer = Trainer(model, args, train_dataset=ds, callbacks=[CkptProfCallback()])
+        trainer.train(resume_from_checkpoint=True)
+    """
+
+    def __init__(
+        self,
+        trace_dir=None,
+        verify: str = "size",
+        tracer_provider=None,
+        interruptions: bool | dict = False,
+        strict: bool = False,
+        state_dir=None,
+    ) -> None:
+        self._options = {
+            "trace_dir": trace_dir,
+            "verify": verify,
+            "tracer_provider": tracer_provider,
+            "interruptions": interruptions,
+            "strict": strict,
+            "state_dir": state_dir,
+        }
+        self._instrumentor = TransformersInstrumentor(**self._options)
+
+    @property
+    def trainer(self) -> Trainer | None:
+        """The Trainer this callback traces (None until attached)."""
+        return self._instrumentor.trainer
+
+    # ------------------------------------------------------------------ events
+    def on_init_end(self, args, state, control, **kwargs):
+        if self.trainer is None:
+            trainer = _calling_trainer(self)
+            if trainer is not None:
+                self.attach(trainer)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.trainer is None:
+            trainer = _calling_trainer(self)
+            if trainer is not None:
+                self.attach(trainer)
+                log.warning(
+                    "ckptprof: CkptProfCallback was added after the Trainer was built, so "
+                    "this run's resume is not traced; pass it in Trainer(callbacks=[...]) "
+                    "or call ckptprof.integrations.transformers.instrument(trainer)."
+                )
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._instrumentor.step_end(state.global_step, control)
+
+    def on_save(self, args, state, control, **kwargs):
+        # a notice that arrived during the Trainer's own save is handled right after it
+        guard = self._instrumentor.interruptions
+        if guard is not None and guard.notice is not None:
+            self._instrumentor.step_end(state.global_step, control)
+
+    # ------------------------------------------------------------------ wiring
+    def attach(self, trainer: Trainer) -> None:
+        """Wrap ``trainer.train`` (on the instance) so each call is traced."""
+        self._instrumentor.instrument(trainer)
+
+    def detach(self) -> None:
+        """Undo every wrapper; nothing of ckptprof stays on the Trainer."""
+        self._instrumentor.uninstrument()
+
+    def save(self) -> str:
+        """Save a checkpoint of the current step now, traced; returns its folder.
+
+        For emergency saves from outside the training loop (a signal handler, a Spot
+        notice): the same ``_save_checkpoint`` the Trainer runs on ``save_steps``.
+        """
+        return self._instrumentor.save()
 
 
 # ---------------------------------------------------------------------- helpers
@@ -595,8 +677,6 @@ def _checkpoints_in(run_dir: str) -> set[str]:
 
 def _weight_files(listing: FolderListing | None) -> list[str]:
     """The weight files ``_load_from_checkpoint`` reads, in the Trainer's preference order."""
-    import json
-
     if listing is None:
         return []
     for single in ("model.safetensors", "pytorch_model.bin"):
@@ -608,12 +688,13 @@ def _weight_files(listing: FolderListing | None) -> list[str]:
                 with open(os.path.join(listing.folder, index), encoding="utf-8") as handle:
                     shards = sorted(set(json.load(handle)["weight_map"].values()))
             except (OSError, ValueError, KeyError):
-                return []  # the Trainer reports a broken index itself
+                return [index]  # the Trainer reports a broken index itself
             return [index, *shards]
     return []
 
 
 def _weights_format(names) -> str:
+    names = getattr(names, "sizes", names)
     if "model.safetensors" in names or "model.safetensors.index.json" in names:
         return "safetensors"
     return "torch"
@@ -627,4 +708,4 @@ def _strategy(trainer: Trainer) -> str:
     return str(trainer.args.parallel_mode).rsplit(".", 1)[-1].lower()
 
 
-__all__ = ["CkptProfCallback", "instrument", "uninstrument"]
+__all__ = ["CkptProfCallback", "TransformersInstrumentor", "instrument", "uninstrument"]

@@ -21,6 +21,43 @@ SMALL_SCALE = 0.002
 TINY_SCALE = 0.0005
 
 
+def file_record(path: Path) -> dict | None:
+    """ckptprof's record of a saved checkpoint file, from the test's state location."""
+    from ckptprof.integrations.files import FILE_RECORD_SUFFIX
+    from ckptprof.state import StateStore
+
+    raw = StateStore().read(str(path.parent), path.name + FILE_RECORD_SUFFIX)
+    return json.loads(raw) if raw else None
+
+
+def folder_record_path(folder: Path, rank: int = 0) -> Path:
+    """Where one rank's record of the files it saved into ``folder`` lives."""
+    from ckptprof.integrations.files import FOLDER_RECORD
+    from ckptprof.state import StateStore
+
+    location = Path(StateStore().location(str(folder.parent)))
+    return location / folder.name / FOLDER_RECORD.format(rank=rank)
+
+
+def folder_record(folder: Path, rank: int = 0) -> dict | None:
+    """One rank's record of the files it saved into a checkpoint folder."""
+    path = folder_record_path(folder, rank)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def interruption_record_path(checkpoint_dir: Path) -> Path:
+    """Where the interruption record about ``checkpoint_dir`` lives (the state location)."""
+    from ckptprof.interrupt.record import RECORD_NAME
+    from ckptprof.state import StateStore
+
+    return Path(StateStore().location(str(checkpoint_dir))) / RECORD_NAME
+
+
+def ours_in(directory: Path) -> list[str]:
+    """Files of ckptprof's anywhere under ``directory`` (a user's checkpoint folder)."""
+    return sorted(str(p) for p in Path(directory).rglob("*ckptprof*"))
+
+
 def read_spans(trace_file: Path) -> list[dict]:
     return [json.loads(line) for line in Path(trace_file).read_text().splitlines() if line]
 
@@ -71,6 +108,15 @@ def linked_story(spans: list[dict]) -> tuple[dict, dict]:
         story["context"]["span_id"]
     ]
     return story, restore
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch) -> Path:
+    """ckptprof's records (manifests, interruption records) for this test only, never in
+    the machine's own state location; subprocesses inherit it."""
+    location = tmp_path / "ckptprof-state"
+    monkeypatch.setenv("CKPTPROF_STATE_DIR", str(location))
+    return location
 
 
 @pytest.fixture(scope="session")

@@ -13,12 +13,14 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from ckptprof.errors import VerifyError
-from ckptprof.integrations.base import manifest_path
 from ckptprof.integrations.lightning import CkptProf
 from tests.conftest import (
     RESTORE_PHASES,
     children,
+    file_record,
+    interruption_record_path,
     linked_story,
+    ours_in,
     run_cli,
     sigterm_when,
     spans_in,
@@ -73,12 +75,14 @@ def test_save_then_resume_last_in_a_fresh_process(tmp_path):
     assert set(phases) >= RESTORE_PHASES
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert restores[0]["attributes"]["ckpt.path"] == str(last)
-    # torch.load reads every byte once, plus a few zip headers twice
+    # the file is brought into the page cache once, then torch.load reads it from there
     size = last.stat().st_size
-    assert size <= phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] <= size * 1.02
+    assert phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] == size
+    assert phases["ckpt.verify"]["attributes"]["ckpt.verify.method"] == "record size"
     assert restores[0]["attributes"]["ckpt.framework"] == "lightning"
     assert restores[0]["attributes"]["ckpt.step"] >= 10
-    assert Path(manifest_path(str(last))).exists()
+    assert file_record(last)["files"]["last.ckpt"]["size"] == size
+    assert ours_in(tmp_path / "checkpoints") == []  # the records live in the state location
 
 
 def test_resume_restores_the_same_state_and_adds_nothing_to_the_checkpoint(tmp_path):
@@ -94,7 +98,7 @@ def test_resume_restores_the_same_state_and_adds_nothing_to_the_checkpoint(tmp_p
         assert torch.equal(resumed.state_dict()[key], value)
 
 
-def test_corrupted_checkpoint_fails_verify_naming_the_file(tmp_path):
+def test_a_corrupt_checkpoint_is_named_and_refused_only_when_strict(tmp_path, caplog):
     make_trainer(tmp_path, 5, CkptProf(trace_dir=tmp_path / "t", verify="full")).fit(
         TinyModel(), data()
     )
@@ -102,27 +106,46 @@ def test_corrupted_checkpoint_fails_verify_naming_the_file(tmp_path):
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0x55
     path.write_bytes(bytes(raw))
-    trainer = make_trainer(tmp_path, 10, CkptProf(trace_dir=tmp_path / "t", verify="full"))
-    with pytest.raises(VerifyError, match="last.ckpt.*does not match"):
+    strict = CkptProf(trace_dir=tmp_path / "t", verify="full", strict=True)
+    with pytest.raises(VerifyError, match="last.ckpt: xxh3 .* does not match"):
+        make_trainer(tmp_path, 10, strict).fit(TinyModel(), data(), ckpt_path=str(path))
+    # by default Lightning decides: it loads the file as it would without ckptprof
+    callback = CkptProf(trace_dir=tmp_path / "t", verify="full")
+    trainer = make_trainer(tmp_path, 10, callback)
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
         trainer.fit(TinyModel(), data(), ckpt_path=str(path))
+    assert trainer.global_step == 10
+    assert f"{path}: xxh3" in caplog.text and "strict=True" in caplog.text
+    verify = callback.last_restore.phases["verify"].attributes
+    assert verify["ckpt.verify.problems"] == 1 and str(path) in verify["ckpt.verify.problem"]
+
+
+def test_without_a_record_verify_uses_the_zip_directory(tmp_path, caplog):
+    make_trainer(tmp_path, 5, None).fit(TinyModel(), data())  # saved without ckptprof
+    path = tmp_path / "ckpt" / "last.ckpt"
+    callback = CkptProf(trace_dir=tmp_path / "t")
+    make_trainer(tmp_path, 6, callback).fit(TinyModel(), data(), ckpt_path=str(path))
+    verify = callback.last_restore.phases["verify"].attributes
+    assert verify["ckpt.verify.method"] == "zip central directory"
+    assert "ckpt.verify.problems" not in verify
 
 
 def test_teardown_undoes_every_patch_and_attach_is_idempotent(tmp_path):
     callback = CkptProf(trace_dir=tmp_path / "t")
     trainer = make_trainer(tmp_path, 3, callback)
-    io = trainer.strategy.checkpoint_io
-    before = {n for n in vars(io)}
+    strategy = trainer.strategy
+    before = dict(vars(strategy))
     trainer.fit(TinyModel(), data())
-    assert not callback._inst.attached
-    assert {n for n in vars(io)} == before  # no instance attribute left behind
+    assert not callback._instrumentor.patcher.attached
+    assert set(vars(strategy)) == set(before)  # no instance attribute left behind
     assert "save_checkpoint" not in vars(trainer)
-    assert "resume_end" not in vars(trainer._checkpoint_connector)
     # attaching twice to the same trainer wraps once
     callback.setup(trainer, None, "fit")
     callback.setup(trainer, None, "fit")
-    assert len(callback._inst._patches) == 7
+    assert len(callback._instrumentor.patcher.layers) == 6
+    assert len([v for v in vars(strategy).values() if hasattr(v, "__ckptprof_layer__")]) == 5
     callback.teardown(trainer, None, "fit")
-    assert "load_checkpoint" not in vars(io)
+    assert "load_checkpoint" not in vars(strategy)
 
 
 def test_unreachable_collector_does_not_break_training(tmp_path, monkeypatch, caplog):
@@ -137,7 +160,6 @@ def test_unreachable_collector_does_not_break_training(tmp_path, monkeypatch, ca
         make_trainer(tmp_path, 10, callback).fit(TinyModel(), data())
         trainer = make_trainer(tmp_path, 12, callback)
         trainer.fit(TinyModel(), data(), ckpt_path="last")
-        callback._inst.close()
     assert trainer.global_step == 12
     assert callback.last_restore is not None and callback.last_restore.wall_s > 0
     assert len([r for r in caplog.records if "could not export" in r.message]) == 1
@@ -173,30 +195,33 @@ def test_async_checkpoint_io_shows_blocking_and_background_time(tmp_path):
     bg_write = children(spans, background[0])["ckpt.write"]
     assert bg_write["attributes"]["ckpt.bytes"] > 0
     last = tmp_path / "ckpt" / "last.ckpt"
-    assert Path(manifest_path(str(last))).exists()
+    assert file_record(last)["files"]["last.ckpt"]["size"] == last.stat().st_size
 
 
-def test_resume_from_a_checkpoint_on_s3(tmp_path, s3_bucket, s3_env):
-    """Saved locally, uploaded to the loopback S3 server, resumed from s3://."""
-    make_trainer(tmp_path, 5, CkptProf(trace_dir=tmp_path / "t", verify="full")).fit(
-        TinyModel(), data()
-    )
+def test_resume_from_s3_is_left_to_lightning(tmp_path, s3_bucket, s3_env):
+    """Lightning reads s3:// through fsspec (s3fs); ckptprof times that read as one fused
+    interval and never reads the object itself, so the job behaves as it would without
+    ckptprof: here, without s3fs installed, the same error either way."""
+    make_trainer(tmp_path, 5, None).fit(TinyModel(), data())
     s3_env()
     last = tmp_path / "ckpt" / "last.ckpt"
-    for path in (last, Path(manifest_path(str(last)))):
-        s3_bucket.client.upload_file(str(path), s3_bucket.name, f"run/{path.name}")
+    s3_bucket.client.upload_file(str(last), s3_bucket.name, "run/last.ckpt")
     url = f"s3://{s3_bucket.name}/run/last.ckpt"
-    callback = CkptProf(trace_dir=tmp_path / "s3t", verify="full")
-    trainer = make_trainer(tmp_path / "again", 8, callback)
-    trainer.fit(TinyModel(), data(), ckpt_path=url)
-    assert trainer.global_step == 8
-    spans = spans_in(tmp_path / "s3t")
-    restore = next(s for s in spans if s["name"] == "ckpt.restore")
+
+    def resume(callbacks):
+        trainer = make_trainer(tmp_path / "again", 8, callbacks[0] if callbacks else None)
+        try:
+            trainer.fit(TinyModel(), data(), ckpt_path=url)
+        except Exception as exc:  # noqa: BLE001 - compared below
+            return type(exc), str(exc), trainer.global_step
+        return None, "", trainer.global_step
+
+    callback = CkptProf(trace_dir=tmp_path / "s3t")
+    assert resume([callback]) == resume([])
+    restore = next(s for s in spans_in(tmp_path / "s3t") if s["name"] == "ckpt.restore")
     assert restore["attributes"]["ckpt.storage.kind"] == "s3"
-    phases = children(spans, restore)
-    assert set(phases) >= RESTORE_PHASES
-    assert phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] == last.stat().st_size
-    assert phases["ckpt.verify"]["attributes"]["ckpt.verify.mode"] == "full"
+    phases = children(spans_in(tmp_path / "s3t"), restore)
+    assert phases["ckpt.deserialize"]["attributes"]["ckpt.fused_fetch"] is True
 
 
 def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
@@ -205,18 +230,19 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     import json
     import os
 
-    from ckptprof.interrupt.record import RECORD_NAME
-
     flags = ["--dir", str(tmp_path), "--interruptions", "--step-delay", "0.1"]
     command = [sys.executable, str(EXAMPLE), *flags, "--phase", "train", "--steps", "1000"]
-    ready = Path(manifest_path(str(tmp_path / "checkpoints" / "last.ckpt")))
+    checkpoints = tmp_path / "checkpoints"
+    ready = checkpoints / "epoch=0-step=5.ckpt"
     _, stderr = sigterm_when(command, ready)
     assert "emergency save saved" in stderr, stderr[-3000:]
-    record = json.loads((tmp_path / "checkpoints" / RECORD_NAME).read_text())
-    last = tmp_path / "checkpoints" / "last.ckpt"
+    record = json.loads(interruption_record_path(checkpoints).read_text())
+    last = checkpoints / "last.ckpt"
+    assert ours_in(checkpoints) == []
     assert record["outcome"] == "saved" and record["checkpoint"] == str(last)
     assert torch.load(last, weights_only=False)["global_step"] == record["checkpoint_step"]
-    assert not list((tmp_path / "checkpoints").glob("*.partial*"))
+    assert not list(checkpoints.glob("*.partial*"))
+    assert file_record(last)["files"]["last.ckpt"]["size"] == last.stat().st_size
     resume = subprocess.run(
         [sys.executable, str(EXAMPLE), *flags[:3], "--phase", "resume", "--steps", "20"],
         capture_output=True,
@@ -258,15 +284,15 @@ def test_strategies_that_checkpoint_themselves_are_traced(tmp_path):
     last = tmp_path / "ckpt" / "last.ckpt"
     write = callback.last_save.phases["write"]
     assert write.nbytes == last.stat().st_size
-    assert Path(manifest_path(str(last))).exists()
+    assert file_record(last) is not None
     callback = CkptProf(trace_dir=tmp_path / "t")
     trainer = make_trainer(tmp_path, 7, callback, strategy=strategy())
     trainer.fit(TinyModel(), data(), ckpt_path=str(last))
     summary = callback.last_restore
-    assert {"deserialize", "reshard", "first_step"} <= set(summary.phases)
+    assert set(summary.phases) >= {p[5:] for p in RESTORE_PHASES}
     deserialize = summary.phases["deserialize"].attributes
-    assert deserialize["ckpt.fused_fetch"] is True
     assert deserialize["ckpt.loader"] == "OwnCheckpointingStrategy.load_checkpoint"
+    assert summary.phases["fetch"].nbytes == last.stat().st_size  # a file: fetched first
     assert summary.attributes["ckpt.strategy"] == "OwnCheckpointingStrategy"
-    assert not callback._inst.attached  # and unwrapped at teardown
+    assert not callback._instrumentor.patcher.attached  # and unwrapped at teardown
     assert "load_checkpoint" not in vars(trainer.strategy)

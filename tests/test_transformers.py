@@ -19,7 +19,11 @@ from ckptprof.integrations.transformers import CkptProfCallback, instrument, uni
 from tests.conftest import (
     RESTORE_PHASES,
     children,
+    folder_record,
+    folder_record_path,
+    interruption_record_path,
     linked_story,
+    ours_in,
     run_cli,
     sigterm_when,
     spans_in,
@@ -53,7 +57,8 @@ def free_port() -> int:
 
 
 def traced(directory: Path, max_steps: int, **kw) -> tuple[Trainer, CkptProfCallback]:
-    callback = CkptProfCallback(trace_dir=directory / "traces", verify=kw.pop("verify", "size"))
+    options = {k: kw.pop(k) for k in ("verify", "strict") if k in kw}
+    callback = CkptProfCallback(trace_dir=directory / "traces", **options)
     return make_trainer(directory, max_steps, [callback], **kw), callback
 
 
@@ -89,10 +94,11 @@ def test_save_then_resume_last_in_a_fresh_process(tmp_path):
     write = save_phases["ckpt.write"]["attributes"]
     for group in ("model", "optimizer", "rng", "state"):
         assert write[f"ckpt.write.{group}_bytes"] > 0
-    written = {p.name: p.stat().st_size for p in folder.iterdir() if "ckptprof" not in p.name}
+    written = {p.name: p.stat().st_size for p in folder.iterdir()}
     assert write["ckpt.bytes"] == sum(written.values())
-    manifest = json.loads((folder / "ckptprof-manifest.rank0.json").read_text())
+    manifest = folder_record(folder)
     assert {n: e["size"] for n, e in manifest["files"].items()} == written
+    assert ours_in(tmp_path / "checkpoints") == []  # the records live in the state location
 
 
 def test_checkpoint_bytes_and_training_are_the_same_with_and_without_ckptprof(tmp_path):
@@ -100,7 +106,7 @@ def test_checkpoint_bytes_and_training_are_the_same_with_and_without_ckptprof(tm
         return {
             p.name: hashlib.sha256(p.read_bytes()).hexdigest()
             for p in folder.iterdir()
-            if "ckptprof" not in p.name and p.name != "training_args.bin"  # holds output_dir
+            if p.name != "training_args.bin"  # holds output_dir
         }
 
     plain = make_trainer(tmp_path / "plain", 10, [])
@@ -145,35 +151,81 @@ def test_sharded_safetensors_fetches_every_shard_and_the_index(tmp_path):
     assert callback.last_restore.attributes["ckpt.format"] == "safetensors"
 
 
-def test_missing_optimizer_fails_naming_the_file(tmp_path):
+def test_missing_optimizer_is_named_and_refused_only_when_strict(tmp_path, caplog):
     traced(tmp_path, 5)[0].train()
     (tmp_path / "checkpoints" / "checkpoint-5" / "optimizer.pt").unlink()
-    trainer, callback = traced(tmp_path, 6)
+    trainer, callback = traced(tmp_path, 6, strict=True)
     with pytest.raises(VerifyError, match=r"checkpoint-5/optimizer\.pt: missing"):
         trainer.train(resume_from_checkpoint=True)
     assert callback.last_restore is not None  # the failed restore is traced too
     (root,) = restores(tmp_path)
     assert root["status"]["status_code"] == "ERROR"
+    # by default the Trainer decides (it starts a fresh optimizer), and the log says why
+    trainer, callback = traced(tmp_path, 6)
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        trainer.train(resume_from_checkpoint=True)
+    assert trainer.state.global_step == 6
+    assert "checkpoint-5/optimizer.pt: missing, but the save wrote it" in caplog.text
+    verify = callback.last_restore.phases["verify"].attributes
+    assert verify["ckpt.verify.problems"] == 1
 
 
-def test_truncated_weights_fail_naming_the_file(tmp_path):
+def test_truncated_weights_are_named_and_the_trainers_own_error_passes(tmp_path, caplog):
     traced(tmp_path, 5)[0].train()
     weights = tmp_path / "checkpoints" / "checkpoint-5" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    trainer, _ = traced(tmp_path, 6)
-    with pytest.raises(VerifyError, match=r"model\.safetensors: \d+ bytes, the manifest says"):
+    trainer, _ = traced(tmp_path, 6, strict=True)
+    with pytest.raises(VerifyError, match=r"model\.safetensors: \d+ bytes, but the save wrote"):
         trainer.train(resume_from_checkpoint=True)
 
+    def resume(callbacks):
+        try:
+            make_trainer(tmp_path, 6, callbacks).train(resume_from_checkpoint=True)
+        except Exception as exc:  # noqa: BLE001 - compared below
+            return type(exc), str(exc)
+        return None
 
-def test_corrupt_optimizer_fails_full_verify(tmp_path):
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        with_ckptprof = resume([CkptProfCallback(trace_dir=tmp_path / "traces")])
+    assert with_ckptprof == resume([]) and with_ckptprof is not None  # the Trainer's own
+    assert f"{weights}: {weights.stat().st_size} bytes, but the save wrote" in caplog.text
+
+
+def test_corrupt_optimizer_fails_full_strict_verify(tmp_path):
     traced(tmp_path, 5, verify="full")[0].train()
     path = tmp_path / "checkpoints" / "checkpoint-5" / "optimizer.pt"
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0x55
     path.write_bytes(bytes(raw))
-    trainer, _ = traced(tmp_path, 6, verify="full")
+    trainer, _ = traced(tmp_path, 6, verify="full", strict=True)
     with pytest.raises(VerifyError, match=r"optimizer\.pt: xxh3 .* does not match"):
         trainer.train(resume_from_checkpoint=True)
+
+
+def test_weights_converted_to_shards_after_the_save_resume_as_usual(tmp_path, caplog):
+    """The Trainer loads single or sharded weights alike; so does ckptprof's check."""
+    from safetensors.torch import load_file, save_file
+
+    traced(tmp_path, 5)[0].train()
+    folder = tmp_path / "checkpoints" / "checkpoint-5"
+    tensors = load_file(folder / "model.safetensors")
+    names = sorted(tensors)
+    half = len(names) // 2
+    shards = {"model-00001-of-00002.safetensors": names[:half]}
+    shards["model-00002-of-00002.safetensors"] = names[half:]
+    for shard, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, folder / shard, metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: s for s, ks in shards.items() for k in ks}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (folder / "model.safetensors").unlink()
+    trainer, callback = traced(tmp_path, 6)
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        trainer.train(resume_from_checkpoint=True)
+    assert trainer.state.global_step == 6
+    assert "missing" not in caplog.text
+    verify = callback.last_restore.phases["verify"].attributes
+    assert verify["ckpt.verify.weights_converted"] == "model.safetensors"
+    assert "safetensors header" in verify["ckpt.verify.method"]  # the shards: no record
 
 
 def test_rotation_is_its_own_span(tmp_path):
@@ -192,12 +244,12 @@ def test_only_this_trainer_is_touched_and_everything_is_undone(tmp_path):
     assert set(vars(trainer)) & {"_save_checkpoint", "_load_from_checkpoint"} == set()
     trainer.train()
     # between trainings only the pass-through ``train`` wrapper stays on the instance
-    wrapped = {n for n, v in vars(trainer).items() if hasattr(v, "__ckptprof_owner__")}
+    wrapped = {n for n, v in vars(trainer).items() if hasattr(v, "__ckptprof_layer__")}
     assert wrapped == {"train"}
     other = make_trainer(tmp_path / "other", 1, [])
-    assert not any(hasattr(v, "__ckptprof_owner__") for v in vars(other).values())
+    assert not any(hasattr(v, "__ckptprof_layer__") for v in vars(other).values())
     uninstrument(trainer)
-    assert not any(hasattr(v, "__ckptprof_owner__") for v in vars(trainer).values())
+    assert not any(hasattr(v, "__ckptprof_layer__") for v in vars(trainer).values())
     assert not any(isinstance(c, CkptProfCallback) for c in trainer.callback_handler.callbacks)
     assert dict(vars(Trainer)) == before
     # the callback is not an ExportableState: nothing of ckptprof in the trainer state
@@ -221,18 +273,19 @@ def test_save_callable_from_outside_the_loop(tmp_path):
     folder = callback.save()
     assert folder.endswith("checkpoint-3") and Path(folder, "optimizer.pt").exists()
     assert callback.last_save.attributes["ckpt.path"] == folder
-    assert Path(folder, "ckptprof-manifest.rank0.json").exists()
+    assert folder_record(Path(folder)) is not None
+    assert callback._instrumentor.session.telemetry is None  # closed again after the save
 
 
 def test_a_bug_inside_ckptprof_never_stops_training(tmp_path, monkeypatch, caplog):
-    from ckptprof.integrations import base
+    from ckptprof.integrations import files
 
     traced(tmp_path, 5)[0].train()
 
     def broken(*args, **kwargs):
         raise RuntimeError("ckptprof bug")
 
-    monkeypatch.setattr(base.FolderCheckpoints, "fetch", broken)
+    monkeypatch.setattr(files.CheckpointFiles, "fetch_from_folder", broken)
     trainer, callback = traced(tmp_path, 7)
     with caplog.at_level(logging.WARNING, logger="ckptprof"):
         trainer.train(resume_from_checkpoint=True)
@@ -262,10 +315,9 @@ def test_two_processes_tag_ranks(tmp_path):
     assert {r["attributes"]["ckpt.world_size"] for r in found} == {2}
     assert len({r["attributes"]["ckpt.run_id"] for r in found}) == 1
     folder = tmp_path / "checkpoints" / "checkpoint-10"
-    ranks = {p.name for p in folder.glob("ckptprof-manifest.rank*.json")}
-    assert ranks == {"ckptprof-manifest.rank0.json", "ckptprof-manifest.rank1.json"}
-    rank1 = json.loads((folder / "ckptprof-manifest.rank1.json").read_text())
-    assert set(rank1["files"]) == {"rng_state_1.pth"}
+    assert folder_record(folder, 0) is not None
+    assert set(folder_record(folder, 1)["files"]) == {"rng_state_1.pth"}
+    assert ours_in(tmp_path / "checkpoints") == []
     spans = spans_in(tmp_path / "traces")
     for restore in found:
         rank = restore["attributes"]["ckpt.rank"]
@@ -280,19 +332,19 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     """A real SIGTERM to a real training process, then a resume in a new process."""
     import signal
 
-    from ckptprof.interrupt.record import RECORD_NAME
-
     flags = ["--dir", str(tmp_path), "--interruptions", "--step-delay", "0.1"]
     command = [sys.executable, str(EXAMPLE), *flags, "--phase", "train", "--steps", "1000"]
-    ready = tmp_path / "checkpoints" / "checkpoint-5" / "ckptprof-manifest.rank0.json"
+    checkpoints = tmp_path / "checkpoints"
+    ready = folder_record_path(checkpoints / "checkpoint-5")
     returncode, stderr = sigterm_when(command, ready)
     assert returncode == -signal.SIGTERM, stderr[-3000:]  # the default action, chained
     assert "emergency save saved" in stderr
-    record = json.loads((tmp_path / "checkpoints" / RECORD_NAME).read_text())
+    record = json.loads(interruption_record_path(checkpoints).read_text())
     assert record["outcome"] == "saved" and record["source"] == "sigterm"
-    saved = tmp_path / "checkpoints" / f"checkpoint-{record['checkpoint_step']}"
+    saved = checkpoints / f"checkpoint-{record['checkpoint_step']}"
     assert record["checkpoint"] == str(saved) and record["checkpoint_step"] > 5
-    assert (saved / "ckptprof-manifest.rank0.json").exists()
+    assert folder_record(saved) is not None
+    assert ours_in(checkpoints) == []
     assert 0 < record["margin_s"] <= 30
 
     resume = run_example(tmp_path, "--interruptions", "--phase", "resume", "--steps", "1000")
@@ -314,7 +366,7 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     assert attrs["ckpt.interruption.downtime_cost"] == pytest.approx(
         downtime / 3600 * rate, abs=1e-3
     )
-    assert not (tmp_path / "checkpoints" / RECORD_NAME).exists()  # retired after linking
+    assert not interruption_record_path(checkpoints).exists()  # retired after linking
     report = subprocess.run(
         [sys.executable, "-m", "ckptprof", "report", "--interruptions", str(tmp_path / "traces")],
         capture_output=True,
@@ -328,18 +380,19 @@ def test_save_cut_short_by_the_deadline_leaves_the_previous_checkpoint_in_use(tm
     import shutil
 
     from ckptprof.interrupt.record import InterruptionRecord, write_record
+    from ckptprof.state import StateStore
 
     traced(tmp_path, 10)[0].train()
     checkpoints = tmp_path / "checkpoints"
-    # the emergency save of step 12 was killed half way: files, no manifest
+    # the emergency save of step 12 was killed half way: files, no record of them
     partial = checkpoints / "checkpoint-12"
     shutil.copytree(checkpoints / "checkpoint-10", partial)
-    (partial / "ckptprof-manifest.rank0.json").unlink()
+    assert folder_record(partial) is None
     weights = partial / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     now = __import__("time").time_ns()
     write_record(
-        str(checkpoints),
+        StateStore().location(str(checkpoints)),
         InterruptionRecord(
             run_id="r",
             trace_id="ab" * 16,
@@ -358,6 +411,7 @@ def test_save_cut_short_by_the_deadline_leaves_the_previous_checkpoint_in_use(tm
     with caplog.at_level(logging.WARNING, logger="ckptprof"):
         trainer.train(resume_from_checkpoint=True)
     assert "checkpoint-12 was being saved when the job was stopped" in caplog.text
+    assert "missing" not in caplog.text  # the files of checkpoint-10 are all there
     attrs = callback.last_restore.attributes
     assert attrs["ckpt.path"] == str(checkpoints / "checkpoint-10")
     assert attrs["ckpt.interruption.outcome"] == "pending"  # the save never finished
@@ -393,9 +447,9 @@ def test_notice_during_a_save_is_handled_after_it(tmp_path):
     assert story["attributes"]["ckpt.interruption.outcome"] == "saved"
     assert story["attributes"]["ckpt.interruption.checkpoint_step"] == 5
     folder = tmp_path / "checkpoints" / "checkpoint-5"
-    manifest = json.loads((folder / "ckptprof-manifest.rank0.json").read_text())
+    manifest = folder_record(folder)
     assert {n: e["size"] for n, e in manifest["files"].items()} == {
-        p.name: p.stat().st_size for p in folder.iterdir() if "ckptprof" not in p.name
+        p.name: p.stat().st_size for p in folder.iterdir()
     }
 
 
@@ -442,19 +496,19 @@ def test_deepspeed_path_traces_the_engine_inside_the_trainer(tmp_path):
     fetch = phases["ckpt.fetch"]["attributes"]
     assert fetch["ckpt.fetch.repeated_reads"] == 1  # DeepSpeed's double read, seen from HF
     assert fetch["ckpt.bytes"] >= sum((tag / n).stat().st_size for n in read)
-    manifest = json.loads((tag / "ckptprof-manifest.rank0.json").read_text())
-    assert set(manifest["files"]) == {p.name for p in tag.iterdir() if "ckptprof" not in p.name}
+    manifest = folder_record(tag)
+    assert set(manifest["files"]) == {p.name for p in tag.iterdir()}
     (save,) = [s for s in spans if s["name"] == "ckpt.save" and s["attributes"]["ckpt.step"] == 5]
     write = children(spans, save)["ckpt.write"]["attributes"]
-    assert write["ckpt.bytes"] >= sum(
-        p.stat().st_size for p in tag.iterdir() if "ckptprof" not in p.name
-    )
+    assert write["ckpt.bytes"] >= sum(p.stat().st_size for p in tag.iterdir())
+    assert ours_in(tmp_path / "checkpoints") == []
 
 
 def test_bad_interruption_options_are_one_clear_error(tmp_path):
     from ckptprof.errors import CkptprofError
 
-    callback = CkptProfCallback(trace_dir=tmp_path / "t", interruptions={"source": ["aws"]})
-    trainer = make_trainer(tmp_path, 2, [callback])
     with pytest.raises(CkptprofError, match=r"interruptions=.*expected True or a dict"):
-        trainer.train()
+        CkptProfCallback(trace_dir=tmp_path / "t", interruptions={"source": ["aws"]})
+    callback = CkptProfCallback(trace_dir=tmp_path / "t", interruptions={"sources": ["nope"]})
+    with pytest.raises(CkptprofError, match=r"unknown notice source 'nope'"):
+        make_trainer(tmp_path, 2, [callback]).train()

@@ -20,6 +20,7 @@ guard does the rest:
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -46,6 +47,8 @@ COST_ENV = "CKPTPROF_COST_PER_HOUR"
 #: on-demand $/hour of one 8×A100 instance (AWS p4d.24xlarge, us-east-1 list price);
 #: set ``CKPTPROF_COST_PER_HOUR`` (or ``cost_per_hour=``) to yours
 DEFAULT_COST_PER_HOUR = 32.77
+#: the shortest wait of a noted signal for a step boundary before it is handed on
+MIN_HANDOFF_S = 3.0
 NOTICE_SPAN, INTERRUPTION_SPAN, EMERGENCY_SAVE_SPAN = (
     "ckpt.notice",
     "ckpt.interruption",
@@ -54,7 +57,7 @@ NOTICE_SPAN, INTERRUPTION_SPAN, EMERGENCY_SAVE_SPAN = (
 
 
 class GuardHost(Protocol):
-    """What the guard needs from its adapter (``integrations.base.Instrumentation`` has it)."""
+    """What the guard needs from its adapter (the adapters' ``TracingSession`` has it)."""
 
     framework: str
     tracer: Any  # a CheckpointTracer once started
@@ -134,6 +137,7 @@ class InterruptionGuard:
         self._handled = False
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
+        self._step_times: collections.deque[int] = collections.deque(maxlen=16)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> InterruptionGuard:
@@ -147,32 +151,87 @@ class InterruptionGuard:
         return self
 
     def close(self) -> None:
-        """Stop watching. A notice that came but was never saved for (training ended
-        first) is recorded as such and its trace ended, so the story is not lost."""
+        """Stop watching and put the signal handlers back. A notice that came but was
+        never saved for (training ended first) is recorded as such and its trace ended,
+        so the story is not lost; a signal it noted waits for :meth:`release_signal`."""
         self._stopped.set()
         self.watcher.stop()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
-            self._thread = None
-        if self._root is not None and not self._handled and self.record is not None:
-            try:
-                self._handled = True
-                self.record.outcome = NOT_SAVED
-                self._write()
-                self._root.set_attributes(as_attributes(self.record))
-                self._root.end()
-            except Exception as exc:  # noqa: BLE001
-                self.inst.warn_once("interruption", exc)
+        self._thread = None
+        self._give_up("training ended before a step boundary")
+
+    def release_signal(self) -> None:
+        """After :meth:`close` (and after the adapter flushed its spans): a signal noted
+        but never handed on reaches the handler ckptprof replaced. For the default
+        action the process ends here, as it would have when the signal came."""
+        self.watcher.resend_pending()
+
+    def _claim(self) -> bool:
+        """Take the notice for handling (an emergency save, or giving up on one): once."""
+        with self._lock:
+            if self.watcher.notice is None or self._handled:
+                return False
+            self._handled = True
+            return True
+
+    def _give_up(self, reason: str) -> bool:
+        """Record a notice that gets no emergency save; False when it was handled already."""
+        if not self._claim():
+            return False
+        if self._root is None or self.record is None:
+            return True
+        try:
+            self.record.outcome = NOT_SAVED
+            self.record.error = reason
+            self._write()
+            self._root.set_attributes(as_attributes(self.record))
+            self._root.end()
+            if self.inst.telemetry is not None:
+                self.inst.telemetry.flush()
+        except Exception as exc:  # noqa: BLE001
+            self.inst.warn_once("interruption", exc)
+        return True
 
     @property
     def notice(self) -> Notice | None:
         return self.watcher.notice
 
     def _watch(self) -> None:
+        """Open the story when a notice comes; hand a signal on when no step boundary
+        comes in time for the emergency save (a job whose loop ended or hangs)."""
         while not self._stopped.wait(0.1):
-            if self.watcher.notice is not None:
-                self._open()
+            if self.watcher.notice is None:
+                continue
+            self._open()
+            if self._handled:
                 return
+            waited = (time.time_ns() - self.watcher.notice.received_ns) / 1e9
+            if self.watcher.signum is None or waited <= self.handoff_after_s():
+                continue
+            if self._give_up(f"no step boundary within {waited:.1f} s of the signal"):
+                log.warning(
+                    "ckptprof: no training step ended within %.1f s of the %s; handing the "
+                    "signal on without an emergency save",
+                    waited,
+                    self.watcher.notice.source,
+                )
+                self.watcher.handoff()
+            return
+
+    def handoff_after_s(self) -> float:
+        """How long a noted signal waits for a step boundary: three recent steps' time
+        (at least :data:`MIN_HANDOFF_S`), never past the deadline."""
+        times = list(self._step_times)
+        intervals = sorted(b - a for a, b in zip(times, times[1:], strict=False))
+        typical = intervals[len(intervals) // 2] / 1e9 if intervals else 0.0
+        wait = max(MIN_HANDOFF_S, 3 * typical)
+        notice = self.watcher.notice
+        if notice is not None and notice.deadline_ns is not None:
+            wait = min(
+                wait, max(MIN_HANDOFF_S, (notice.deadline_ns - notice.received_ns) / 1e9 - 1)
+            )
+        return wait
 
     # ------------------------------------------------------------------ interrupted run
     def _open(self) -> None:
@@ -229,14 +288,15 @@ class InterruptionGuard:
     def step_end(self, step: int) -> None:
         """Call at every step boundary; runs the emergency save when a notice is pending."""
         self.last_step, self.last_step_ns = step, time.time_ns()
+        self._step_times.append(self.last_step_ns)
         if self._handled and self.watcher.signum is not None:
             self.watcher.chain()  # a signal after the notice was already saved for
             return
-        if self.watcher.notice is None or self._handled:
+        if self.watcher.notice is None:
             return
-        self._handled = True
         self._open()
-        self.emergency_save(step)
+        if self._claim():
+            self.emergency_save(step)
 
     def emergency_save(self, step: int) -> None:
         """Save now under ``ckpt.emergency_save``, record the outcome, hand the signal on."""

@@ -126,7 +126,9 @@ class NoticeWatcher:
         self.signal_grace_s = float(grace) if grace is not None else DEFAULT_SIGNAL_GRACE_S
         self.poll_interval_s = poll_interval_s
         self.notice: Notice | None = None
-        self.signum: int | None = None
+        self.signum: int | None = None  # a signal noted and not yet handed on
+        self.closed = False
+        self._handoff = False
         self._lock = threading.Lock()
         self._previous: dict[int, Any] = {}
         self._stop = threading.Event()
@@ -140,6 +142,7 @@ class NoticeWatcher:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> NoticeWatcher:
+        self.closed = False
         for name in self.sources:
             signum = SIGNAL_SOURCES.get(name)
             if signum is None or signum in self._previous:
@@ -158,33 +161,67 @@ class NoticeWatcher:
         return self
 
     def stop(self) -> None:
-        """Put back the handlers ckptprof replaced (if still its own) and stop polling."""
-        for signum, previous in self._previous.items():
-            if signal.getsignal(signum) == self._on_signal:
+        """Put back the handlers ckptprof replaced and stop polling.
+
+        A handler another library placed over ckptprof's stays where it is, and so does
+        ckptprof's under it: closed, it hands every signal straight to the handler it
+        replaced (:meth:`_pass_on`), so nothing is ever swallowed.
+        """
+        self.closed = True
+        for signum, previous in list(self._previous.items()):
+            if not self._installed(signum):
+                continue
+            try:
                 signal.signal(signum, previous)
-        self._previous.clear()
+            except ValueError:  # not the main thread: ours stays, passing signals on
+                continue
+            del self._previous[signum]
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=HTTP_TIMEOUT_S * 3)
             self._thread = None
 
     def chain(self) -> None:
-        """Hand the signal on to the handler ckptprof replaced (after the emergency save).
-
-        The default action (terminate) is re-raised with the default handler in place, so
-        the process ends as it would have without ckptprof; ``SIG_IGN`` stays ignored. When
-        a handler installed after ckptprof's wraps it (Lightning composes its SIGTERM
-        handler with the existing one), that handler already ran and decides what
-        happens next, so the default action is not re-raised.
-        """
+        """Hand the noted signal on to the handler ckptprof replaced (after the emergency
+        save; main thread). See :meth:`_pass_on`."""
         signum, self.signum = self.signum, None
-        if signum is None:
-            return
+        if signum is not None:
+            self._pass_on(signum, None)
+
+    def handoff(self) -> None:
+        """From any thread: hand the noted signal on now (no step boundary came for the
+        emergency save). The signal is raised again so that the main thread, where
+        Python runs signal handlers, passes it on."""
+        signum = self.signum
+        if signum is not None:
+            self._handoff = True
+            os.kill(os.getpid(), signum)
+
+    def resend_pending(self) -> None:
+        """After :meth:`stop`: a signal that was noted but never handed on (training ended
+        before a step boundary) goes to whatever handles it now — the handler ckptprof
+        replaced. For the default action the process ends here, as it would have."""
+        signum, self.signum = self.signum, None
+        if signum is not None and not self._installed(signum):
+            os.kill(os.getpid(), signum)
+
+    def _installed(self, signum: int) -> bool:
+        return signal.getsignal(signum) == self._on_signal
+
+    def _pass_on(self, signum: int, frame) -> None:
+        """What the replaced handler does with ``signum``.
+
+        A Python handler is called. The default action (terminate) is re-raised with the
+        default handler in place, so the process ends as it would have without ckptprof;
+        ``SIG_IGN`` stays ignored. When a handler installed after ckptprof's wraps it
+        (Lightning composes its SIGTERM handler with the existing one), that handler
+        already ran and decides what happens next, so the default action is not re-raised.
+        """
         previous = self._previous.get(signum, signal.SIG_DFL)
         if callable(previous):
-            previous(signum, None)
-        elif previous == signal.SIG_DFL and signal.getsignal(signum) == self._on_signal:
-            self.stop()
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL and self._installed(signum):
+            self._previous.pop(signum, None)
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 
@@ -194,7 +231,14 @@ class NoticeWatcher:
 
     # ------------------------------------------------------------------ sources
     def _on_signal(self, signum, frame) -> None:
-        """Only plain assignments: no lock, no I/O, no callback (the thread delivers it)."""
+        """Only plain assignments: no lock, no I/O, no callback (the thread delivers it);
+        once closed, or when asked to hand a signal on, it acts as the replaced handler."""
+        if self.closed or self._handoff:
+            self._handoff = False
+            if self.signum == signum:
+                self.signum = None
+            self._pass_on(signum, frame)
+            return
         self.signum = signum
         if self.notice is None:
             now = time.time_ns()

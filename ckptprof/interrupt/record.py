@@ -1,9 +1,11 @@
 """The interruption record: what the interrupted process knew, for the one that resumes.
 
-Written atomically beside the checkpoints (``ckptprof-interruption.json``; a local folder
-or an ``s3://`` prefix) when a notice arrives and again when the emergency save ends, so a
-process killed mid-save still leaves the notice behind. The resuming process reads it,
-links its restore to the interrupted trace and works out downtime and steps lost.
+Written atomically (``ckptprof-interruption.json``) in ckptprof's state location for the
+checkpoint directory (:mod:`ckptprof.state`: a local folder, a shared mount or an ``s3://``
+prefix; beside the checkpoints only when asked) when a notice arrives and again when the
+emergency save ends, so a process killed mid-save still leaves the notice behind. The
+resuming process reads it, links its restore to the interrupted trace and works out
+downtime and steps lost.
 """
 
 from __future__ import annotations
@@ -77,14 +79,10 @@ def write_record(location: str, record: InterruptionRecord) -> None:
 
         open_storage(location).write_bytes(RECORD_NAME, raw)  # one PUT: atomic
         return
+    from ckptprof.atomic import atomic_write
+
     os.makedirs(location, exist_ok=True)
-    target = os.path.join(location, RECORD_NAME)
-    tmp = f"{target}.{os.getpid()}.partial"
-    with open(tmp, "wb") as handle:
-        handle.write(raw)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
+    atomic_write(os.path.join(location, RECORD_NAME), raw)
 
 
 def read_record(location: str, run_id: str | None = None) -> InterruptionRecord | None:

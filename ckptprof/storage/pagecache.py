@@ -95,3 +95,26 @@ def warm(paths: list[Path], chunk: int = 8 << 20) -> None:
         with open(path, "rb", buffering=0) as handle:
             while handle.readinto(view):
                 pass
+
+
+def warm_file(path: Path) -> None:
+    """Bring ``path`` into the page cache without copying it into this process:
+    ``sendfile`` to ``/dev/null`` (the kernel reads the pages and discards nothing but
+    the copy); a filesystem that refuses ``sendfile`` is read into a small reused buffer."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        sink = os.open(os.devnull, os.O_WRONLY)
+        try:
+            offset = 0
+            while offset < size:
+                sent = os.sendfile(sink, fd, offset, min(size - offset, 1 << 30))
+                if sent == 0:
+                    return
+                offset += sent
+        except OSError:
+            warm([path])
+        finally:
+            os.close(sink)
+    finally:
+        os.close(fd)

@@ -1,0 +1,124 @@
+"""A checkpoint file's own integrity data, for files no ckptprof manifest describes.
+
+Checks what each format carries about itself, reading as little as it can:
+
+* ``torch.save`` (zip): the end-of-central-directory record and the central directory
+  (every member must end before it: a truncated file has lost its tail); ``deep`` adds
+  every member's CRC-32 (reads the whole file).
+* safetensors: the header length and JSON header; the largest tensor end must fit the file.
+* DCP (a folder with ``.metadata``): every ``.distcp`` file must hold the byte ranges the
+  metadata says it holds.
+* JSON (trainer state, indexes): it must parse.
+
+Other formats carry nothing to check; :func:`check` says so rather than guessing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zipfile
+from dataclasses import dataclass
+
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+@dataclass(frozen=True)
+class Integrity:
+    """What was checked (``method``) and what is wrong (``problem``, None when nothing)."""
+
+    method: str
+    problem: str | None = None
+    checked_bytes: int = 0
+
+
+def check(path: str, deep: bool = False) -> Integrity:
+    """Check ``path`` (a file, or a DCP folder) against its format's own integrity data."""
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, ".metadata")):
+            return _dcp(path)
+        return Integrity("none (a folder without DCP metadata)")
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    if head[:4] == ZIP_MAGIC:
+        return _zip(path, deep)
+    if path.endswith(".safetensors"):
+        return _safetensors(path, head)
+    if path.endswith(".json"):
+        return _json(path)
+    return Integrity("none (the format carries no integrity data)")
+
+
+def _zip(path: str, deep: bool) -> Integrity:
+    method = "zip crc32" if deep else "zip central directory"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            directory_start = archive.start_dir
+            for info in members:
+                if info.header_offset + info.compress_size > directory_start:
+                    return Integrity(method, f"member {info.filename} runs past the zip directory")
+            if not deep:
+                return Integrity(method)
+            broken = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        return Integrity(method, f"not a complete zip archive ({exc}): truncated or overwritten")
+    if broken is not None:
+        return Integrity(method, f"member {broken} fails its CRC-32: the bytes are corrupt")
+    return Integrity(method, None, os.path.getsize(path))
+
+
+def _safetensors(path: str, head: bytes) -> Integrity:
+    method = "safetensors header"
+    size = os.path.getsize(path)
+    if len(head) < 8:
+        return Integrity(method, f"{size} bytes: too short for a safetensors header")
+    (header_len,) = struct.unpack("<Q", head)
+    if 8 + header_len > size:
+        return Integrity(method, f"header says {header_len} bytes; the file has {size}: truncated")
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(8)
+            header = json.loads(handle.read(header_len))
+        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        return Integrity(method, f"unreadable header ({exc})")
+    need = 8 + header_len + max(ends, default=0)
+    if size < need:
+        return Integrity(method, f"tensors need {need} bytes; the file has {size}: truncated")
+    return Integrity(method)
+
+
+def _json(path: str) -> Integrity:
+    try:
+        with open(path, "rb") as handle:
+            json.load(handle)
+    except ValueError as exc:
+        return Integrity("json", f"not valid JSON ({exc}): truncated or overwritten")
+    return Integrity("json")
+
+
+def _dcp(folder: str) -> Integrity:
+    method = "dcp metadata"
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        storage_data = FileSystemReader(folder).read_metadata().storage_data or {}
+    except Exception as exc:  # noqa: BLE001 - any unreadable metadata is the finding
+        return Integrity(method, f".metadata is unreadable ({type(exc).__name__}: {exc})")
+    need: dict[str, int] = {}
+    for info in storage_data.values():
+        end = info.offset + info.length
+        need[info.relative_path] = max(need.get(info.relative_path, 0), end)
+    for name, end in sorted(need.items()):
+        try:
+            size = os.path.getsize(os.path.join(folder, name))
+        except FileNotFoundError:
+            return Integrity(method, f"{name} is missing")
+        if size < end:
+            return Integrity(method, f"{name} has {size} bytes; the metadata needs {end}")
+    return Integrity(method)
+
+
+__all__ = ["Integrity", "check"]

@@ -1,0 +1,230 @@
+"""The tracing side every adapter shares: telemetry, and the lifecycle of its restore and
+save operations (begin, end, first step, background saves).
+
+A session is a guest in the training job: its own bookkeeping errors are logged once
+and swallowed, the framework's exceptions are recorded and passed on unchanged, and
+:meth:`TracingSession.close` stops every thread and closes every file it opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ckptprof.phases import Attr, Phase
+from ckptprof.tracing.export import Telemetry, setup_telemetry
+from ckptprof.tracing.recorder import CheckpointTracer, Operation, OperationSummary
+
+log = logging.getLogger("ckptprof")
+
+
+def shared_run_id() -> str | None:
+    """One run id for every rank of a distributed job, so the report can group ranks.
+
+    ``CKPTPROF_RUN_ID`` wins; else torchrun's ``TORCHELASTIC_RUN_ID``; else, when
+    ``WORLD_SIZE`` > 1, the rendezvous address and port every rank shares, with the date.
+    """
+    if os.environ.get("CKPTPROF_RUN_ID"):
+        return os.environ["CKPTPROF_RUN_ID"]
+    if os.environ.get("TORCHELASTIC_RUN_ID") not in (None, "", "none"):
+        return os.environ["TORCHELASTIC_RUN_ID"]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("MASTER_PORT"):
+        day = time.strftime("%Y%m%d")
+        return f"{day}-{os.environ.get('MASTER_ADDR', 'localhost')}-{os.environ['MASTER_PORT']}"
+    return None
+
+
+class TracingSession:
+    """Telemetry and the open operations of one adapter.
+
+    Args:
+        framework: value of ``ckpt.framework``.
+        trace_dir: trace-file directory (default ``$CKPTPROF_TRACE_DIR`` or ``./ckptprof-traces``).
+        tracer_provider: record into this provider instead of ckptprof's own (no trace file).
+        rank: ``ckpt.rank`` of this process (default from ``RANK``).
+    """
+
+    def __init__(
+        self,
+        framework: str,
+        *,
+        trace_dir: str | os.PathLike | None = None,
+        tracer_provider=None,
+        rank: int | None = None,
+    ) -> None:
+        self.framework = framework
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        self._trace_dir = trace_dir
+        self._provider = tracer_provider
+        self.telemetry: Telemetry | None = None
+        self.tracer: CheckpointTracer | None = None
+        self.restore_op: Operation | None = None
+        self.save_op: Operation | None = None
+        self.last_restore: OperationSummary | None = None
+        self.last_save: OperationSummary | None = None
+        self._warned: set[str] = set()
+        self.save_parent = None  # an OpenTelemetry context: saves nest under it (emergency)
+        self.interruptions = None  # the InterruptionGuard while one watches for notices
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def started(self) -> bool:
+        return self.tracer is not None
+
+    def start(self) -> None:
+        """Create the tracer (lazily, in the process that trains); idempotent."""
+        if self.tracer is not None:
+            return
+        provider = self._provider
+        run_id = shared_run_id()
+        if provider is None:
+            self.telemetry = setup_telemetry(self._trace_dir, run_id=run_id)
+            provider = self.telemetry.provider
+            run_id = self.telemetry.run_id
+        self.tracer = CheckpointTracer(provider, framework=self.framework, run_id=run_id)
+
+    def close(self) -> None:
+        """End open operations, flush and stop exporting; a later :meth:`start` begins anew."""
+        for op in (self.restore_op, self.save_op):
+            if op is not None and not op.finished:
+                with contextlib.suppress(Exception):
+                    op.finish()
+        self.restore_op = self.save_op = None
+        telemetry, self.telemetry, self.tracer = self.telemetry, None, None
+        if telemetry is not None:
+            try:
+                telemetry.shutdown()
+            except Exception as exc:  # noqa: BLE001
+                self.warn_once("close", exc)
+
+    def flush(self, wait: bool = True) -> None:
+        if self.telemetry is not None:
+            self.telemetry.flush(wait=wait)
+
+    def warn_once(self, where: str, exc: BaseException) -> None:
+        if where not in self._warned:
+            self._warned.add(where)
+            log.warning("ckptprof: internal error in %s ignored: %r", where, exc)
+
+    # ------------------------------------------------------------------ restore
+    def begin_restore(self, attributes: dict[str, Any]) -> Operation | None:
+        """Start a ``ckpt.restore``; linked to the interrupted run when a record says so."""
+        try:
+            self.start()
+            if self.restore_op is not None and not self.restore_op.finished:
+                self.restore_op.finish()
+            links, extra = [], {}
+            if self.interruptions is not None:
+                links, extra = self.interruptions.resume_links()
+            self.restore_op = self.tracer.restore(self._attrs({**attributes, **extra}), links)
+            return self.restore_op
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("begin_restore", exc)
+            return None
+
+    def end_restore(self, error: BaseException | None = None) -> OperationSummary | None:
+        op, self.restore_op = self.restore_op, None
+        if op is None:
+            return None
+        try:
+            step = op.attributes.get(Attr.RESTORED_STEP)  # the checkpoint's own step
+            if self.interruptions is not None and error is None and step is not None:
+                self.interruptions.resumed(op, int(step))
+            summary = op.finish(error)
+            self.last_restore = summary
+            # off the training loop's critical path, unless the restore failed
+            self.flush(wait=error is not None)
+            return summary
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("end_restore", exc)
+            return None
+
+    def first_step_done(
+        self, step: int, since_ns: int | None = None, announce: bool = True, **attributes: Any
+    ) -> OperationSummary | None:
+        """End the restore at the end of the first training step after it: ``first_step``
+        from ``since_ns`` (default: the end of the last restore phase), the step reached,
+        and the one-line summary logged where ``announce`` (rank zero)."""
+        op = self.restore_op
+        if op is None:
+            return None
+        try:
+            op.add_interval(Phase.FIRST_STEP, since_ns or op.latest_end_ns, time.time_ns())
+            op.set_attributes({Attr.STEP: step, **attributes})
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("first_step", exc)
+        summary = self.end_restore()
+        if summary is not None and announce:
+            log.warning("%s", summary.one_line())
+        return summary
+
+    # ------------------------------------------------------------------ save
+    def begin_save(self, attributes: dict[str, Any]) -> Operation | None:
+        try:
+            self.start()
+            self.save_op = self.tracer.save(self._attrs(attributes), parent=self.save_parent)
+            return self.save_op
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("begin_save", exc)
+            return None
+
+    def end_save(self, error: BaseException | None = None) -> OperationSummary | None:
+        op, self.save_op = self.save_op, None
+        if op is None:
+            return None
+        try:
+            self.last_save = op.finish(error)
+            return self.last_save
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("end_save", exc)
+            return None
+
+    @contextlib.contextmanager
+    def saving(self, attributes: dict[str, Any]) -> Iterator[Operation | None]:
+        """A ``ckpt.save`` around the block; the framework's exception ends it and passes."""
+        op = self.begin_save(attributes)
+        try:
+            yield op
+        except BaseException as exc:
+            self.end_save(exc)
+            raise
+        self.end_save()
+
+    def begin_background_save(self, attributes: dict[str, Any], queued_by) -> Operation | None:
+        """The background half of an asynchronous save (a writer thread or process): its own
+        ``ckpt.save`` marked ``ckpt.save.background``, linked to the save that queued it
+        (``queued_by``: that save's span context)."""
+        try:
+            from opentelemetry.trace import Link
+
+            if self.tracer is None:
+                return None
+            links = [Link(queued_by)] if queued_by is not None else None
+            attrs = self._attrs({**attributes, "ckpt.save.background": True})
+            return self.tracer.save(attrs, links=links)
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("background_save", exc)
+            return None
+
+    def _attrs(self, attributes: dict[str, Any]) -> dict[str, Any]:
+        return {Attr.RANK: self.rank, **attributes}
+
+
+def timed(op: Operation | None, phase: Phase | str, fn, *args, **kwargs):
+    """Run the framework's ``fn`` inside ``phase`` (or plainly without an operation)."""
+    if op is None:
+        return fn(*args, **kwargs)
+    with op.phase(phase):
+        return fn(*args, **kwargs)
+
+
+def phase_or_nothing(op: Operation | None, phase: Phase | str):
+    """``op.phase(phase)``, or a no-op block without an operation."""
+    return op.phase(phase) if op is not None else contextlib.nullcontext()
+
+
+__all__ = ["TracingSession", "phase_or_nothing", "shared_run_id", "timed"]
