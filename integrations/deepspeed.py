@@ -28,8 +28,9 @@ Where each phase is measured (DeepSpeed 0.19, tested with 0.19.8; the patch tabl
   ``ckpt.save`` linked to it.
 
 Nothing global: only the engine and its ``checkpoint_engine``/``optimizer`` instances are
-patched; :func:`uninstrument` undoes it, and so does the engine's garbage collection or
-the interpreter's exit.
+patched. ``engine.destroy()``, :func:`uninstrument` or the interpreter's exit undo it all
+(patches, signal handlers, threads, the trace file); until then a signal ckptprof noted
+is handed on at the next step, or after a few steps' time when no step comes.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class DeepSpeedInstrumentor(Instrumentor):
         Target("checkpoint_engine", "save", "_traced_file_save", "write", ("state_dict", "path")),
         Target("checkpoint_engine", "commit", "_traced_commit", "commit"),
         Target("", "step", "_traced_step", "first_step", when="_owns_steps"),
+        Target("", "destroy", "_traced_destroy", "the cleanup at engine.destroy()"),
     )
 
     def __init__(
@@ -138,6 +140,19 @@ class DeepSpeedInstrumentor(Instrumentor):
 
     def _records_dir(self) -> str | None:
         return self.save_dir
+
+    def _traced_destroy(self, original):
+        """The engine's end of life: ckptprof leaves with it (an engine is never garbage
+        collected while DeepSpeed's hooks hold it, so this and :func:`uninstrument` are
+        the ways its tracing ends before the interpreter exits)."""
+
+        def destroy(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.uninstrument()
+
+        return destroy
 
     # ------------------------------------------------------------------ saving from outside
     def save(self, save_dir: str | None = None) -> str:

@@ -30,8 +30,11 @@ checked against their signatures; a changed one is one warning and goes untraced
   ``rotate`` deleting old checkpoints (``save_total_limit``), ``commit`` this rank's
   record of the files it wrote.
 
-Telemetry lives for one ``train()`` call: a Trainer left behind (a hyper-parameter search
-builds hundreds) holds no thread and no open file. The callback is deliberately not an
+Everything lives for one ``train()`` call: when it returns or raises, the ``train``
+wrapper, the telemetry threads and the trace file are gone, so the Trainer is as it was
+(it pickles and deep-copies as before) and one left behind (a hyper-parameter search
+builds hundreds) holds no thread and no open file. A later ``train()`` of the same
+Trainer is traced after another :func:`instrument`. The callback is deliberately not an
 ``ExportableState``, so the Trainer never re-creates it on resume.
 """
 
@@ -44,6 +47,7 @@ import os
 import re
 import sys
 import time
+import weakref
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
@@ -106,13 +110,16 @@ class TransformersInstrumentor(Instrumentor):
         self._awaiting_first_step = False
         self.stop_requested = False
         self._deepspeed = None  # the engine's tracing on the Trainer's DeepSpeed path
+        self._trainer: weakref.ref[Trainer] | None = None
 
     @property
     def trainer(self) -> Trainer | None:
-        return self.root
+        """The Trainer traced (or last traced: ``save()`` still works after ``train()``)."""
+        return self._trainer() if self._trainer is not None else None
 
     def instrument(self, root: Trainer) -> TransformersInstrumentor:
         self.session.rank = root.args.process_index
+        self._trainer = weakref.ref(root)
         return super().instrument(root)
 
     def _uses_deepspeed(self, trainer) -> bool:
@@ -143,7 +150,7 @@ class TransformersInstrumentor(Instrumentor):
                 if self.session.restore_op is not None:  # no step ran after the resume
                     self._awaiting_first_step = False
                     self.session.end_restore()
-                self.end_run()
+                self.uninstrument()  # the Trainer is left exactly as it was found
 
         return train
 
@@ -575,21 +582,29 @@ class CkptProfCallback(GuestCallback, TrainerCallback):
 
     # ------------------------------------------------------------------ events
     def on_init_end(self, args, state, control, **kwargs):
-        if self.trainer is None:
+        if not self._instrumentor.instrumented:
             trainer = _calling_trainer(self)
             if trainer is not None:
                 self.attach(trainer)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.trainer is None:
-            trainer = _calling_trainer(self)
-            if trainer is not None:
-                self.attach(trainer)
-                log.warning(
-                    "ckptprof: CkptProfCallback was added after the Trainer was built, so "
-                    "this run's resume is not traced; pass it in Trainer(callbacks=[...]) "
-                    "or call ckptprof.integrations.transformers.instrument(trainer)."
-                )
+        if self._instrumentor.instrumented:
+            return
+        trainer = _calling_trainer(self)
+        if trainer is None:
+            return
+        if trainer is self.trainer:
+            log.info(
+                "ckptprof: a later train() of a Trainer whose first train() was traced is not "
+                "traced; call ckptprof.integrations.transformers.instrument(trainer) before it."
+            )
+            return
+        self.attach(trainer)
+        log.warning(
+            "ckptprof: CkptProfCallback was added after the Trainer was built, so this run's "
+            "resume is not traced; pass it in Trainer(callbacks=[...]) or call "
+            "ckptprof.integrations.transformers.instrument(trainer)."
+        )
 
     def on_step_end(self, args, state, control, **kwargs):
         self._instrumentor.step_end(state.global_step, control)
@@ -602,7 +617,8 @@ class CkptProfCallback(GuestCallback, TrainerCallback):
 
     # ------------------------------------------------------------------ wiring
     def attach(self, trainer: Trainer) -> None:
-        """Wrap ``trainer.train`` (on the instance) so each call is traced."""
+        """Wrap ``trainer.train`` (on the instance) so its next call is traced; the
+        wrapper removes itself when that call returns."""
         self._instrumentor.instrument(trainer)
 
     def detach(self) -> None:
@@ -626,8 +642,7 @@ def instrument(trainer: Trainer, **options: Any) -> CkptProfCallback:
     """
     for callback in trainer.callback_handler.callbacks:
         if isinstance(callback, CkptProfCallback):
-            if callback.trainer is not trainer:
-                callback.attach(trainer)
+            callback.attach(trainer)  # a no-op while attached
             return callback
     callback = CkptProfCallback(**options)
     trainer.add_callback(callback)

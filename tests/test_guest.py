@@ -1,0 +1,145 @@
+"""The differential guest tier: the same real job, with and without ckptprof, must behave
+identically — the files in its checkpoint directories (bytes), its results, exceptions
+and messages, the signal handlers, threads and open files it leaves, the attributes of
+its framework objects — and a job killed by SIGTERM after a failed run must still die.
+
+Each variant runs in a fresh process (``tests/guest_job.py``) in the same directory;
+``off`` is the job as its user wrote it, ``on`` adds the one ckptprof line, and
+``interruptions`` adds it with interruption tracing (SIGTERM/SIGUSR1 handlers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RESTORE_PHASES, children, run_cli, spans_in
+
+JOB = Path(__file__).with_name("guest_job.py")
+SCENARIOS = {
+    "lightning": [
+        "save_resume",
+        "fit_raises",
+        "missing_path",
+        "user_layers",
+        "mock_checkpoint_io",
+        "deepcopy_callbacks",
+    ],
+    "transformers": [
+        "save_resume",
+        "train_raises",
+        "missing_path",
+        "converted_weights",
+        "deepcopy_callbacks",
+        "many_trainers",
+    ],
+    "deepspeed": ["save_resume", "step_raises", "missing_path"],
+}
+# what each job must have done without ckptprof (so an identical pair means something)
+EXPECTED_ERRORS = {
+    "fit_raises": ("RuntimeError", "training_step failed at batch 7"),
+    "train_raises": ("RuntimeError", "the training loop failed at step 6"),
+    "step_raises": ("RuntimeError", "the training loop failed after step 6"),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(
+    framework: str, scenarios: list[str], variant: str, root: Path, nproc: int = 1, fresh=True
+) -> subprocess.CompletedProcess:
+    """Run the job once as ``variant``: in ``root/work`` (the same for every variant), with
+    its own current directory (trace files) and state location (ckptprof's records)."""
+    work, home = root / "work", root / variant
+    if fresh and work.exists():
+        shutil.rmtree(work)
+    home.mkdir(exist_ok=True)
+    launcher = [sys.executable]
+    if nproc > 1 and framework != "lightning":  # Lightning starts its own ranks
+        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        launcher += ["--master-port", str(free_port())]
+    command = [*launcher, str(JOB), framework, ",".join(scenarios), "--variant", variant]
+    command += ["--work", str(work), "--out", str(home / f"{scenarios[0]}.json")]
+    env = {**os.environ, "CKPTPROF_STATE_DIR": str(home / "state"), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, cwd=home, env=env, capture_output=True, text=True, timeout=600)
+
+
+def observe(framework, scenarios, variant, root: Path, **kwargs) -> dict:
+    done = launch(framework, scenarios, variant, root, **kwargs)
+    assert done.returncode == 0, f"{variant}: {done.stderr[-4000:]}"
+    return json.loads((root / variant / f"{scenarios[0]}.json").read_text())
+
+
+def assert_same(off: dict, other: dict, variant: str) -> None:
+    for scenario, seen in off.items():
+        for what, value in seen.items():
+            assert other[scenario][what] == value, (
+                f"{scenario}: {what} differs with ckptprof ({variant})\n"
+                f"without: {json.dumps(value)[:3000]}\nwith:    "
+                f"{json.dumps(other[scenario][what])[:3000]}"
+            )
+
+
+def restores_traced(root: Path, variant: str) -> list[dict]:
+    spans = spans_in(root / variant / "ckptprof-traces")
+    found = [s for s in spans if s["name"] == "ckpt.restore"]
+    assert found, f"{variant}: ckptprof traced no restore (it must not pass by doing nothing)"
+    return found
+
+
+@pytest.mark.parametrize("framework", sorted(SCENARIOS))
+def test_the_same_job_behaves_identically_with_and_without_ckptprof(framework, tmp_path):
+    scenarios = SCENARIOS[framework]
+    off = observe(framework, scenarios, "off", tmp_path)
+    # the jobs really did what they are meant to, without ckptprof
+    assert off["save_resume"]["error"] is None and off["save_resume"]["files"]
+    assert off["missing_path"]["error"] or "None, None" in off["missing_path"]["result"]["loaded"]
+    for scenario, (kind, message) in EXPECTED_ERRORS.items():
+        if scenario in off:
+            assert off[scenario]["error"] == [kind, message]
+    for variant in ("on", "interruptions"):
+        assert_same(off, observe(framework, scenarios, variant, tmp_path), variant)
+        restores_traced(tmp_path, variant)
+    ours = [p for p in (tmp_path / "work").rglob("*") if "ckptprof" in p.name]
+    assert ours == []
+
+
+@pytest.mark.parametrize("framework", sorted(SCENARIOS))
+def test_sigterm_after_a_failed_run_still_ends_the_process(framework, tmp_path):
+    """The job catches its training failure and goes on; SIGTERM must still end it, as
+    without ckptprof (Kubernetes would otherwise wait out its grace period)."""
+    for variant in ("off", "on", "interruptions"):
+        ended = launch(framework, ["sigterm_after_failure"], variant, tmp_path)
+        assert ended.returncode == -signal.SIGTERM, f"{variant}: {ended.stderr[-3000:]}"
+        assert "survived SIGTERM" not in ended.stdout, variant
+
+
+@pytest.mark.parametrize("framework", sorted(SCENARIOS))
+def test_two_processes_behave_identically_and_tag_their_ranks(framework, tmp_path):
+    runs = {}
+    for variant in ("off", "interruptions"):
+        trained = observe(framework, ["ddp_train"], variant, tmp_path, nproc=2)
+        resumed = observe(framework, ["ddp_resume"], variant, tmp_path, nproc=2, fresh=False)
+        runs[variant] = {**trained, **resumed}
+    assert runs["off"]["ddp_resume"]["result"]["step"] == 9
+    assert_same(runs["off"], runs["interruptions"], "interruptions")
+    found = restores_traced(tmp_path, "interruptions")
+    assert sorted(r["attributes"]["ckpt.rank"] for r in found) == [0, 1]
+    assert {r["attributes"]["ckpt.world_size"] for r in found} == {2}
+    assert len({r["attributes"]["ckpt.run_id"] for r in found}) == 1  # one run, two ranks
+    traces = tmp_path / "interruptions" / "ckptprof-traces"
+    spans = spans_in(traces)
+    assert all(set(children(spans, r)) >= RESTORE_PHASES for r in found)
+    assert "slowest rank" in run_cli("report", str(traces)).stdout
