@@ -213,3 +213,18 @@ def test_decoupled_writer_shows_blocking_and_background_time(tmp_path):
     ok(run(tmp_path, "resume", "--stage", "0", "--steps", "12"))
     (restore,) = restores(tmp_path)
     assert restore["attributes"]["ckpt.restored_step"] == 10
+
+
+def test_a_universal_load_leaves_the_engines_config_as_it_was():
+    """The conversion asks DeepSpeed for a universal load for that one call only."""
+    from types import SimpleNamespace
+
+    from ckptprof.integrations.deepspeed import DeepSpeedInstrumentor
+
+    instrumentor = DeepSpeedInstrumentor(trace_dir=None)
+    config = SimpleNamespace(load_universal_checkpoint=False)
+    instrumentor.root = SimpleNamespace(_config=config)
+    with pytest.raises(RuntimeError), instrumentor._loading_universal():
+        assert config.load_universal_checkpoint is True
+        raise RuntimeError("the load failed")
+    assert config.load_universal_checkpoint is False

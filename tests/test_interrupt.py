@@ -320,3 +320,84 @@ def test_report_tells_one_story_per_interruption_across_ranks():
     assert story.ranks == 2 and story.rto_s == 2.5  # the job's restore: its slowest rank
     text = render_stories([story])
     assert "2 ranks" in text and "RTO 2.500 s, slowest rank" in text
+
+
+# ---------------------------------------------------------------------- never swallowed
+def _guard(tmp_path, sources):
+    from ckptprof.integrations.session import TracingSession
+    from ckptprof.interrupt.guard import InterruptionGuard
+
+    session = TracingSession("test", trace_dir=tmp_path / "traces")
+    session.start()
+    guard = InterruptionGuard(session, lambda: str(tmp_path), lambda: "saved", sources=sources)
+    return session, guard
+
+
+def test_a_handler_placed_over_ckptprofs_stays_and_signals_still_get_through():
+    """Another library installs its handler after ckptprof's and calls ours from it (as
+    Lightning composes its SIGTERM handler): stopping leaves theirs in place, and ours,
+    still called, hands every signal to the handler it replaced."""
+    replaced, theirs = [], []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: replaced.append(signum))
+    try:
+        watcher = NoticeWatcher(["sigusr1"]).start()
+        ours = signal.getsignal(signal.SIGUSR1)
+
+        def composed(signum, frame):
+            theirs.append(signum)
+            ours(signum, frame)
+
+        signal.signal(signal.SIGUSR1, composed)
+        watcher.stop()
+        assert signal.getsignal(signal.SIGUSR1) is composed
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert wait_for(lambda: replaced)
+        assert theirs == [signal.SIGUSR1] and replaced == [signal.SIGUSR1]
+        assert watcher.notice is None  # a closed watcher notes nothing
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_noted_signal_reaches_the_replaced_handler_when_training_ends_first(tmp_path):
+    calls = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
+    session, guard = _guard(tmp_path, ["sigusr1"])
+    try:
+        guard.start()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert wait_for(lambda: guard.record is not None)
+        assert calls == []  # held for the emergency save at the next step boundary
+        guard.close()  # ...which never comes: training ended
+        assert signal.getsignal(signal.SIGUSR1) is not guard.watcher._on_signal
+        guard.release_signal()
+        assert wait_for(lambda: calls == [signal.SIGUSR1])
+        assert read_record(str(tmp_path)).outcome == "none"
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        session.close()
+
+
+def test_a_noted_signal_is_handed_on_when_no_step_boundary_comes(tmp_path, caplog):
+    """A job whose loop failed (or hangs) reaches no step boundary: after a few steps'
+    time the signal goes on anyway, without an emergency save."""
+    from ckptprof.interrupt.guard import MIN_HANDOFF_S
+
+    calls = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
+    session, guard = _guard(tmp_path, ["sigusr1"])
+    try:
+        guard.start()
+        for step in range(3):  # fast steps: the wait is the minimum
+            guard.step_end(step)
+        sent = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="ckptprof"):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert wait_for(lambda: calls, timeout=MIN_HANDOFF_S + 10)
+        assert MIN_HANDOFF_S <= time.monotonic() - sent < MIN_HANDOFF_S + 10
+        assert "handing the signal on without an emergency save" in caplog.text
+        record = read_record(str(tmp_path))
+        assert record.outcome == "none" and "no step boundary" in record.error
+    finally:
+        guard.close()
+        signal.signal(signal.SIGUSR1, previous)
+        session.close()

@@ -215,6 +215,31 @@ def test_resume_from_s3_is_left_to_lightning(tmp_path, s3_bucket, s3_env):
     assert phases["ckpt.deserialize"]["attributes"]["ckpt.fused_fetch"] is True
 
 
+def test_records_on_s3_are_found_by_a_resume_elsewhere(tmp_path, s3_bucket, s3_env):
+    """state_dir on shared storage: a job resumed on another machine (here another local
+    folder for everything but the checkpoint) still verifies against the save's record."""
+    s3_env()
+    state = f"s3://{s3_bucket.name}/ckptprof-state"
+    make_trainer(tmp_path, 5, CkptProf(trace_dir=tmp_path / "t", state_dir=state)).fit(
+        TinyModel(), data()
+    )
+    keys = [o["Key"] for o in s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name)["Contents"]]
+    assert any(
+        k.startswith("ckptprof-state/") and k.endswith("last.ckpt.ckptprof.json") for k in keys
+    )
+    assert ours_in(tmp_path / "ckpt") == []
+    callback = CkptProf(trace_dir=tmp_path / "t2", state_dir=state)
+    trainer = make_trainer(tmp_path, 6, callback)
+    trainer.fit(TinyModel(), data(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert callback.last_restore.phases["verify"].attributes["ckpt.verify.method"] == "record size"
+
+
+def test_records_beside_the_checkpoints_only_when_asked(tmp_path):
+    callback = CkptProf(trace_dir=tmp_path / "t", state_dir="beside")
+    make_trainer(tmp_path, 5, callback).fit(TinyModel(), data())
+    assert (tmp_path / "ckpt" / "last.ckpt.ckptprof.json").exists()
+
+
 def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     """A real SIGTERM: Lightning's own handler ends fit at the batch boundary; ckptprof
     saves last.ckpt there, and the resume in a new process links back."""
