@@ -94,7 +94,11 @@ def add_parser(commands) -> None:
         default=None,
         help="bandwidths for --dry-run's time estimates (repeatable)",
     )
-    gen.add_argument("--force", action="store_true", help="replace a non-empty DEST")
+    gen.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the ckptprof checkpoint in DEST (only the files ckptprof wrote there)",
+    )
     gen.set_defaults(func=run_generate)
 
     res = sub.add_parser(
