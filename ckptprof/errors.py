@@ -23,3 +23,8 @@ class StorageError(CkptprofError):
     """A storage operation failed for a reason outside ckptprof's control."""
 
     exit_code = 4
+
+
+class UnreachableError(StorageError):
+    """The storage stopped answering (refused, timed out): every later run would wait
+    the same way, so a sweep stops at once instead of recording each as a failure."""

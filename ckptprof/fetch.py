@@ -4,9 +4,10 @@ Reads are planned as data (:func:`plan_reads`: files cut into parts of
 ``part_size``), then executed by a thread pool whose size is the concurrency
 (queue depth). Backends release the GIL while they wait (``preadv``, sockets).
 
-Bytes land in :class:`HostBuffer` s backed by ``memfd_create``: anonymous memory
-that also has a path, so loaders that want a file (``torch.load(mmap=True)``,
-``safetensors.safe_open``) map the fetched bytes without another copy.
+Bytes land in :class:`HostBuffer` s: page-aligned anonymous memory that holds no
+file descriptor, so a checkpoint of 100,000 files needs no more open files than
+requests in flight. Loaders read the fetched bytes in place (tensors alias the
+buffer; see :mod:`ckptprof.synth.layouts.torchfile`), without another copy.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ckptprof.atomic import named
 from ckptprof.phases import Phase
 from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.tracing.recorder import Operation
@@ -31,19 +33,21 @@ DEFAULT_PART_SIZE = 16 << 20
 
 
 class HostBuffer:
-    """A file's bytes in host memory, addressable as a memoryview and as a path."""
+    """A file's bytes in host memory, as a writable, page-aligned memoryview.
+
+    Private anonymous memory: no descriptor is held (a memfd would cost one, and
+    Python's mmap a second), and adjacent buffers can share one kernel mapping.
+    """
 
     def __init__(self, size: int, name: str = "ckptprof") -> None:
         self.size = size
-        self._fd = os.memfd_create(name.replace("/", "_")[:200], os.MFD_CLOEXEC)
-        os.ftruncate(self._fd, size)
-        self._map = mmap.mmap(self._fd, size) if size else None
+        self.name = name
+        try:
+            self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE) if size else None
+        except OSError as exc:
+            raise MemoryError(f"{name}: cannot allocate {size} bytes ({exc})") from None
         self.view = memoryview(self._map) if self._map is not None else memoryview(b"")
-
-    @property
-    def path(self) -> str:
-        """A path that loaders can open (or mmap) to read these bytes."""
-        return f"/proc/self/fd/{self._fd}"
+        self._closed = False
 
     def reader(self, offset: int = 0, length: int | None = None) -> io.BufferedReader:
         """A seekable file object over a slice of the bytes, without copying them."""
@@ -51,15 +55,16 @@ class HostBuffer:
         return io.BufferedReader(_ViewReader(self.view[offset:end]))
 
     def close(self) -> None:
-        if self._fd < 0:
+        """Release the memory, or leave it to the tensors that still alias it: the last
+        of them frees it (a loader's tensors export the buffer)."""
+        if self._closed:
             return
-        self.view.release()
+        self._closed = True
+        with contextlib.suppress(BufferError):
+            self.view.release()
         if self._map is not None:
-            # a loader may still export the buffer; the kernel frees it with the fd
             with contextlib.suppress(BufferError):
                 self._map.close()
-        os.close(self._fd)
-        self._fd = -1
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -206,27 +211,43 @@ def download(
     progress: bool | None = None,
 ) -> None:
     """Copy ``files`` into the local directory ``dest``, ``concurrency`` ranged reads in
-    flight (what ``s5cmd cp`` or ``aws s3 cp`` do before a job loads from local disk)."""
-    fds: dict[str, int] = {}
+    flight (what ``s5cmd cp`` or ``aws s3 cp`` do before a job loads from local disk).
+
+    Each part opens its file for its own write, so open files stay at one per request
+    in flight however many files there are. Write errors name the file."""
     local = threading.local()
+    for f in files:
+        _create(dest / f.path, f.size)
+
+    def part(req: ReadRequest) -> None:
+        if getattr(local, "buf", None) is None:
+            local.buf = memoryview(bytearray(part_size))
+        view = local.buf[: req.length]
+        storage.read_into(req.path, req.offset, view)
+        target = dest / req.path
+        try:
+            fd = os.open(target, os.O_WRONLY)
+            try:
+                written = 0
+                while written < req.length:
+                    written += os.pwrite(fd, view[written:], req.offset + written)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise named(exc, target) from None
+
+    reqs = plan_reads(files, part_size)
+    _execute(files, reqs, concurrency, part, op, f"download x{concurrency}", progress)
+
+
+def _create(target: Path, size: int) -> None:
+    """An empty file of ``size`` bytes (sparse until written), its folders made."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        for f in files:
-            target = dest / f.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fds[f.path] = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.ftruncate(fds[f.path], f.size)
-
-        def part(req: ReadRequest) -> None:
-            if getattr(local, "buf", None) is None:
-                local.buf = memoryview(bytearray(part_size))
-            view = local.buf[: req.length]
-            storage.read_into(req.path, req.offset, view)
-            written = 0
-            while written < req.length:
-                written += os.pwrite(fds[req.path], view[written:], req.offset + written)
-
-        reqs = plan_reads(files, part_size)
-        _execute(files, reqs, concurrency, part, op, f"download x{concurrency}", progress)
-    finally:
-        for fd in fds.values():
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+        finally:
             os.close(fd)
+    except OSError as exc:
+        raise named(exc, target) from None

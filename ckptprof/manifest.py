@@ -14,10 +14,14 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from ckptprof import schema
 from ckptprof.errors import CkptprofError, VerifyError
 from ckptprof.phases import Phase
 
 MANIFEST_NAME = "ckptprof-manifest.json"
+#: written before a generation's first file and removed after its manifest: the files a
+#: generation may own here, so an interrupted one can be replaced with --force
+GENERATING_NAME = "ckptprof-generating.json"
 SAMPLE_BLOCK = 1 << 20
 SAMPLE_BLOCKS = 8
 VERIFY_MODES = ("full", "sample", "size", "none")
@@ -40,6 +44,41 @@ def hash_sample(data) -> str:
     for offset, length in sample_ranges(len(data)):
         h.update(data[offset : offset + length])
     return h.hexdigest()
+
+
+_HASH = schema.text(pattern="|[0-9a-f]{16}", expected="an xxh3 digest (16 hex digits) or ''")
+MANIFEST_SCHEMA = schema.record(
+    {
+        "tool": schema.text(),
+        "version": schema.integer(1),
+        "created": schema.text(),
+        "spec": schema.record({}),
+        "files": schema.mapping(
+            schema.relative_path(),
+            schema.record(
+                {"size": schema.integer(0), "xxh3": _HASH, "sample_xxh3": _HASH},
+                required=("size", "xxh3", "sample_xxh3"),
+            ),
+        ),
+    },
+    required=("version", "files"),
+)
+GENERATING_SCHEMA = schema.record(
+    {"files": schema.items(schema.relative_path())}, required=("files",)
+)
+MANIFEST_FIX = "regenerate the checkpoint with `ckptprof synth generate`"
+
+
+def read_json(raw: bytes, where: str, check: schema.Check, what: str) -> dict:
+    """Decode ``raw`` and check it against ``check``; one error line naming ``where``."""
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise CkptprofError(
+            f"{where}: not a valid {what} (not JSON: {exc}); {MANIFEST_FIX}."
+        ) from None
+    schema.require(data, check, f"{where}: not a valid {what}", f"{MANIFEST_FIX}.")
+    return data
 
 
 @dataclass
@@ -71,19 +110,18 @@ class Manifest:
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> Manifest:
-        try:
-            data = json.loads(raw)
-            files = {p: FileEntry(**e) for p, e in data["files"].items()}
-            return cls(files, data.get("spec", {}), data.get("created", ""), data["version"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CkptprofError(
-                f"{where}: not a valid ckptprof manifest ({exc}); regenerate the checkpoint "
-                "with `ckptprof synth generate`."
-            ) from None
+        """Parse a manifest; anything that is not one (types, paths that leave the
+        checkpoint) is a :class:`CkptprofError` naming ``where`` and the field."""
+        data = read_json(raw, where, MANIFEST_SCHEMA, "ckptprof manifest")
+        files = {p: FileEntry(**{k: e[k] for k in _ENTRY_KEYS}) for p, e in data["files"].items()}
+        return cls(files, data.get("spec", {}), data.get("created", ""), data["version"])
 
     @property
     def total_bytes(self) -> int:
         return sum(e.size for e in self.files.values())
+
+
+_ENTRY_KEYS = ("size", "xxh3", "sample_xxh3")
 
 
 def entry_for_bytes(data) -> FileEntry:

@@ -553,6 +553,9 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     def _handle(self):
         proxy = self.server.proxy
         fault, latency, truncate = proxy._on_request(self.command)
+        if proxy._hang_until_released():
+            self.close_connection = True  # read the request, never answered it
+            return
         if latency > 0:
             time.sleep(latency)
         if fault is not None:
@@ -677,9 +680,10 @@ class FaultProxy:
     """HTTP reverse proxy on 127.0.0.1 in front of ``upstream_url`` that injects faults.
 
     Runtime knobs (thread-safe): ``latency_s``, :meth:`fail_next`, :meth:`fail_every`,
-    :meth:`truncate_next_get`, :meth:`reset`. Counters: ``requests``, ``failures_injected``,
-    ``truncations``. Point clients at :attr:`endpoint_url`; the Host header is forwarded
-    unchanged, so SigV4 requests signed for the proxy's address verify upstream.
+    :meth:`truncate_next_get`, :meth:`hang`, :meth:`reset`. Counters: ``requests``,
+    ``failures_injected``, ``truncations``. Point clients at :attr:`endpoint_url`; the Host
+    header is forwarded unchanged, so SigV4 requests signed for the proxy's address verify
+    upstream.
     """
 
     def __init__(self, upstream_url: str):
@@ -690,6 +694,8 @@ class FaultProxy:
         self._fail_every: tuple[int, _Fault] | None = None
         self._every_count = 0
         self._truncate_next_get: int | None = None
+        self._hanging = False
+        self._released = threading.Event()
         self._requests = 0
         self._failures = 0
         self._truncations = 0
@@ -725,13 +731,30 @@ class FaultProxy:
         with self._lock:
             self._truncate_next_get = int(n_bytes)
 
+    def hang(self) -> None:
+        """From now on accept connections and read requests but never answer them (a
+        stopped server whose connections stay open), until :meth:`reset` or :meth:`stop`."""
+        with self._lock:
+            self._hanging = True
+            self._released.clear()
+
     def reset(self) -> None:
-        """Clear all faults and latency (counters keep counting)."""
+        """Clear all faults and latency (counters keep counting); hung requests end."""
         with self._lock:
             self._latency_s = 0.0
             self._fail_next = []
             self._fail_every = None
             self._truncate_next_get = None
+            self._hanging = False
+            self._released.set()
+
+    def _hang_until_released(self) -> bool:
+        """Block a request while hanging; True when it was hung (and must not be answered)."""
+        with self._lock:
+            hanging = self._hanging
+        if hanging:
+            self._released.wait()
+        return hanging
 
     @property
     def requests(self) -> int:
@@ -811,6 +834,7 @@ class FaultProxy:
     def stop(self) -> None:
         if self._server is None:
             return
+        self._released.set()  # hung handlers return and close their connections
         self._server.shutdown()
         self._server.server_close()
         with self._lock:

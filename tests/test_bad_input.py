@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -94,19 +98,32 @@ def test_corrupt_manifest(ckpt_copy):
 @pytest.mark.parametrize(
     "args,needles",
     [
-        (["--model", "llama-7b"], ["--model 'llama-7b'", "llama2-7b"]),
-        (["--layout", "safetensor"], ["--layout 'safetensor'", "safetensors"]),
-        (["--scale", "0"], ["--scale 0", "0 < S <= 1"]),
-        (["--scale", "2"], ["--scale 2"]),
-        (["--ranks", "0"], ["--ranks 0"]),
+        (["--model", "llama-7b"], ["--model", "'llama-7b'", "llama2-7b"]),
+        (["--layout", "safetensor"], ["--layout", "'safetensor'", "safetensors"]),
+        (["--scale", "0"], ["--scale", "'0'", "above 0 and at most 1"]),
+        (["--scale", "2"], ["--scale", "'2'"]),
+        (["--scale", "nan"], ["--scale", "'nan'"]),
+        (["--ranks", "0"], ["--ranks", "'0'", "at least 1"]),
         (["--files", "3", "--ranks", "2"], ["--files 3", "multiple of --ranks 2"]),
         (["--layout", "deepspeed", "--files", "8"], ["--files", "deepspeed"]),
+        # once tracebacks (#17): IndexError, ZeroDivisionError, numpy's ValueError
+        (["--ranks", "2000", "--scale", "0.001"], ["--ranks 2000", "use --ranks 1008"]),
+        (
+            ["--model", "llama3-405b", "--layout", "dcp", "--ranks", "512", "--scale", "0.00001"],
+            ["--ranks 512", "larger --scale"],
+        ),
+        (["--dry-run", "--bandwidth-gbps", "0"], ["--bandwidth-gbps", "'0'", "above 0"]),
+        (["--seed", "-1"], ["--seed", "'-1'", "at least 0"]),
+        # once "must be a multiple of --ranks 1" (#17)
+        (["--files", "0"], ["--files", "'0'", "at least 1"]),
+        (["--step", "x"], ["--step", "'x'", "whole number"]),
     ],
 )
 def test_bad_generate_options(tmp_path, args, needles):
     result = run_cli("synth", "generate", str(tmp_path / "c"), "--scale", str(TINY_SCALE), *args)
-    assert_one_line_error(result, *needles)
-    assert not (tmp_path / "c" / MANIFEST_NAME).exists()
+    line = assert_one_line_error(result, *needles)
+    assert "multiple of --ranks 1" not in line
+    assert not (tmp_path / "c").exists()  # refused before anything was written
 
 
 def test_not_enough_disk_is_checked_before_writing(tmp_path):
@@ -122,11 +139,23 @@ def test_non_empty_dest_needs_force(ckpt_copy):
     assert (ckpt_copy / MANIFEST_NAME).exists()  # nothing of the user's was touched
 
 
-def test_bad_restore_option_values(ckpt_copy):
-    result = restore_cli(ckpt_copy, "--cache", "lukewarm")
-    assert_one_line_error(result, "--cache 'lukewarm'")
-    result = restore_cli(ckpt_copy, "--repeat", "0")
-    assert_one_line_error(result, "--repeat 0")
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--cache", "lukewarm"], ["--cache", "'lukewarm'", "cold, hot"]),
+        (["--repeat", "0"], ["--repeat", "'0'"]),
+        (["--concurrency", "1,0"], ["--concurrency", "'0'", "at least 1"]),
+        (["--part-size", "infM"], ["--part-size", "'infM'", "like 16M"]),  # was OverflowError
+        (["--part-size", "1k"], ["--part-size", "'1k'", "4096"]),
+        (["--ceiling-gbps", "inf"], ["--ceiling-gbps", "'inf'"]),
+        (["--deadline", "-5"], ["--deadline", "'-5'"]),
+        (["--out", ""], ["--out", "a folder"]),
+    ],
+)
+def test_bad_restore_option_values(ckpt_copy, args, needles):
+    result = restore_cli(ckpt_copy, *args)
+    assert_one_line_error(result, *needles, "--help")
+    assert "ceiling" not in result.stdout  # refused before any work
 
 
 def test_interrupted_generation_never_looks_complete(tmp_path):
@@ -176,10 +205,107 @@ def _limit_files(soft: int, hard: int):
     return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_open_file_limit_is_raised_or_named(checkpoints):
+def test_more_files_than_open_files_allowed_restore(checkpoints):
+    """Fetched bytes hold no descriptor: 301 files restore under a hard limit of 128
+    (#17: this was refused with "raise ulimit -n to 730", beyond the hard limit)."""
     many = checkpoints("torch", 1, optimizer=False, files=300)
-    capped = restore_cli(many, "--verify", "size", preexec_fn=_limit_files(128, 128))
-    line = assert_one_line_error(capped, "301 files", "ulimit -n")
-    assert "128" in line
-    raised = restore_cli(many, "--verify", "size", preexec_fn=_limit_files(128, 4096))
-    assert raised.returncode == 0, raised.stderr  # the soft limit was raised for the run
+    capped = restore_cli(many, "--verify", "full", preexec_fn=_limit_files(128, 128))
+    assert capped.returncode == 0, capped.stderr
+    assert "hot  x2" in capped.stdout
+
+
+def test_concurrency_beyond_the_open_file_limit_names_one_that_fits(checkpoints):
+    many = checkpoints("torch", 1, optimizer=False, files=300)
+    capped = restore_cli(many, "--concurrency", "200", preexec_fn=_limit_files(128, 128))
+    line = assert_one_line_error(capped, "--concurrency 200", "ulimit -n", "hard limit 128")
+    fits = line.split("use --concurrency ")[1].split()[0]
+    followed = restore_cli(many, "--concurrency", fits, preexec_fn=_limit_files(128, 128))
+    assert followed.returncode == 0, followed.stderr  # the advice can be followed
+
+
+def _edit_manifest(path, change) -> None:
+    doc = json.loads((path / MANIFEST_NAME).read_text())
+    change(doc)
+    (path / MANIFEST_NAME).write_text(json.dumps(doc))
+
+
+def _set_size(doc, value):
+    doc["files"]["checkpoint_rank0.pt"]["size"] = value
+
+
+@pytest.mark.parametrize(
+    "change,needles",
+    [
+        (lambda d: d["spec"].update(scale="0.0005"), ["spec: scale", "'0.0005' (a string)"]),
+        (lambda d: d["spec"].update(ranks=None), ["spec: ranks", "got null"]),
+        (lambda d: d["spec"].update(model="gpt-9"), ["spec: model", "llama2-7b"]),
+        (lambda d: d.update(files=list(d["files"])), ["files: expected an object, got a list"]),
+        (lambda d: d.update(spec=None), ["spec: expected an object, got null"]),
+        # once "is 343 bytes but the manifest says 343" (#17)
+        (lambda d: _set_size(d, "343"), ["['checkpoint_rank0.pt'].size", "'343' (a string)"]),
+        (lambda d: _set_size(d, True), ["['checkpoint_rank0.pt'].size", "got true"]),
+        (lambda d: d["files"]["checkpoint_rank0.pt"].pop("xxh3"), ["xxh3", "missing"]),
+    ],
+)
+def test_manifest_with_wrong_types_is_one_line(ckpt_copy, change, needles):
+    _edit_manifest(ckpt_copy, change)
+    result = restore_cli(ckpt_copy)
+    assert_one_line_error(result, str(ckpt_copy / MANIFEST_NAME), *needles, "regenerate")
+
+
+def test_sample_verify_passes_a_flip_outside_its_ranges_and_says_so(checkpoints, tmp_path):
+    """By design `--verify sample` misses a byte outside its ranges; the report must say
+    how much it checked (#17), while `--verify full` catches the same byte."""
+    from ckptprof.manifest import sample_ranges
+
+    dest = tmp_path / "ckpt"
+    shutil.copytree(checkpoints("torch"), dest)
+    target = dest / "checkpoint_rank0.pt"
+    data = bytearray(target.read_bytes())
+    sampled = sample_ranges(len(data))
+    gap = sampled[1][0] - 4096  # between the first and second sampled range
+    assert all(not (start <= gap < start + n) for start, n in sampled)
+    data[gap] ^= 0x01
+    target.write_bytes(bytes(data))
+    args = ["--verify", "sample", "--report"]
+    sample = restore_cli(dest, *args)
+    assert sample.returncode == 0, sample.stderr
+    text = " ".join(sample.stdout.split())
+    entries = json.loads((dest / MANIFEST_NAME).read_text())["files"].values()
+    total = sum(e["size"] for e in entries)
+    checked = sum(n for _, n in sampled) + (total - len(data))  # config.json is hashed whole
+    assert f"verify sample: {checked / 1e6:.2f} MB of {total / 1e6:.2f} MB hashed" in text
+    assert "a corrupt byte outside them passes" in text and "--verify full" in text
+    full = restore_cli(dest, "--verify", "full")
+    assert_one_line_error(full, "checkpoint_rank0.pt", "does not match")
+
+
+def test_demo_checks_its_options_before_generating(tmp_path):
+    for args, needle in ((["--ranks", "0"], "--ranks"), (["--repeat", "0"], "--repeat")):
+        result = run_cli("demo", "--dir", str(tmp_path / "demo"), "--scale", "0.0005", *args)
+        assert_one_line_error(result, needle, "'0'", "at least 1")
+        assert not (tmp_path / "demo").exists()  # no checkpoint was written first
+
+
+def test_unexpected_errors_are_one_line_with_the_debug_hint(tmp_path):
+    """A failure nobody anticipated (here: a trace span whose start time is not a time,
+    in the interruption report) is one line, the hint and a non-zero exit; the traceback
+    only with CKPTPROF_DEBUG=1."""
+    span = {
+        "name": "ckpt.interruption",
+        "context": {"trace_id": "0x1", "span_id": "0x2"},
+        "parent_id": None,
+        "start_time": "not-a-time",
+        "attributes": {"ckpt.interruption.source": "spot"},
+    }
+    (tmp_path / "t.jsonl").write_text(json.dumps(span) + "\n")
+    result = run_cli("report", "--interruptions", str(tmp_path))
+    line = assert_one_line_error(result, "unexpected ValueError", "not-a-time")
+    assert line.endswith("re-run with CKPTPROF_DEBUG=1 for the traceback.")
+    debug = subprocess.run(  # run_cli drops CKPTPROF_DEBUG on purpose
+        [sys.executable, "-m", "ckptprof", "report", "--interruptions", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CKPTPROF_DEBUG": "1"},
+    )
+    assert debug.returncode != 0 and "Traceback" in debug.stderr

@@ -191,3 +191,44 @@ def test_span_ids_ignore_and_keep_the_jobs_random_state(tmp_path, clean_otel_env
         root = next(s for s in read_spans(telemetry.trace_file) if s["name"] == "ckpt.restore")
         ids.append((root["context"]["trace_id"], root["context"]["span_id"]))
     assert ids[0][0] != ids[1][0] and ids[0][1] != ids[1][1]
+
+
+def test_a_collector_that_never_answers_is_one_warning_not_silence(
+    tmp_path, clean_otel_env, caplog
+):
+    """#17: the shutdown wait (2 s) was shorter than the request timeout (3 s), so spans
+    sent to a collector that accepts but never answers were lost without a word."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])  # and never answer
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = server.getsockname()[1]
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    try:
+        telemetry = setup_telemetry(tmp_path)
+        with caplog.at_level(logging.WARNING):
+            started = time.monotonic()
+            record_one_restore(telemetry)
+            telemetry.shutdown()
+            waited = time.monotonic() - started
+    finally:
+        stop.set()
+        for conn in accepted:
+            conn.close()
+        server.close()
+    assert accepted  # the collector did take the connection
+    ours = [r for r in caplog.records if r.name == "ckptprof" and "could not export" in r.message]
+    assert len(ours) == 1 and f"127.0.0.1:{port}" in ours[0].message
+    assert waited < 30  # bounded: the request timeout and a margin, not minutes
+    assert len(read_spans(telemetry.trace_file)) == 3  # the local file has everything

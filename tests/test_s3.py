@@ -341,3 +341,81 @@ def test_generation_checks_local_staging_space_first(s3_bucket, s3_env):
     assert_one_line_error(result, "staged here before upload", "TMPDIR")
     listing = s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name, Prefix="huge/")
     assert listing.get("KeyCount", 0) == 0
+
+
+def test_retries_of_calls_that_finally_fail_are_counted(s3_bucket, s3_env, fault_proxy):
+    """#17: only completed calls' RetryAttempts were counted ("0 retries, 21 failed
+    attempts" while botocore did retry)."""
+    s3_env()
+    location = s3_generate(s3_bucket.name, "torch", optimizer=False)
+    s3_env(endpoint_url=fault_proxy.endpoint_url, max_attempts=3)
+    storage = open_storage(location)
+    fault_proxy.fail_next(6, status=503, code="SlowDown")  # two calls, all attempts fail
+    for _ in range(2):
+        with pytest.raises(StorageError, match="503 .* after 3 attempts"):
+            storage.stat("checkpoint_rank0.pt")
+    assert fault_proxy.failures_injected == 6
+    assert (storage.stats.requests, storage.stats.errors, storage.stats.retries) == (6, 6, 4)
+
+
+def hung_proxy_env(s3_bucket, s3_env, fault_proxy, monkeypatch, read_timeout: str = "2"):
+    s3_env()
+    location = s3_generate(s3_bucket.name, "torch", optimizer=False)
+    env = s3_env(endpoint_url=fault_proxy.endpoint_url, max_attempts=2)
+    monkeypatch.setenv("CKPTPROF_S3_READ_TIMEOUT", read_timeout)
+    env["CKPTPROF_S3_READ_TIMEOUT"] = read_timeout
+    return location, env
+
+
+def test_a_hung_endpoint_stops_the_sweep_within_seconds(
+    s3_bucket, s3_env, fault_proxy, monkeypatch, tmp_path
+):
+    """#17: a server that keeps the connection open and never answers stalled each run
+    for minutes, and the sweep went on to the next run."""
+    import time
+
+    from ckptprof.errors import UnreachableError
+    from ckptprof.synth.restore import RestoreRunner
+    from ckptprof.tracing import CheckpointTracer, setup_telemetry
+
+    location, _ = hung_proxy_env(s3_bucket, s3_env, fault_proxy, monkeypatch)
+    telemetry = setup_telemetry(tmp_path)
+    options = RestoreOptions(
+        caches=("cold",), concurrency=(2,), repeat=3, ceiling_gbps=1.0, first_step=False
+    )
+    options.progress = False
+    runner = RestoreRunner(location, options, CheckpointTracer(telemetry.provider))
+    fault_proxy.hang()
+    started = time.monotonic()
+    with pytest.raises(UnreachableError, match=f"{fault_proxy.endpoint_url}.*did not answer"):
+        runner.sweep(echo=lambda *_: None)
+    assert time.monotonic() - started < 30  # generous: 2 attempts x 2 s, not minutes
+    assert runner.runs == [] and runner.failures == []  # stopped, not recorded and moved on
+    telemetry.shutdown()
+
+
+def test_a_hung_endpoint_is_named_by_the_cli(s3_bucket, s3_env, fault_proxy, monkeypatch, tmp_path):
+    location, env = hung_proxy_env(s3_bucket, s3_env, fault_proxy, monkeypatch)
+    fault_proxy.hang()
+    result = run_cli(
+        "synth",
+        "restore",
+        location,
+        "--out",
+        str(tmp_path / "o"),
+        "--no-report",
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert "is not answering" in lines[0] and fault_proxy.endpoint_url in lines[0]
+    assert lines[-1].startswith("ckptprof: error:") and fault_proxy.endpoint_url in lines[-1]
+    assert "CKPTPROF_S3_READ_TIMEOUT" in lines[-1]
+
+
+def test_a_bad_timeout_setting_is_one_line(s3_bucket, s3_env, tmp_path):
+    env = s3_env()
+    env["CKPTPROF_S3_READ_TIMEOUT"] = "soon"
+    result = s3_cli("synth", "restore", f"s3://{s3_bucket.name}/x", "--out", str(tmp_path), env=env)
+    assert_one_line_error(result, "CKPTPROF_S3_READ_TIMEOUT='soon'", "seconds")

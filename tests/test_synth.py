@@ -212,3 +212,38 @@ def test_unaligned_memory_falls_back_from_direct_io(checkpoints):
     view = memoryview(raw)[1:]  # deliberately not block-aligned
     storage.read_into(info.path, 0, view)
     assert bytes(view) == (path / info.path).read_bytes()[:8192]
+
+
+def test_fetched_files_are_loaded_in_place_without_descriptors(checkpoints):
+    """Fetched bytes hold no file descriptor (#17: two per file capped restores at
+    ulimit -n / 2 files), and the loaders' tensors still alias them: no copy."""
+    import os
+
+    from safetensors.torch import load_file
+
+    from ckptprof.fetch import fetch
+    from ckptprof.storage.posix import PosixStorage
+    from ckptprof.synth.layouts.safetensors_hf import read_safetensors
+    from ckptprof.synth.layouts.torchfile import load_fetched
+
+    torch_dir, st_dir = checkpoints("torch"), checkpoints("safetensors")
+    infos = [i for i in PosixStorage(str(torch_dir)).list() if i.path.endswith(".pt")]
+    shards = [i for i in PosixStorage(str(st_dir)).list() if i.path.endswith(".safetensors")]
+    before = len(os.listdir("/proc/self/fd"))
+    buffers = fetch(PosixStorage(str(torch_dir)), infos, 2, progress=False)
+    st_buffers = fetch(PosixStorage(str(st_dir)), shards, 2, progress=False)
+    assert len(os.listdir("/proc/self/fd")) == before
+    buf = buffers["checkpoint_rank0.pt"]
+    obj = load_fetched(buf)
+    reference = torch.load(torch_dir / "checkpoint_rank0.pt", weights_only=True)
+    start = torch.frombuffer(buf.view, dtype=torch.uint8).data_ptr()
+    for name, tensor in obj["model"].items():
+        assert torch.equal(tensor, reference["model"][name])
+        assert start <= tensor.data_ptr() < start + buf.size  # a view of the fetched bytes
+    shard = shards[0].path
+    tensors = read_safetensors(st_buffers[shard])
+    expected = load_file(st_dir / shard)
+    assert tensors.keys() == expected.keys()
+    assert all(torch.equal(tensors[k], expected[k]) for k in expected)
+    for b in [*buffers.values(), *st_buffers.values()]:
+        b.close()

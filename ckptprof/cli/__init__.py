@@ -1,19 +1,32 @@
 """The ``ckptprof`` command: a thin entry that wires one module per command.
 
-User mistakes (:class:`~ckptprof.errors.CkptprofError` and the builtin errors
-listed in ``_ONE_LINE``) print one line and exit non-zero; set
-``CKPTPROF_DEBUG=1`` for the full traceback.
+User mistakes (:class:`~ckptprof.errors.CkptprofError`, bad options, and the builtin
+errors listed in ``_BY_ERRNO`` and ``_ONE_LINE``) print one line and exit non-zero;
+anything else is one line too, with the hint to set ``CKPTPROF_DEBUG=1`` for the
+full traceback.
 """
 
 from __future__ import annotations
 
-import argparse
+import errno
 import logging
 import os
 import sys
 
+from ckptprof.cli.options import Parser
 from ckptprof.errors import CkptprofError
 
+DEBUG_ENV = "CKPTPROF_DEBUG"
+DEBUG_HINT = f"re-run with {DEBUG_ENV}=1 for the traceback"
+UNEXPECTED_EXIT = 1
+
+# OSErrors whose errno says what to do, whatever their type
+_BY_ERRNO: dict[int, tuple[str, int]] = {
+    errno.ENOSPC: ("no space left on device: {e}. Free space there or choose another place.", 4),
+    errno.EDQUOT: ("disk quota exceeded: {e}. Free space there or choose another place.", 4),
+    errno.EROFS: ("read-only filesystem: {e}. Choose a writable place.", 4),
+    errno.EMFILE: ("too many open files: {e}. Raise `ulimit -n` or lower --concurrency.", 4),
+}
 _ONE_LINE: tuple[tuple[type[BaseException], str, int], ...] = (
     (FileNotFoundError, "not found: {e}. Check the path (or bucket/prefix).", 2),
     (NotADirectoryError, "not a directory: {e}. Point at the checkpoint's folder.", 2),
@@ -24,18 +37,18 @@ _ONE_LINE: tuple[tuple[type[BaseException], str, int], ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     from ckptprof import __version__
     from ckptprof.cli import demo, report, synth
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="ckptprof",
         description=(
             "Where checkpoint restore time goes, and why. Generates realistic checkpoints, "
             "restores them phase by phase (list, fetch, verify, deserialize, reshard, "
             "first_step) as OpenTelemetry spans, and reports the breakdown."
         ),
-        epilog="Set CKPTPROF_DEBUG=1 to see tracebacks. Docs: README.md",
+        epilog=f"Set {DEBUG_ENV}=1 to see tracebacks. Docs: README.md",
     )
     parser.add_argument("--version", action="version", version=f"ckptprof {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -55,17 +68,26 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ckptprof: interrupted", file=sys.stderr)
         return 130
-    except CkptprofError as exc:
-        if os.environ.get("CKPTPROF_DEBUG"):
+    except Exception as exc:  # noqa: BLE001 - every failure is one line (traceback on request)
+        if os.environ.get(DEBUG_ENV):
             raise
-        print(f"ckptprof: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except (EOFError, OSError, MemoryError) as exc:
-        if os.environ.get("CKPTPROF_DEBUG"):
-            raise
-        for kind, template, code in _ONE_LINE:
-            if isinstance(exc, kind):
-                print(f"ckptprof: error: {template.format(e=exc)}", file=sys.stderr)
-                return code
-        print(f"ckptprof: error: truncated data: {exc}", file=sys.stderr)
-        return 3
+        message, code = one_line(exc)
+        print(f"ckptprof: error: {message}", file=sys.stderr)
+        return code
+
+
+def one_line(exc: Exception) -> tuple[str, int]:
+    """The message and exit status for ``exc``: what went wrong and what to do."""
+    if isinstance(exc, CkptprofError):
+        return str(exc), exc.exit_code
+    if isinstance(exc, OSError) and exc.errno in _BY_ERRNO:
+        template, code = _BY_ERRNO[exc.errno]
+        return template.format(e=exc), code
+    for kind, template, code in _ONE_LINE:
+        if isinstance(exc, kind):
+            return template.format(e=exc), code
+    if isinstance(exc, EOFError):
+        return f"truncated data: {exc}", 3
+    first = str(exc).splitlines()[0][:300] if str(exc) else ""
+    detail = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return f"unexpected {detail}; {DEBUG_HINT}.", UNEXPECTED_EXIT

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ckptprof.cli.synth import _int_list
+from ckptprof.cli.options import directory, int_list, real, whole
+from ckptprof.synth import ranges
+from ckptprof.synth.layouts import LAYOUT_NAMES
+from ckptprof.synth.presets import PRESETS
 
 DEMO_EXAMPLES = """examples:
   ckptprof demo                                   # llama2-7b at 1% scale, ~0.7 GB, about a minute
@@ -25,21 +28,24 @@ def add_parser(commands) -> None:
     )
     demo.add_argument(
         "--dir",
-        type=Path,
+        type=directory,
         default=Path("ckptprof-demo"),
         help="working directory (default ./ckptprof-demo)",
     )
-    demo.add_argument("--model", default="llama2-7b")
-    demo.add_argument("--layout", default="torch")
-    demo.add_argument("--ranks", type=int, default=1)
-    demo.add_argument("--world-size", type=int, default=None)
-    demo.add_argument("--scale", type=float, default=0.01)
+    demo.add_argument("--model", default="llama2-7b", choices=tuple(PRESETS), metavar="NAME")
+    demo.add_argument("--layout", default="torch", choices=LAYOUT_NAMES)
+    demo.add_argument("--ranks", type=whole(ranges.RANKS), default=1)
+    demo.add_argument("--world-size", type=whole(ranges.RANKS), default=None)
+    demo.add_argument("--scale", type=real(ranges.SCALE), default=0.01)
     demo.add_argument("--full", action="store_true", help="full size (--scale 1)")
     demo.add_argument("--optimizer", action=argparse.BooleanOptionalAction, default=True)
     demo.add_argument(
-        "--concurrency", type=_int_list, default=(1, 8), help="requests in flight (default 1,8)"
+        "--concurrency",
+        type=int_list(ranges.CONCURRENCY),
+        default=(1, 8),
+        help="requests in flight (default 1,8)",
     )
-    demo.add_argument("--repeat", type=int, default=3)
+    demo.add_argument("--repeat", type=whole(ranges.REPEAT), default=3)
     demo.add_argument(
         "--plot",
         action=argparse.BooleanOptionalAction,
@@ -59,17 +65,18 @@ def run(args) -> int:
     out = args.dir / "results"
     scale = 1.0 if args.full else args.scale
     spec = SynthSpec(args.model, args.layout, scale, ranks=args.ranks, optimizer=args.optimizer)
-    print(f"== generate {args.model} x{scale:g} ({args.layout}) in {ckpt}")
-    result = generate(str(ckpt), spec, force=True)
-    print(f"wrote {len(result.manifest.files)} files, {result.total_bytes / 1e9:.3f} GB")
-    levels = ",".join(map(str, args.concurrency))
-    print(f"== restore (cold and hot, {levels} in flight, {args.repeat} repeats)")
     options = RestoreOptions(
         caches=("cold", "hot"),
         concurrency=args.concurrency,
         repeat=args.repeat,
         world_size=args.world_size,
     )
+    options.validate()  # before generating: a bad option costs nothing
+    print(f"== generate {args.model} x{scale:g} ({args.layout}) in {ckpt}")
+    result = generate(str(ckpt), spec, force=True)
+    print(f"wrote {len(result.manifest.files)} files, {result.total_bytes / 1e9:.3f} GB")
+    levels = ",".join(map(str, args.concurrency))
+    print(f"== restore (cold and hot, {levels} in flight, {args.repeat} repeats)")
     run_restore(str(ckpt), options, out)
     print("== report")
     print_report([str(out / "results.json")], plot=args.dir / "report.png" if args.plot else None)

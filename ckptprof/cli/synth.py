@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ckptprof.errors import CkptprofError
+from ckptprof.cli.options import choice_list, directory, int_list, location, real, size, whole
 from ckptprof.manifest import VERIFY_MODES
+from ckptprof.synth import ranges
 from ckptprof.synth.layouts import LAYOUT_NAMES
 from ckptprof.synth.presets import PRESETS
 
@@ -22,29 +23,6 @@ RESTORE_EXAMPLES = """examples:
   ckptprof synth restore ./ckpt --cache cold --concurrency 1,16 --repeat 5 --verify sample
   ckptprof synth restore ./ckpt --world-size 1                # reshard a 2-rank DCP save into 1
 """
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one value, e.g. 1,8,16")
-    return values
-
-
-def _size(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    try:
-        if t and t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
-        return int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 16M or 4194304") from None
 
 
 def add_parser(commands) -> None:
@@ -65,13 +43,25 @@ def add_parser(commands) -> None:
         epilog=GENERATE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    gen.add_argument("dest", metavar="DEST", help="target directory (created if missing)")
-    gen.add_argument("--model", default="llama2-7b", help=f"preset: {', '.join(PRESETS)}")
-    gen.add_argument("--layout", default="torch", help=f"file layout: {', '.join(LAYOUT_NAMES)}")
-    gen.add_argument("--ranks", type=int, default=1, help="ranks that saved it (sharding)")
+    gen.add_argument(
+        "dest", metavar="DEST", type=location, help="target directory (created if missing)"
+    )
+    gen.add_argument(
+        "--model",
+        default="llama2-7b",
+        choices=tuple(PRESETS),
+        metavar="NAME",
+        help="preset: %(choices)s",
+    )
+    gen.add_argument(
+        "--layout", default="torch", choices=LAYOUT_NAMES, help="file layout: %(choices)s"
+    )
+    gen.add_argument(
+        "--ranks", type=whole(ranges.RANKS), default=1, help="ranks that saved it (sharding)"
+    )
     gen.add_argument(
         "--scale",
-        type=float,
+        type=real(ranges.SCALE),
         default=1.0,
         help="0 < S <= 1: fraction of full-size bytes; names and layout unchanged",
     )
@@ -84,12 +74,14 @@ def add_parser(commands) -> None:
     gen.add_argument("--master-weights", action="store_true", help="include fp32 master weights")
     gen.add_argument(
         "--files",
-        type=int,
+        type=whole(ranges.FILES),
         default=None,
         help="split the tensor data into N files (many small vs few packed)",
     )
-    gen.add_argument("--step", type=int, default=1000, help="training step the checkpoint is at")
-    gen.add_argument("--seed", type=int, default=0, help="seed of the random bytes")
+    gen.add_argument(
+        "--step", type=whole(ranges.STEP), default=1000, help="training step the checkpoint is at"
+    )
+    gen.add_argument("--seed", type=whole(ranges.SEED), default=0, help="seed of the random bytes")
     gen.add_argument(
         "--dry-run",
         action="store_true",
@@ -97,12 +89,16 @@ def add_parser(commands) -> None:
     )
     gen.add_argument(
         "--bandwidth-gbps",
-        type=float,
+        type=real(ranges.GBPS),
         action="append",
         default=None,
         help="bandwidths for --dry-run's time estimates (repeatable)",
     )
-    gen.add_argument("--force", action="store_true", help="replace a non-empty DEST")
+    gen.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the ckptprof checkpoint in DEST (only the files ckptprof wrote there)",
+    )
     gen.set_defaults(func=run_generate)
 
     res = sub.add_parser(
@@ -113,15 +109,24 @@ def add_parser(commands) -> None:
         epilog=RESTORE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    res.add_argument("dest", metavar="DEST", help="checkpoint written by `synth generate`")
-    res.add_argument("--cache", default="cold,hot", help="cold, hot or cold,hot")
+    res.add_argument(
+        "dest", metavar="DEST", type=location, help="checkpoint written by `synth generate`"
+    )
+    res.add_argument(
+        "--cache",
+        type=choice_list(ranges.CACHES),
+        default=ranges.CACHES,
+        help="cold, hot or cold,hot",
+    )
     res.add_argument(
         "--concurrency",
-        type=_int_list,
+        type=int_list(ranges.CONCURRENCY),
         default=(1, 8, 16, 32, 64),
         help="requests in flight, comma-separated (default 1,8,16,32,64)",
     )
-    res.add_argument("--repeat", type=int, default=3, help="repeats per setting (medians)")
+    res.add_argument(
+        "--repeat", type=whole(ranges.REPEAT), default=3, help="repeats per setting (medians)"
+    )
     res.add_argument(
         "--verify",
         choices=VERIFY_MODES,
@@ -130,15 +135,21 @@ def add_parser(commands) -> None:
     )
     res.add_argument(
         "--world-size",
-        type=int,
+        type=whole(ranges.RANKS),
         default=None,
         help="target ranks to reshard into (default: the saved ranks)",
     )
     res.add_argument(
-        "--part-size", type=_size, default="16M", help="bytes per read request (default 16M)"
+        "--part-size",
+        type=size(ranges.PART_SIZE),
+        default="16M",
+        help="bytes per read request, 4K to 1G (default 16M)",
     )
     res.add_argument(
-        "--ceiling-gbps", type=float, default=None, help="known path bandwidth; skips the probe"
+        "--ceiling-gbps",
+        type=real(ranges.GBPS),
+        default=None,
+        help="known path bandwidth; skips the probe",
     )
     res.add_argument(
         "--no-first-step",
@@ -153,19 +164,19 @@ def add_parser(commands) -> None:
     )
     res.add_argument(
         "--out",
-        type=Path,
+        type=directory,
         default=Path("ckptprof-out"),
         help="directory for results and traces (default ./ckptprof-out)",
     )
     res.add_argument(
         "--trace-dir",
-        type=Path,
+        type=directory,
         default=None,
         help="trace file directory (default $CKPTPROF_TRACE_DIR or OUT/traces)",
     )
     res.add_argument(
         "--stage",
-        type=Path,
+        type=directory,
         default=None,
         metavar="DIR",
         help="download to a local DIR first, then read from there (like s5cmd cp)",
@@ -188,7 +199,7 @@ def add_parser(commands) -> None:
     )
     res.add_argument(
         "--deadline",
-        type=float,
+        type=real(ranges.SECONDS),
         default=120.0,
         metavar="SECONDS",
         help="notice-to-termination time for --simulate-interruption (default 120: EC2 Spot)",
@@ -206,8 +217,6 @@ def run_generate(args) -> int:
     from ckptprof.synth.generate import estimated_bytes, generate, plan_checkpoint
     from ckptprof.synth.plan import SynthSpec
 
-    if args.ranks < 1:
-        raise CkptprofError(f"--ranks {args.ranks} must be at least 1.")
     spec = SynthSpec(
         model=args.model,
         layout=args.layout,
@@ -219,7 +228,6 @@ def run_generate(args) -> int:
         step=args.step,
         seed=args.seed,
     )
-    spec.preset()  # validates model and scale
     if args.dry_run:
         plan = plan_checkpoint(spec)
         print(describe_plan(plan, estimated_bytes(plan), args.bandwidth_gbps or [1, 10, 100]))
@@ -265,12 +273,12 @@ def run_restore(args) -> int:
     from ckptprof.synth.restore import RestoreOptions, run_restore
 
     options = RestoreOptions(
-        caches=tuple(c.strip() for c in args.cache.split(",") if c.strip()),
+        caches=args.cache,
         concurrency=args.concurrency,
         repeat=args.repeat,
         verify=args.verify,
         world_size=args.world_size,
-        part_size=args.part_size,  # argparse applies _size to the "16M" default too
+        part_size=args.part_size,  # argparse applies the size type to the "16M" default too
         ceiling_gbps=args.ceiling_gbps,
         first_step=args.first_step,
         drop_caches=args.drop_caches,

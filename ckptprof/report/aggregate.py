@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptprof.manifest import VERIFY_MODES
 from ckptprof.phases import RESTORE_PHASES, SAVE_PHASES, Attr, Phase
 from ckptprof.report import hints as hint_rules
 from ckptprof.report.load import (
@@ -122,6 +123,15 @@ class OperationRow:
 
 
 @dataclass
+class VerifyCoverage:
+    """What a verify phase checked, so a pass is read as no more than it is."""
+
+    mode: str  # full | sample | size | none
+    checked_bytes: int | None  # bytes hashed (None: not recorded)
+    total_bytes: int | None  # bytes fetched
+
+
+@dataclass
 class OperationGroup:
     """Trace operations of one kind and configuration."""
 
@@ -135,6 +145,7 @@ class OperationGroup:
     retries: int = 0
     errors: int = 0
     hints: list[hint_rules.Hint] = field(default_factory=list)
+    verify_coverage: VerifyCoverage | None = None
 
 
 @dataclass
@@ -161,6 +172,7 @@ class Sweep:
     options: dict[str, Any] = field(default_factory=dict)
     reliability: dict[str, Any] = field(default_factory=dict)
     hints: list[hint_rules.Hint] = field(default_factory=list)
+    verify_coverage: VerifyCoverage | None = None
 
 
 @dataclass
@@ -329,6 +341,18 @@ def _operation_row(op: TraceOperation) -> OperationRow:
     )
 
 
+def verify_coverage(mode: Any, b: Breakdown | None) -> VerifyCoverage | None:
+    """What the verify phase of ``b`` checked under ``mode`` (a manifest verify mode)."""
+    if mode not in VERIFY_MODES or b is None:
+        return None
+    checked, fetched = b.phase(Phase.VERIFY), b.phase(Phase.FETCH)
+    return VerifyCoverage(
+        mode,
+        checked.nbytes or 0 if checked is not None else None,
+        fetched.nbytes if fetched is not None else None,
+    )
+
+
 def _count(ops: Iterable[TraceOperation], key: str) -> int:
     total = 0
     for op in ops:
@@ -382,6 +406,7 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
             errors=_count(ops, Attr.ERRORS),
         )
         group.hints = hint_rules.group_hints(group)
+        group.verify_coverage = verify_coverage(config_map.get("verify"), breakdown)
         groups.append(group)
     return groups
 
@@ -485,6 +510,9 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
         reliability=results.reliability,
     )
     sweep.hints = hint_rules.sweep_hints(sweep)
+    sweep.verify_coverage = verify_coverage(
+        results.options.get("verify"), rows[0].breakdown if rows else None
+    )
     return sweep
 
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ckptprof import schema
 from ckptprof.errors import CkptprofError
 from ckptprof.phases import FILE_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr
 
@@ -23,6 +24,80 @@ RESULTS_NAME = "results.json"
 TRACE_SUFFIX = ".jsonl"
 _ROOT_KINDS = {RESTORE_SPAN: "restore", SAVE_SPAN: "save"}
 _PHASE_PREFIX = "ckpt."
+
+
+_COUNT = schema.integer(0)
+_SECONDS = schema.number(minimum=0)
+_PHASE = schema.record(
+    {
+        "busy_s": _SECONDS,
+        "bytes": schema.optional(_COUNT),
+        "files": schema.optional(_COUNT),
+        "gbps": schema.optional(_SECONDS),
+        "emulated": schema.boolean(),
+        "emulation_reason": schema.optional(schema.text()),
+    },
+    required=("busy_s",),
+)
+_RUN = schema.record(
+    {
+        "cache": schema.optional(schema.text()),
+        "concurrency": schema.optional(schema.integer(1)),
+        "repeat": schema.optional(_COUNT),
+        "wall_s": _SECONDS,
+        "bytes": schema.optional(_COUNT),
+        "resident_fraction": schema.optional(schema.number(0, 1)),
+        "cache_method": schema.optional(schema.text()),
+        "trace_id": schema.optional(schema.text()),
+        "phases": schema.mapping(schema.text(), _PHASE),
+        "retries": _COUNT,
+        "errors": _COUNT,
+    },
+    required=("wall_s",),
+)
+_SPREAD = schema.record(
+    {k: _SECONDS for k in ("min", "median", "max", "min_s", "median_s", "max_s")}
+)
+_SUMMARY = schema.record(
+    {
+        "cache": schema.optional(schema.text()),
+        "concurrency": schema.optional(schema.integer(1)),
+        "repeats": _COUNT,
+        "rto_s": _SPREAD,
+        "phases": schema.mapping(schema.text(), _SPREAD),
+        "fetch_gbps_median": _SECONDS,
+        "fraction_of_ceiling": _SECONDS,
+    }
+)
+_CEILING = schema.record(
+    {
+        "read_gbps": schema.optional(_SECONDS),
+        "source": schema.optional(schema.text()),
+        "request_latency_s": schema.optional(_SECONDS),
+        "part_size": schema.optional(schema.integer(1)),
+        "littles_law_inflight": schema.optional(_SECONDS),
+        "lower_bound_fetch_s": schema.optional(_SECONDS),
+        "bytes": schema.optional(_COUNT),
+    }
+)
+#: what a results.json written by ``ckptprof synth restore`` holds (unknown keys allowed)
+RESULTS_SCHEMA = schema.record(
+    {
+        "ckptprof_version": schema.text(),
+        "created": schema.text(),
+        "spec": schema.record({}),
+        "options": schema.record({}),
+        "environment": schema.record({}),
+        "ceiling": schema.optional(_CEILING),
+        "runs": schema.items(_RUN),
+        "summary": schema.items(_SUMMARY),
+        "success_rate": schema.number(0, 1),
+        "failures": schema.items(schema.record({"error": schema.text()})),
+        "requests": schema.record(dict.fromkeys(("requests", "retries", "errors"), _COUNT)),
+        "partial": schema.boolean(),
+    },
+    required=("runs",),
+)
 
 
 # --------------------------------------------------------------------- records
@@ -335,12 +410,19 @@ def _results_phases(raw: Any) -> dict[str, PhaseSample]:
 
 
 def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFile:
-    """Turn a decoded ``results.json`` into records; unknown keys are ignored."""
+    """Turn a decoded ``results.json`` into records, after checking it against
+    :data:`RESULTS_SCHEMA` (a wrong type names the field); unknown keys are ignored."""
     if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
         raise CkptprofError(
             f"{path}: not a ckptprof results file (no 'runs' list) — pass the {RESULTS_NAME} "
             "written by the synthetic restore, or the trace *.jsonl files"
         )
+    schema.require(
+        doc,
+        RESULTS_SCHEMA,
+        f"{path}: not a valid ckptprof results file",
+        "re-run the sweep, or report on its trace *.jsonl files instead",
+    )
     raw_ceiling = doc.get("ceiling")
     ceiling = None
     if isinstance(raw_ceiling, dict):

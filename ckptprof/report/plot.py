@@ -11,6 +11,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+from ckptprof.atomic import atomic_open
 from ckptprof.errors import CkptprofError
 from ckptprof.report.aggregate import Breakdown, Report, phase_order
 
@@ -158,11 +159,6 @@ def write_plot(report: Report, path: str | os.PathLike) -> Path:
         _draw_concurrency(bottom, report)
     else:
         _draw_bars(fig.subplots(), bars)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        fig.savefig(tmp, format=fmt, dpi=110)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_open(target, "wb") as handle:
+        fig.savefig(handle, format=fmt, dpi=110)
     return target

@@ -6,6 +6,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ckptprof.manifest import SAMPLE_BLOCK, SAMPLE_BLOCKS
 from ckptprof.phases import Phase
 from ckptprof.report.aggregate import (
     Breakdown,
@@ -13,6 +14,7 @@ from ckptprof.report.aggregate import (
     OperationRow,
     Report,
     Sweep,
+    VerifyCoverage,
     aggregate,
     phase_order,
 )
@@ -109,6 +111,28 @@ def _hint_lines(hints: Sequence[Hint]) -> list[str]:
     return lines
 
 
+def _verify_lines(c: VerifyCoverage | None) -> list[str]:
+    """What verify covered: ``sample`` passing is not ``full`` passing."""
+    if c is None:
+        return []
+    of_total = f" of {fmt_bytes(c.total_bytes)}" if c.total_bytes else ""
+    if c.mode == "full":
+        text = f"every byte hashed (xxh3){of_total}"
+    elif c.mode == "sample":
+        share = f" ({c.checked_bytes / c.total_bytes:.1%})" if c.total_bytes else ""
+        text = (
+            f"{fmt_bytes(c.checked_bytes)}{of_total} hashed{share}: a file over "
+            f"{SAMPLE_BLOCKS * SAMPLE_BLOCK >> 20} MiB only in {SAMPLE_BLOCKS} ranges of "
+            f"{SAMPLE_BLOCK >> 20} MiB, so a corrupt byte outside them passes (--verify full "
+            "checks every byte)"
+        )
+    elif c.mode == "size":
+        text = "sizes only, no byte hashed: corruption that keeps the size passes"
+    else:
+        text = "nothing checked"
+    return _wrap(f"verify {c.mode}: {text}", INDENT, INDENT * 2)
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -171,6 +195,7 @@ def render_group(group: OperationGroup, by: str = "phase") -> list[str]:
     elif b.phases:
         lines += _phase_table(b, wall_word)
         lines += _overlap_lines(b, wall_word)
+    lines += _verify_lines(group.verify_coverage)
     if group.ranks is not None:
         rs = group.ranks
         host = f" on {rs.slowest_host}" if rs.slowest_host else ""
@@ -386,6 +411,7 @@ def render_sweep(sweep: Sweep, by: str = "phase") -> list[str]:
         lines += _sweep_table(sweep)
     else:
         lines.append(f"{INDENT}no runs recorded")
+    lines += _verify_lines(sweep.verify_coverage)
     lines += _hint_lines(sweep.hints)
     return lines
 

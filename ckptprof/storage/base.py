@@ -120,6 +120,10 @@ class Storage(ABC):
     def free_bytes(self) -> int | None:
         """Space left for generation, or None when the backend has no such limit."""
 
+    def free_inodes(self) -> int | None:
+        """Files that may still be created, or None when the backend has no such limit."""
+        return None
+
     # ---- cache control (meaningful for POSIX; object stores have no local cache)
     def evict(self, paths: list[str]) -> CacheState:
         return CacheState(method="none (no local cache)", resident_fraction=None)

@@ -9,6 +9,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ckptprof.atomic import atomic_write, replacing
+from ckptprof.errors import CkptprofError
+from ckptprof.schema import is_relative_path
 from ckptprof.storage import pagecache
 from ckptprof.storage.base import CacheState, ObjectInfo, Storage
 
@@ -55,20 +58,43 @@ class PosixStorage(Storage):
         return str(self.root.resolve())
 
     def _full(self, path: str) -> Path:
+        """``path`` under the root; a path that climbs out of it is refused."""
+        if not is_relative_path(path):
+            raise CkptprofError(
+                f"{path!r} is not a path inside {self.uri}; ckptprof only touches files there."
+            )
         return self.root / path
 
+    def _writable(self, path: str) -> Path:
+        """Where to write or delete ``path``: inside the root even after following any
+        symbolic link in its folders, or refused (nothing outside is ever changed)."""
+        full = self._full(path)
+        folder, root = full.parent.resolve(), self.root.resolve()
+        if folder != root and not folder.is_relative_to(root):
+            raise CkptprofError(
+                f"{full}: its folder leads to {folder}, outside {root} (a symbolic link); "
+                "ckptprof writes and deletes only inside the location it was given."
+            )
+        return full
+
     def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every entry under the root that is not a folder: files, and symbolic links
+        (dangling ones and links to folders included, so a tree holding only those is
+        not "empty"). An unreadable folder is an error, not a silent gap."""
         base = self._full(prefix) if prefix else self.root
         if not base.exists():
             raise FileNotFoundError(str(base))
         if not base.is_dir():
             raise NotADirectoryError(str(base))
         infos = []
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                full = Path(dirpath) / name
-                rel = full.relative_to(self.root).as_posix()
-                infos.append(ObjectInfo(rel, full.stat().st_size))
+        for dirpath, dirs, files in os.walk(base, onerror=_raise):
+            top = Path(dirpath)
+            linked = [d for d in dirs if (top / d).is_symlink()]  # listed, never walked into
+            for name in files + linked:
+                full = top / name
+                size = _entry_size(full)
+                if size is not None:
+                    infos.append(ObjectInfo(full.relative_to(self.root).as_posix(), size))
         self.stats.count(requests=1)
         return sorted(infos, key=lambda i: i.path)
 
@@ -124,34 +150,32 @@ class PosixStorage(Storage):
 
     @contextmanager
     def staging_file(self, path: str) -> Iterator[Path]:
-        final = self._full(path)
+        final = self._writable(path)
         final.parent.mkdir(parents=True, exist_ok=True)
-        partial = final.with_name(final.name + ".partial")
-        try:
-            yield partial
-            fd = os.open(partial, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(partial, final)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
+        with replacing(final) as tmp:
+            yield tmp
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        with self.staging_file(path) as tmp:
-            tmp.write_bytes(data)
-        _fsync_dir(self._full(path).parent)
+        final = self._writable(path)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(final, data)
 
     def delete(self, path: str) -> None:
-        self._full(path).unlink(missing_ok=True)
+        self._writable(path).unlink(missing_ok=True)
 
-    def free_bytes(self) -> int | None:
+    def _nearest_existing(self) -> Path:
+        """The root, or its nearest folder that exists (where it will be created)."""
         probe = self.root
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
-        return shutil.disk_usage(probe).free
+        return probe
+
+    def free_bytes(self) -> int | None:
+        return shutil.disk_usage(self._nearest_existing()).free
+
+    def free_inodes(self) -> int | None:
+        stats = os.statvfs(self._nearest_existing())
+        return stats.f_favail if stats.f_files else None  # 0 total: not counted (btrfs)
 
     def evict(self, paths: list[str]) -> CacheState:
         full = [self._full(p) for p in paths]
@@ -172,14 +196,17 @@ class PosixStorage(Storage):
         return info
 
 
-def _fsync_dir(path: Path) -> None:
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
+def _entry_size(path: Path) -> int | None:
+    """Size of a listed entry: its target's, or a symbolic link's own when the target is
+    missing or loops; None when the entry vanished since it was listed."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        return path.stat().st_size
     except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            return path.lstat().st_size
+        except FileNotFoundError:
+            return None

@@ -3,15 +3,20 @@
 Configuration is boto3's own: credentials from the standard chain, the endpoint
 from ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``, the region from
 ``AWS_REGION``/``AWS_DEFAULT_REGION``, retries from ``AWS_RETRY_MODE`` /
-``AWS_MAX_ATTEMPTS``; ckptprof only sizes the connection pool to the concurrency.
-Every attempt that fails (5xx, throttling, timeouts, connection errors) is counted
-in :attr:`Storage.stats`, and botocore's retries are counted from the responses.
-Nothing that identifies a credential is ever put in a span, log or result.
+``AWS_MAX_ATTEMPTS``; ckptprof sizes the connection pool to the concurrency and
+bounds every wait: connect and read timeouts (``CKPTPROF_S3_CONNECT_TIMEOUT``,
+``CKPTPROF_S3_READ_TIMEOUT``, seconds), so an endpoint that stops answering shows
+within seconds, names itself, and stops a sweep instead of stalling every run.
+Every attempt (request) and every failed one (5xx, throttling, timeouts, connection
+errors) is counted in :attr:`Storage.stats`, and every retry as it starts, whether
+or not the call finally succeeds. Nothing that identifies a credential is ever put
+in a span, log or result.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -19,9 +24,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ckptprof.errors import CkptprofError, StorageError
+from ckptprof.errors import CkptprofError, StorageError, UnreachableError
 from ckptprof.fetch import DEFAULT_PART_SIZE
 from ckptprof.storage.base import CacheState, ObjectInfo, Storage
+
+log = logging.getLogger("ckptprof")
+
+CONNECT_TIMEOUT_ENV = "CKPTPROF_S3_CONNECT_TIMEOUT"
+READ_TIMEOUT_ENV = "CKPTPROF_S3_READ_TIMEOUT"
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+# longest silence while a request waits for its answer or its next bytes; a healthy
+# store under load answers a 16 MiB ranged GET well within it
+DEFAULT_READ_TIMEOUT_S = 20.0
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _DENIED = {
@@ -83,6 +97,29 @@ def _counted(exc: Exception) -> bool:
     return isinstance(exc, ClientError)
 
 
+def _stalled(exc: BaseException | None) -> bool:
+    """A timeout or a refused connection: the endpoint is not answering."""
+    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
+
+    # TimeoutError: a body read that timed out (socket.timeout)
+    stalls = (ReadTimeoutError, ConnectTimeoutError, EndpointConnectionError, TimeoutError)
+    return isinstance(exc, stalls)
+
+
+def timeout_from_env(name: str, default: float) -> float:
+    """A timeout in seconds from ``name``, or ``default``; a bad value is one clear error."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise CkptprofError(f"{name}={text!r}: expected a number of seconds above 0, e.g. 20.")
+    return value
+
+
 INSTANCE_CREDENTIALS_ENV = "CKPTPROF_S3_INSTANCE_CREDENTIALS"
 
 
@@ -126,10 +163,15 @@ class S3Storage(Storage):
             raise CkptprofError(
                 f"{location}: S3 needs boto3; pip install 'ckptprof[s3]'."
             ) from None
+        self.connect_timeout_s = timeout_from_env(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S)
+        self.read_timeout_s = timeout_from_env(READ_TIMEOUT_ENV, DEFAULT_READ_TIMEOUT_S)
         self._config = Config(
             max_pool_connections=max(10, max_concurrency),
             tcp_keepalive=True,
+            connect_timeout=self.connect_timeout_s,
+            read_timeout=self.read_timeout_s,
         )
+        self._warned_stall = False
         try:
             self.client = _session(boto3).client("s3", config=self._config)
         except Exception as exc:  # noqa: BLE001 - boto3 configuration mistakes
@@ -138,10 +180,16 @@ class S3Storage(Storage):
                 f"{str(exc).splitlines()[0][:200]}); check AWS_PROFILE, AWS_ENDPOINT_URL, "
                 "AWS_RETRY_MODE and AWS_MAX_ATTEMPTS."
             ) from None
+        self.client.meta.events.register("request-created.s3", self._on_request)
         self.client.meta.events.register_first("needs-retry.s3", self._on_attempt)
-        self.client.meta.events.register("after-call.s3", self._on_call)
 
     # ------------------------------------------------------------ accounting
+    def _on_request(self, request=None, **_):
+        """Runs as each attempt is built: a request, and a retry when it is not the first
+        (counted here, so calls that finally fail still count their retries)."""
+        attempt = ((getattr(request, "context", None) or {}).get("retries") or {}).get("attempt")
+        self.stats.count(requests=1, retries=1 if attempt and attempt > 1 else 0)
+
     def _on_attempt(self, response=None, caught_exception=None, **_):
         """Runs after every attempt, before botocore decides to retry; counts failures."""
         failed = caught_exception is not None
@@ -151,11 +199,20 @@ class S3Storage(Storage):
             failed = http.status_code >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout")
         if failed:
             self.stats.count(errors=1)
+        if _stalled(caught_exception):
+            self._warn_stall(caught_exception)
         return None  # never changes botocore's decision
 
-    def _on_call(self, parsed=None, **_):
-        retries = ((parsed or {}).get("ResponseMetadata") or {}).get("RetryAttempts", 0)
-        self.stats.count(requests=1, retries=retries)
+    def _warn_stall(self, exc: BaseException) -> None:
+        """The first stall is shown at once (a dead endpoint must not look like a slow run)."""
+        if not self._warned_stall:
+            self._warned_stall = True
+            log.warning(
+                "ckptprof: warning: the S3 endpoint %s is not answering (%s); retrying "
+                "while botocore's retries last.",
+                self.endpoint,
+                type(exc).__name__,
+            )
 
     # ------------------------------------------------------------ naming
     @property
@@ -168,10 +225,15 @@ class S3Storage(Storage):
     def _where(self, path: str) -> str:
         return f"s3://{self.bucket}/{self._key(path)}"
 
+    @property
+    def endpoint(self) -> str:
+        return safe_endpoint(self.client.meta.endpoint_url)
+
     def _translate(self, exc: Exception, path: str) -> Exception:
         """boto errors → builtin exceptions naming the object (fsspec style)."""
         from botocore.exceptions import (
             ClientError,
+            ConnectTimeoutError,
             EndpointConnectionError,
             NoCredentialsError,
         )
@@ -183,9 +245,17 @@ class S3Storage(Storage):
                 f"or AWS_PROFILE (for an EC2/ECS role, set {INSTANCE_CREDENTIALS_ENV}=1)."
             )
         if isinstance(exc, EndpointConnectionError):
-            return StorageError(
-                f"{where}: cannot reach the S3 endpoint "
-                f"{safe_endpoint(self.client.meta.endpoint_url)}; check AWS_ENDPOINT_URL."
+            return UnreachableError(
+                f"{where}: cannot reach the S3 endpoint {self.endpoint}; check AWS_ENDPOINT_URL."
+            )
+        if _stalled(exc):
+            connecting = isinstance(exc, ConnectTimeoutError)
+            seconds = self.connect_timeout_s if connecting else self.read_timeout_s
+            env = CONNECT_TIMEOUT_ENV if connecting else READ_TIMEOUT_ENV
+            return UnreachableError(
+                f"{where}: the S3 endpoint {self.endpoint} did not answer within {seconds:g} s "
+                f"({type(exc).__name__}); check that it is up, or raise {env} (seconds) for a "
+                "slow one."
             )
         if isinstance(exc, ClientError):
             error = exc.response.get("Error", {})
@@ -312,7 +382,7 @@ class S3Storage(Storage):
         retries = self.client.meta.config.retries or {}
         info.update(
             {
-                "s3.endpoint": safe_endpoint(self.client.meta.endpoint_url),
+                "s3.endpoint": self.endpoint,
                 "s3.region": self.client.meta.region_name or "",
                 "s3.addressing_style": (self.client.meta.config.s3 or {}).get(
                     "addressing_style", "auto"
@@ -322,6 +392,8 @@ class S3Storage(Storage):
                     retries.get("total_max_attempts", os.environ.get("AWS_MAX_ATTEMPTS", ""))
                 ),
                 "s3.max_pool_connections": str(self._config.max_pool_connections),
+                "s3.connect_timeout_s": str(self.connect_timeout_s),
+                "s3.read_timeout_s": str(self.read_timeout_s),
             }
         )
         return info

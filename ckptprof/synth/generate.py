@@ -3,25 +3,42 @@
 Generation is not timed. Each file is written under a temporary name and
 published atomically; the manifest goes last, so a checkpoint interrupted
 half-way never looks complete.
+
+A location that holds anything is left alone unless ``--force`` is given, and
+``--force`` deletes only what ckptprof wrote there: the files of a previous
+manifest, or of an interrupted generation (:data:`GENERATING_NAME` lists them,
+written before the first file and removed after the manifest). Every path comes
+from a checked manifest and stays inside the location.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from ckptprof.errors import CkptprofError
-from ckptprof.manifest import MANIFEST_NAME, Manifest, entry_for_bytes
+from ckptprof.atomic import PARTIAL_SUFFIX
+from ckptprof.errors import CkptprofError, StorageError
+from ckptprof.manifest import (
+    GENERATING_NAME,
+    GENERATING_SCHEMA,
+    MANIFEST_NAME,
+    Manifest,
+    entry_for_bytes,
+    read_json,
+)
 from ckptprof.storage import open_storage
+from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.synth.fill import RandomFiller
-from ckptprof.synth.layouts import get_layout
-from ckptprof.synth.plan import CheckpointPlan, SynthSpec
+from ckptprof.synth.layouts import Layout, get_layout
+from ckptprof.synth.plan import CheckpointPlan, FilePlan, SynthSpec
 
-# torch.save/zip/pickle headers and the small files on top of the tensor payload
-FORMAT_OVERHEAD = 1.01
-SMALL_FILE_ALLOWANCE = 16 << 20
+BLOCK = 4096  # allocation unit: every file takes whole blocks
+SMALL_FILE_BYTES = 8 << 10  # config, RNG state, `latest`…: each under this (measured)
+SMALL_FILE_ALLOWANCE = 16 << 20  # the few big ones: tokenizer.json at full scale, indexes
 SPACE_HEADROOM = 256 << 20
+INODE_HEADROOM = 64  # folders, temp names, the manifest
 
 
 @dataclass
@@ -35,8 +52,17 @@ class GenerateResult:
         return self.manifest.total_bytes if self.manifest else estimated_bytes(self.plan)
 
 
-def estimated_bytes(plan: CheckpointPlan) -> int:
-    return int(plan.payload_bytes * FORMAT_OVERHEAD) + SMALL_FILE_ALLOWANCE
+def estimated_file_bytes(layout: Layout, file: FilePlan, block: int = BLOCK) -> int:
+    """Disk space one file will take: payload, the layout's overhead, whole blocks."""
+    raw = file.payload_bytes + layout.overhead(file) if file.pieces else SMALL_FILE_BYTES
+    return -(-raw // block) * block
+
+
+def estimated_bytes(plan: CheckpointPlan, block: int = BLOCK) -> int:
+    """Disk space the whole checkpoint will take (an upper estimate)."""
+    layout = get_layout(plan.spec.layout)
+    files = sum(estimated_file_bytes(layout, f, block) for f in plan.files)
+    return files + SMALL_FILE_ALLOWANCE
 
 
 def plan_checkpoint(spec: SynthSpec) -> CheckpointPlan:
@@ -51,24 +77,12 @@ def generate(
     storage = open_storage(location)
 
     existing = _existing(storage)
-    if existing and not force:
-        raise CkptprofError(
-            f"{storage.uri} is not empty ({len(existing)} files); choose an empty location "
-            "or pass --force to replace a checkpoint ckptprof generated there."
-        )
-    if existing:
-        existing = _replaceable(storage, existing)
-    needed = estimated_bytes(plan) + SPACE_HEADROOM
-    free = storage.free_bytes()
-    if free is not None and free < needed:
-        raise CkptprofError(
-            f"{storage.uri}: needs about {needed / 2**30:.2f} GiB but only "
-            f"{free / 2**30:.2f} GiB is free; free space or use a smaller --scale."
-        )
-    if free is None:
-        _check_staging_space(plan)
-    if existing:
-        _remove(storage, existing)
+    owned = _owned(storage, existing, force)
+    replaced = [i for i in existing if i.path in owned]
+    _check_space(storage, plan, replaced)
+    planned = [f.path for f in plan.files]
+    storage.write_bytes(GENERATING_NAME, _generating_record(sorted(owned | set(planned))))
+    _remove(storage, [i.path for i in replaced])
 
     filler = RandomFiller(spec.seed)
     entries = {}
@@ -81,15 +95,142 @@ def generate(
     )
     try:
         for file in plan.files:
-            with storage.staging_file(file.path) as tmp:
-                layout.write_file(plan, file, tmp, filler)
-                entries[file.path] = _entry_of(tmp)
+            entries[file.path] = _write_one(storage, layout, plan, file, filler)
             bar.update(file.payload_bytes)
     finally:
         bar.close()
     manifest = Manifest(entries, spec=spec.to_dict())
     storage.write_bytes(MANIFEST_NAME, manifest.to_json())
+    storage.delete(GENERATING_NAME)
     return GenerateResult(storage.uri, plan, manifest)
+
+
+def _write_one(storage: Storage, layout: Layout, plan, file: FilePlan, filler):
+    """Write and publish one file; returns its manifest entry."""
+    with storage.staging_file(file.path) as tmp:
+        try:
+            layout.write_file(plan, file, tmp, filler)
+        except RuntimeError as exc:  # torch.save's writer reports a failed write this way
+            raise StorageError(
+                f"{storage.uri}/{file.path}: could not be written ({str(exc).splitlines()[0]}); "
+                "check free space and permissions there."
+            ) from None
+        return _entry_of(tmp)
+
+
+# ------------------------------------------------------------------ what is there
+
+
+def _existing(storage: Storage) -> list[ObjectInfo]:
+    """Everything at the location; nothing only when the location itself does not exist
+    (any other missing file is an error, never a reason to think it is empty)."""
+    try:
+        return storage.list()
+    except FileNotFoundError:
+        if storage.location_exists():
+            raise
+        return []
+
+
+def _owned(storage: Storage, existing: list[ObjectInfo], force: bool) -> set[str]:
+    """The paths ckptprof wrote here and may replace; refuses anything else.
+
+    Without ``force`` any existing file is a refusal; with it, every file must be one
+    a previous manifest or an interrupted generation's record names (or their temp
+    files), so nothing ckptprof did not write is ever deleted.
+    """
+    if not existing:
+        return set()
+    paths = {i.path for i in existing}
+    owned = _previous_files(storage, paths)
+    if not force:
+        hint = (
+            "pass --force to replace the ckptprof checkpoint there"
+            if owned
+            else "choose an empty location (--force only replaces a ckptprof checkpoint)"
+        )
+        raise CkptprofError(f"{storage.uri} is not empty ({len(paths)} files); {hint}.")
+    if not owned:
+        raise CkptprofError(
+            f"{storage.uri} holds {len(paths)} files but no {MANIFEST_NAME}: it is not a "
+            "ckptprof checkpoint, so --force will not delete it; choose an empty location."
+        )
+    foreign = sorted(p for p in paths if not _is_ours(p, owned))
+    if foreign:
+        raise CkptprofError(
+            f"{storage.uri} holds files the previous checkpoint did not write (e.g. "
+            f"{foreign[0]}); --force only replaces a ckptprof checkpoint; choose an empty location."
+        )
+    return {p for p in paths if p in owned or _is_ours(p, owned)}
+
+
+def _previous_files(storage: Storage, present: set[str]) -> set[str]:
+    """Files a previous ckptprof run claimed here (with its own records), or empty."""
+    owned: set[str] = set()
+    try:
+        if MANIFEST_NAME in present:
+            where = f"{storage.uri}/{MANIFEST_NAME}"
+            previous = Manifest.from_json(storage.read_bytes(MANIFEST_NAME), where)
+            owned |= {MANIFEST_NAME, *previous.files}
+        if GENERATING_NAME in present:
+            where = f"{storage.uri}/{GENERATING_NAME}"
+            raw = storage.read_bytes(GENERATING_NAME)
+            record = read_json(raw, where, GENERATING_SCHEMA, "ckptprof generation record")
+            owned |= {GENERATING_NAME, *record["files"]}
+    except CkptprofError as exc:
+        raise CkptprofError(
+            f"{exc} So ckptprof cannot tell which files there are its own and will not "
+            "replace any; choose an empty location."
+        ) from None
+    return owned
+
+
+def _is_ours(path: str, owned: set[str]) -> bool:
+    """A path ckptprof wrote: named by its records, or the temp file of one (a write
+    killed before its rename: ``NAME.<pid>.partial``)."""
+    if path in owned:
+        return True
+    stem, pid, suffix = (path.rsplit(".", 2) + ["", ""])[:3]
+    return f".{suffix}" == PARTIAL_SUFFIX and pid.isdigit() and stem in owned
+
+
+def _generating_record(paths: list[str]) -> bytes:
+    return json.dumps({"tool": "ckptprof", "files": paths}, indent=1).encode()
+
+
+def _remove(storage: Storage, paths: list[str]) -> None:
+    """Clear a previous checkpoint, manifest first so nothing half-replaced looks complete
+    (the generation record stays: it still names every file)."""
+    for rel in sorted(paths, key=lambda p: p != MANIFEST_NAME):
+        if rel != GENERATING_NAME:
+            storage.delete(rel)
+
+
+# ------------------------------------------------------------------ space
+
+
+def _check_space(storage: Storage, plan: CheckpointPlan, replaced: list[ObjectInfo]) -> None:
+    """Refuse before writing when the bytes or the files (inodes) cannot fit."""
+    free = storage.free_bytes()
+    if free is None:
+        _check_staging_space(plan)
+    else:
+        needed = estimated_bytes(plan) + SPACE_HEADROOM
+        free += sum(i.size for i in replaced)
+        if free < needed:
+            raise CkptprofError(
+                f"{storage.uri}: needs about {needed / 2**30:.2f} GiB but only "
+                f"{free / 2**30:.2f} GiB is free; free space or use a smaller --scale."
+            )
+    inodes = storage.free_inodes()
+    if inodes is not None:
+        inodes += len(replaced)
+        needed_files = len(plan.files) + INODE_HEADROOM
+        if inodes < needed_files:
+            raise CkptprofError(
+                f"{storage.uri}: the checkpoint has {len(plan.files)} files but the filesystem "
+                f"can create only {inodes} more (free inodes); free some, or use fewer --files."
+            )
 
 
 def _check_staging_space(plan: CheckpointPlan) -> None:
@@ -98,8 +239,9 @@ def _check_staging_space(plan: CheckpointPlan) -> None:
     import tempfile
 
     tmp = tempfile.gettempdir()
-    largest = max((f.payload_bytes for f in plan.files), default=0)
-    need = int(largest * FORMAT_OVERHEAD) + SPACE_HEADROOM
+    layout = get_layout(plan.spec.layout)
+    largest = max((estimated_file_bytes(layout, f) for f in plan.files), default=0)
+    need = largest + SPACE_HEADROOM
     free = shutil.disk_usage(tmp).free
     if free < need:
         raise CkptprofError(
@@ -118,39 +260,3 @@ def _entry_of(path):
             return entry_for_bytes(b"")
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
             return entry_for_bytes(view)
-
-
-def _existing(storage) -> list[str]:
-    try:
-        return [i.path for i in storage.list()]
-    except FileNotFoundError:
-        return []
-
-
-def _replaceable(storage, existing: list[str]) -> list[str]:
-    """What --force may delete: a previous ckptprof checkpoint's own files, nothing else."""
-    if MANIFEST_NAME not in existing:
-        raise CkptprofError(
-            f"{storage.uri} holds {len(existing)} files but no {MANIFEST_NAME}: it is not a "
-            "ckptprof checkpoint, so --force will not delete it; choose an empty location."
-        )
-    try:
-        previous = Manifest.from_json(storage.read_bytes(MANIFEST_NAME), MANIFEST_NAME)
-    except CkptprofError:
-        raise CkptprofError(
-            f"{storage.uri}/{MANIFEST_NAME} is unreadable, so --force cannot tell which files "
-            "are ckptprof's; choose an empty location."
-        ) from None
-    foreign = sorted(set(existing) - set(previous.files) - {MANIFEST_NAME})
-    if foreign:
-        raise CkptprofError(
-            f"{storage.uri} holds files the previous checkpoint did not write (e.g. "
-            f"{foreign[0]}); --force only replaces a ckptprof checkpoint; choose an empty location."
-        )
-    return [MANIFEST_NAME, *previous.files]
-
-
-def _remove(storage, paths: list[str]) -> None:
-    """Clear a previous checkpoint, manifest first so nothing half-replaced looks complete."""
-    for rel in sorted(paths, key=lambda p: p != MANIFEST_NAME):
-        storage.delete(rel)

@@ -4,7 +4,7 @@ Before the sweep, a notice is injected into a real :class:`NoticeWatcher` (sourc
 ``simulated``, the deadline ``--deadline`` seconds later), the shared
 :class:`~ckptprof.interrupt.guard.InterruptionGuard` writes the pending record, and the
 emergency save is real: the first_step model's weights and AdamW state, ``torch.save``d,
-written and fsynced beside the results, renamed into place — traced as a ``ckpt.save``
+written beside the results, fsynced and renamed into place — traced as a ``ckpt.save``
 under ``ckpt.emergency_save``. The sweep's first restore then links to it, so the report
 tells the same story as a framework job: notice → save and its margin → downtime (here:
 notice → the restore starts, in the same process) → restore → first step.
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import time
 from pathlib import Path
 
+from ckptprof.atomic import replacing
 from ckptprof.errors import CkptprofError
 from ckptprof.interrupt.guard import InterruptionGuard
 from ckptprof.interrupt.notice import Notice
@@ -79,24 +79,17 @@ def _emergency_save(runner, host: _Host, folder: Path, step: int) -> str:
 
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{step}.pt"
-    partial = final.with_name(final.name + ".partial")
     attrs = {Attr.FORMAT: "torch", Attr.PATH: str(final), Attr.STEP: step}
     with runner.tracer.save(attrs, parent=host.save_parent) as op:
         with op.phase(Phase.SERIALIZE):
             buffer = io.BytesIO()
             state = {"model": runner.model.state_dict(), "optimizer": runner.optimizer.state_dict()}
             torch.save(state, buffer)
-        with op.phase(Phase.WRITE):
-            with open(partial, "wb") as handle:
-                handle.write(buffer.getbuffer())
-                handle.flush()
-                os.fsync(handle.fileno())
-            op.add_bytes(Phase.WRITE, buffer.getbuffer().nbytes)
-        with op.phase(Phase.COMMIT):
-            os.replace(partial, final)
-            fd = os.open(folder, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        with replacing(final) as partial:  # on exit: fsync, rename, fsync the folder
+            with op.phase(Phase.WRITE):
+                with open(partial, "wb") as handle:
+                    handle.write(buffer.getbuffer())
+                op.add_bytes(Phase.WRITE, buffer.getbuffer().nbytes)
+            committing = time.time_ns()
+        op.add_interval(Phase.COMMIT, committing, time.time_ns())
     return str(final)

@@ -12,12 +12,15 @@ pieces further and packs them into files in state-dict order.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass, field, replace
 
+from ckptprof import schema
 from ckptprof.errors import CkptprofError
-from ckptprof.synth.presets import BF16, DTYPE_SIZE, FP32, ModelPreset, get_preset
+from ckptprof.synth import ranges
+from ckptprof.synth.presets import BF16, DTYPE_SIZE, FP32, PRESETS, ModelPreset, get_preset
 
 GROUP_MODEL = "model"
 GROUP_EXP_AVG = "exp_avg"
@@ -25,9 +28,37 @@ GROUP_EXP_AVG_SQ = "exp_avg_sq"
 GROUP_MASTER = "master"
 
 
+SPEC_FIX = "regenerate the checkpoint with `ckptprof synth generate`"
+
+
+@functools.cache
+def spec_schema() -> schema.Check:
+    """What a :class:`SynthSpec` (as stored in a manifest) may hold."""
+    from ckptprof.synth.layouts import LAYOUT_NAMES  # the layouts import this module
+
+    return schema.record(
+        {
+            "model": schema.text(choices=PRESETS),
+            "layout": schema.text(choices=LAYOUT_NAMES),
+            "scale": ranges.SCALE,
+            "ranks": ranges.RANKS,
+            "optimizer": schema.boolean(),
+            "master_weights": schema.boolean(),
+            "files": schema.optional(ranges.FILES),
+            "step": ranges.STEP,
+            "seed": ranges.SEED,
+        },
+        required=("model", "layout"),
+    )
+
+
 @dataclass(frozen=True)
 class SynthSpec:
-    """The knobs of ``ckptprof synth generate``; stored in the manifest."""
+    """The knobs of ``ckptprof synth generate``; stored in the manifest.
+
+    Checked on construction (:func:`spec_schema`), so a plan is never built from a
+    value out of range, whether it came from the CLI, code or a manifest.
+    """
 
     model: str
     layout: str
@@ -39,6 +70,11 @@ class SynthSpec:
     step: int = 1000
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        schema.require(
+            self.to_dict(), spec_schema(), "synthetic spec", "see `ckptprof synth generate --help`"
+        )
+
     def preset(self) -> ModelPreset:
         return get_preset(self.model).scaled(self.scale)
 
@@ -49,7 +85,9 @@ class SynthSpec:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @classmethod
-    def from_dict(cls, data: dict) -> SynthSpec:
+    def from_dict(cls, data: dict, where: str = "spec") -> SynthSpec:
+        """The spec a manifest recorded; a wrong type or range names ``where`` and the field."""
+        schema.require(data, spec_schema(), where, SPEC_FIX)
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
@@ -216,6 +254,7 @@ def rank_files(spec: SynthSpec, preset: ModelPreset) -> list[tuple[int, int, lis
     """(rank, file index, pieces) for layouts where every rank writes its own shard of
     every state group, split into ``--files / ranks`` files per rank."""
     per_rank = files_per_rank(spec)
+    check_ranks_have_data(spec, preset)
     out = []
     for rank in range(spec.ranks):
         pieces: list[Piece] = []
@@ -224,6 +263,29 @@ def rank_files(spec: SynthSpec, preset: ModelPreset) -> list[tuple[int, int, lis
         for k, group_pieces in enumerate(pack_in_order(pieces, per_rank)):
             out.append((rank, k, group_pieces))
     return out
+
+
+def ranks_reached(heights: set[int], ranks: int) -> int:
+    """How many of ``ranks`` get rows of at least one tensor of these heights.
+
+    ``torch.chunk`` sharding gives a tensor of R rows to ``ceil(R / ceil(R / W))`` of W
+    ranks, which is not monotonic in R or W, so every height counts.
+    """
+    return max(math.ceil(r / math.ceil(r / ranks)) for r in heights)
+
+
+def check_ranks_have_data(spec: SynthSpec, preset: ModelPreset) -> None:
+    """Every rank must hold a dim-0 slice of some tensor, or its files would be empty."""
+    heights = {t.shape[0] if t.shape else 1 for t in preset.tensors()}
+    reached = ranks_reached(heights, spec.ranks)
+    if reached < spec.ranks:
+        best = next(w for w in range(reached, 0, -1) if ranks_reached(heights, w) == w)
+        raise CkptprofError(
+            f"--ranks {spec.ranks}: {spec.model} at --scale {spec.scale:g} has at most "
+            f"{max(heights)} rows in any tensor, so sharded by rows only {reached} of the ranks "
+            f"would hold data; use --ranks {best} (the largest count below {spec.ranks} where "
+            "every rank gets rows) or a larger --scale."
+        )
 
 
 def files_per_rank(spec: SynthSpec, default: int = 1) -> int:

@@ -19,21 +19,38 @@ from pathlib import Path
 
 import psutil
 
-from ckptprof.errors import CkptprofError, StorageError
+from ckptprof import schema
+from ckptprof.atomic import atomic_write
+from ckptprof.errors import CkptprofError, StorageError, UnreachableError
 from ckptprof.fetch import DEFAULT_PART_SIZE, HostBuffer, download, fetch
-from ckptprof.manifest import MANIFEST_NAME, Manifest, verify_buffers
+from ckptprof.manifest import (
+    GENERATING_NAME,
+    MANIFEST_NAME,
+    VERIFY_MODES,
+    Manifest,
+    verify_buffers,
+)
 from ckptprof.phases import RESTORE_PHASES, Attr, Phase
+from ckptprof.preflight import check_output_dir
 from ckptprof.storage import PosixStorage, open_storage
 from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.synth import ceiling as ceiling_mod
+from ckptprof.synth import ranges
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.plan import SynthSpec
 from ckptprof.tracing.recorder import CheckpointTracer, Operation
 
 COLD_RESIDENCY_LIMIT = 0.05
-# failures worth counting and moving past in a sweep; anything else stops it at once
+# failures worth counting and moving past in a sweep; anything else (an UnreachableError
+# included: a storage that stopped answering) stops it at once
 TRANSIENT_ERRORS = (StorageError, EOFError, ConnectionError, TimeoutError)
 MEMORY_HEADROOM = 0.85
+# what a run leaves in --out and in the trace folder, upper estimates from measured runs
+RESULTS_BASE_BYTES = 64 << 10
+RESULTS_PER_RUN_BYTES = 4 << 10
+TRACE_PER_RUN_BYTES = 32 << 10
+TRACE_PER_FILE_SPAN_BYTES = 2 << 10
+STAGE_HEADROOM_BYTES = 64 << 20
 
 
 @dataclass
@@ -55,27 +72,27 @@ class RestoreOptions:
     deadline_s: float = 120.0
 
     def validate(self) -> None:
-        for cache in self.caches:
-            if cache not in ("cold", "hot"):
-                raise CkptprofError(f"--cache {cache!r} is not valid; expected cold, hot or both.")
-        if not self.concurrency or min(self.concurrency) < 1:
-            raise CkptprofError("--concurrency needs positive integers, e.g. 1,8,16.")
-        if self.repeat < 1:
-            raise CkptprofError(f"--repeat {self.repeat} must be at least 1.")
-        if self.world_size is not None and self.world_size < 1:
-            raise CkptprofError(f"--world-size {self.world_size} must be at least 1.")
-        if self.ceiling_gbps is not None and self.ceiling_gbps <= 0:
-            raise CkptprofError(f"--ceiling-gbps {self.ceiling_gbps} must be positive.")
-        if not self.caches:
-            raise CkptprofError("--cache needs cold, hot or cold,hot.")
+        """Every option in range (the CLI checked them already; code may not have)."""
+        checks = (
+            ("--cache", list(self.caches), schema.items(schema.text(choices=ranges.CACHES))),
+            ("--concurrency", list(self.concurrency), schema.items(ranges.CONCURRENCY)),
+            ("--repeat", self.repeat, ranges.REPEAT),
+            ("--verify", self.verify, schema.text(choices=VERIFY_MODES)),
+            ("--world-size", self.world_size, schema.optional(ranges.RANKS)),
+            ("--part-size", self.part_size, ranges.PART_SIZE),
+            ("--ceiling-gbps", self.ceiling_gbps, schema.optional(ranges.GBPS)),
+            ("--deadline", self.deadline_s, ranges.SECONDS),
+        )
+        for option, value, check in checks:
+            problem = check(value)
+            if problem is not None:
+                raise CkptprofError(f"{problem.under(option)}.")
+        if not self.caches or not self.concurrency:
+            raise CkptprofError("--cache and --concurrency need at least one value each.")
         if self.direct_io and self.part_size % 4096:
             raise CkptprofError(
                 f"--part-size {self.part_size} must be a multiple of 4096 with --direct-io."
             )
-        if self.part_size < 4096:
-            raise CkptprofError(f"--part-size {self.part_size} must be at least 4096 bytes.")
-        if self.deadline_s <= 0:
-            raise CkptprofError(f"--deadline {self.deadline_s} must be positive (seconds).")
 
 
 @dataclass
@@ -107,15 +124,12 @@ class RestoreRunner:
             location, max(options.concurrency), direct_io=options.direct_io
         )
         self.manifest = self._read_manifest()
-        try:
-            self.spec = SynthSpec.from_dict(self.manifest.spec)
-        except TypeError as exc:
-            raise CkptprofError(f"{self._where(MANIFEST_NAME)}: bad spec ({exc}).") from None
+        self.spec = SynthSpec.from_dict(self.manifest.spec, f"{self._where(MANIFEST_NAME)}: spec")
         self.layout = get_layout(self.spec.layout)
         self.plan = self.layout.plan(self.spec)
         self.world_size = options.world_size or self.spec.ranks
         self.paths = sorted(self.manifest.files)
-        ensure_open_files(len(self.paths))
+        ensure_open_files(max(options.concurrency))
         self.check_listing(self.storage.list())  # fail before any cache work or timing
         self.model = self.optimizer = None
         self._emulated_step: tuple[float, str] | None = None
@@ -140,11 +154,36 @@ class RestoreRunner:
                     f"{self.storage.uri}: no such checkpoint location; check the path, or "
                     "create one with `ckptprof synth generate`."
                 ) from None
+            if self.storage.exists(GENERATING_NAME):
+                raise CkptprofError(
+                    f"{self._where(MANIFEST_NAME)} is missing: the `ckptprof synth generate` "
+                    f"that wrote {self.storage.uri} did not finish ({GENERATING_NAME} is there); "
+                    "run it again with --force."
+                ) from None
             raise CkptprofError(
                 f"{self._where(MANIFEST_NAME)} is missing: this is not a complete ckptprof "
                 "checkpoint (generation unfinished?); run `ckptprof synth generate` first."
             ) from None
         return Manifest.from_json(raw, self._where(MANIFEST_NAME))
+
+    def check_outputs(self, out_dir: Path, trace_dir: Path) -> None:
+        """Every folder the run writes takes a write and has room, before any timed work."""
+        runs = len(self.options.concurrency) * self.options.repeat * len(self.caches)
+        results = RESULTS_BASE_BYTES + runs * RESULTS_PER_RUN_BYTES
+        if self.options.simulate_interruption:  # the emergency save lands in --out too
+            results += self.manifest.total_bytes
+        check_output_dir(out_dir, "--out", results)
+        per_run = TRACE_PER_RUN_BYTES
+        if self.options.per_file_spans:
+            per_run += len(self.paths) * TRACE_PER_FILE_SPAN_BYTES
+        check_output_dir(trace_dir, "--trace-dir", runs * per_run)
+        if self.options.stage_dir is not None:
+            check_output_dir(
+                Path(self.options.stage_dir),
+                "--stage",
+                self.manifest.total_bytes + STAGE_HEADROOM_BYTES,
+                len(self.paths) + 16,
+            )
 
     def check_memory(self) -> None:
         """Refuse early when fetched bytes plus the restored state cannot fit."""
@@ -309,6 +348,8 @@ class RestoreRunner:
                 for cache in self.caches:
                     try:
                         run = self.run_once(cache, concurrency, repeat)
+                    except UnreachableError:
+                        raise
                     except TRANSIENT_ERRORS as exc:
                         failures.append(
                             {
@@ -351,12 +392,13 @@ class RestoreRunner:
 
     def _fetch(self, infos: list[ObjectInfo], concurrency: int, op: Operation):
         """Straight into memory, or (``--stage DIR``) download to local disk, then read."""
+        import tempfile
+
         part, progress = self.options.part_size, self.options.progress
-        stage = self.options.stage_dir
-        if stage is None:
+        if self.options.stage_dir is None:
             return fetch(self.storage, infos, concurrency, op, part, progress)
-        stage = Path(stage) / "ckptprof-stage"
-        shutil.rmtree(stage, ignore_errors=True)
+        # a fresh folder of our own: nothing already in DIR is ever written or removed
+        stage = Path(tempfile.mkdtemp(prefix="ckptprof-stage-", dir=self.options.stage_dir))
         try:
             t0 = time.perf_counter()
             download(self.storage, infos, stage, concurrency, op, part, progress)
@@ -481,21 +523,27 @@ class RestoreRunner:
 # ---------------------------------------------------------------- results
 
 
-def ensure_open_files(count: int, spare: int = 128) -> None:
-    """Every fetched file holds its buffer's descriptor, and an mmap loader opens it once
-    more, until the run ends: make room for both, or say how."""
+OPEN_FILES_SPARE = 64  # the interpreter, torch, telemetry and the report (measured ~20)
+
+
+def ensure_open_files(concurrency: int, spare: int = OPEN_FILES_SPARE) -> None:
+    """Each request in flight holds at most two descriptors (the file or socket it reads,
+    the staged copy it writes); fetched bytes hold none, so the file count does not matter.
+    Raise the soft limit to make room, or say which --concurrency fits."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 2 * count + spare
+    need = 2 * concurrency + spare
     if soft != resource.RLIM_INFINITY and soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(need, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
         soft = max(soft, target)
     if soft != resource.RLIM_INFINITY and soft < need:
+        fits = max(1, (soft - spare) // 2)
         raise CkptprofError(
-            f"the checkpoint has {count} files but only {soft} may be open at once "
-            f"(`ulimit -n`, hard limit {hard}); raise it with `ulimit -n {need}`."
+            f"--concurrency {concurrency} needs about {need} open files but only {soft} may "
+            f"be open at once (`ulimit -n`, hard limit {hard}); use --concurrency {fits} or "
+            "less."
         )
 
 
@@ -535,7 +583,7 @@ def write_results(out_dir: Path, payload: dict, runs: list[RunRecord]) -> tuple[
     """results.json and results.csv, each written to a temp name and renamed."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, csv_path = out_dir / "results.json", out_dir / "results.csv"
-    _atomic_write(json_path, json.dumps(payload, indent=2, default=str))
+    atomic_write(json_path, json.dumps(payload, indent=2, default=str))
     buf = io.StringIO()
     phase_names = [p.value for p in RESTORE_PHASES]
     writer = csv.writer(buf)
@@ -574,17 +622,8 @@ def write_results(out_dir: Path, payload: dict, runs: list[RunRecord]) -> tuple[
                 r.trace_id,
             ]
         )
-    _atomic_write(csv_path, buf.getvalue())
+    atomic_write(csv_path, buf.getvalue())
     return json_path, csv_path
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def run_restore(
@@ -606,6 +645,7 @@ def run_restore(
     )
     try:
         runner = RestoreRunner(location, options, tracer)
+        runner.check_outputs(out_dir, telemetry.trace_file.parent)
         runner.check_memory()
         if options.first_step and not runner.build_model():
             echo("first_step will be emulated (model does not fit, or world size > 1).")
@@ -634,14 +674,14 @@ def run_restore(
         except BaseException:
             if runner.runs:  # keep what was measured before the interruption
                 payload = _payload(runner, options, ceiling, telemetry, partial=True)
-                json_path, _ = write_results(out_dir, payload, runner.runs)
+                json_path, _ = _save_results(out_dir, payload, runner.runs, telemetry)
                 echo(f"partial results of {len(runner.runs)} runs: {json_path}")
             raise
         attempted = len(runs) + len(failures)
         stats = runner.storage.stats
         payload = _payload(runner, options, ceiling, telemetry)
-        json_path, csv_path = write_results(out_dir, payload, runs)
-        echo(f"results: {json_path} and {csv_path}; traces: {telemetry.trace_file}")
+        json_path, csv_path = _save_results(out_dir, payload, runs, telemetry)
+        echo(f"results: {json_path} and {csv_path}; {telemetry.describe_trace()}")
         if stats.retries or stats.errors or failures:
             echo(
                 f"storage: {stats.requests} requests, {stats.retries} retries, "
@@ -655,6 +695,21 @@ def run_restore(
         return payload
     finally:
         telemetry.shutdown()
+
+
+def _save_results(out_dir: Path, payload: dict, runs: list[RunRecord], telemetry):
+    """write_results, or an error that names the file and where the runs still are."""
+    telemetry.flush()
+    try:
+        return write_results(out_dir, payload, runs)
+    except OSError as exc:
+        kept = (
+            f"; the {len(runs)} runs are in {telemetry.trace_file} "
+            f"(`ckptprof report {telemetry.trace_file}`)"
+            if telemetry.trace_written
+            else ""
+        )
+        raise StorageError(f"could not write the results: {exc}{kept}.") from None
 
 
 def _payload(runner, options, ceiling, telemetry, partial: bool = False) -> dict:

@@ -2,8 +2,9 @@
 standard ``OTEL_*`` variables ask for it.
 
 Export is a guest in the training job: it runs on background threads, an
-unreachable collector or an unwritable trace directory costs one warning, and
-shutdown never waits longer than a bounded time.
+unreachable collector or an unwritable (or full) trace directory costs one warning,
+and shutdown never waits longer than a bounded time: for the collector, its request
+timeout and a little more, so a collector that never answers is still reported.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ TRACE_DIR_ENV = "CKPTPROF_TRACE_DIR"
 DEFAULT_TRACE_DIR = "ckptprof-traces"
 DEFAULT_OTLP_TIMEOUT_S = 3.0
 FILE_FLUSH_TIMEOUT_S = 5.0
-NETWORK_FLUSH_TIMEOUT_S = 2.0
+PROVIDER_SHUTDOWN_TIMEOUT_S = 2.0
+# shutdown waits for the collector this much longer than a request may take, so the
+# last batch's failure (and its warning) is seen before the process ends
+NETWORK_FLUSH_MARGIN_S = 2.0
+_OTLP_TIMEOUT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 
 
 def span_to_json_line(span: ReadableSpan) -> str:
@@ -45,7 +50,8 @@ def span_to_json_line(span: ReadableSpan) -> str:
 
 
 class JsonLinesSpanExporter(SpanExporter):
-    """Appends one span per line to a file; disk trouble is a single warning."""
+    """Appends one span per line to a file; disk trouble is a single warning, after
+    which it writes nothing more (a full disk stays full)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -62,8 +68,14 @@ class JsonLinesSpanExporter(SpanExporter):
                 self._fail(exc)
         return self._file
 
+    @property
+    def failed(self) -> bool:
+        """Whether writing stopped after an error: the file is missing spans."""
+        return self._failed
+
     def _fail(self, exc: OSError) -> None:
         self._failed = True
+        self._close()
         log.warning(
             "ckptprof: cannot write the trace file %s (%s); spans are not saved locally. "
             "Set %s or --trace-dir to a writable directory.",
@@ -74,6 +86,8 @@ class JsonLinesSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         with self._lock:
+            if self._failed:
+                return SpanExportResult.FAILURE
             handle = self._open()
             if handle is None:
                 return SpanExportResult.FAILURE
@@ -85,12 +99,15 @@ class JsonLinesSpanExporter(SpanExporter):
                 return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
+    def _close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
     def shutdown(self) -> None:
         with self._lock:
-            if self._file is not None:
-                with contextlib.suppress(OSError):
-                    self._file.close()
-                self._file = None
+            self._close()
 
 
 # Endpoints already warned about, process-wide: a job that makes several exporters
@@ -101,9 +118,11 @@ _WARNED_ENDPOINTS: set[str] = set()
 class WarnOnceExporter(SpanExporter):
     """Wraps a network exporter: failures become one warning, never an exception."""
 
-    def __init__(self, inner: SpanExporter, description: str) -> None:
+    def __init__(self, inner: SpanExporter, description: str, timeout_s: float) -> None:
         self.inner = inner
         self.description = description
+        #: how long one export may take (the SDK's own retries included)
+        self.timeout_s = timeout_s
         self._warned = False
         self._gate_logs()
 
@@ -187,13 +206,24 @@ def _otlp_exporter() -> WarnOnceExporter | None:
     # The SDK reads endpoint, headers and compression from the OTEL_* variables. Its
     # default timeout (10 s of retries) is shortened unless the user set one, so a
     # collector that is down cannot hold the end of a training job for long.
-    timeout_set = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT" in os.environ or (
-        "OTEL_EXPORTER_OTLP_TIMEOUT" in os.environ
-    )
-    exporter = (
-        OTLPSpanExporter() if timeout_set else OTLPSpanExporter(timeout=DEFAULT_OTLP_TIMEOUT_S)
-    )
-    return WarnOnceExporter(exporter, f"OTLP endpoint {_safe_endpoint(endpoint)}")
+    timeout_s = _otlp_timeout_s()
+    exporter = OTLPSpanExporter(timeout=timeout_s)
+    return WarnOnceExporter(exporter, f"OTLP endpoint {_safe_endpoint(endpoint)}", timeout_s)
+
+
+def _otlp_timeout_s() -> float:
+    """The request timeout the OTLP exporter works with: the user's (in seconds, as the
+    Python SDK reads it), else ckptprof's short default."""
+    for name in _OTLP_TIMEOUT_ENVS:
+        if name in os.environ:
+            try:
+                value = float(os.environ[name])
+            except ValueError:
+                log.warning("ckptprof: ignoring %s=%r (not a number)", name, os.environ[name])
+                continue
+            if value > 0:
+                return value
+    return DEFAULT_OTLP_TIMEOUT_S
 
 
 def _strip_url_secrets(text: str) -> str:
@@ -227,6 +257,24 @@ class Telemetry:
     run_id: str
     file_processor: BatchSpanProcessor | None = None
     network_processor: BatchSpanProcessor | None = None
+    file_exporter: JsonLinesSpanExporter | None = None
+    network_exporter: WarnOnceExporter | None = None
+
+    @property
+    def trace_written(self) -> bool:
+        """Whether the trace file holds every span so far (flush first)."""
+        return (
+            self.file_exporter is not None
+            and not self.file_exporter.failed
+            and self.trace_file is not None
+            and self.trace_file.exists()
+        )
+
+    def describe_trace(self) -> str:
+        """Where the spans went, for a run's last line: never a path to an empty file."""
+        if self.trace_written:
+            return f"traces: {self.trace_file}"
+        return f"traces: not written to {self.trace_file} (see the warning above)"
 
     def flush(self, wait: bool = True) -> None:
         """Make the trace file complete now (bounded); network export stays in background.
@@ -234,27 +282,41 @@ class Telemetry:
         ``wait=False`` starts the flush and returns at once (off the job's critical path).
         """
         if self.file_processor is not None:
-            _bounded(lambda: self.file_processor.force_flush(), FILE_FLUSH_TIMEOUT_S if wait else 0)
+            _bounded(
+                lambda: self.file_processor.force_flush(),
+                FILE_FLUSH_TIMEOUT_S if wait else 0,
+                "the trace file",
+            )
 
     def shutdown(self) -> None:
-        """Flush the trace file, give the network exporter a short chance, never hang."""
+        """Flush the trace file, give the collector its request timeout, never hang."""
         if self.file_processor is not None:
-            _bounded(self.file_processor.shutdown, FILE_FLUSH_TIMEOUT_S)
-        if self.network_processor is not None:
-            _bounded(self.network_processor.shutdown, NETWORK_FLUSH_TIMEOUT_S, quiet=True)
+            _bounded(self.file_processor.shutdown, FILE_FLUSH_TIMEOUT_S, "the trace file")
+        if self.network_processor is not None and self.network_exporter is not None:
+            _bounded(
+                self.network_processor.shutdown,
+                self.network_exporter.timeout_s + NETWORK_FLUSH_MARGIN_S,
+                self.network_exporter.description,
+            )
         # processors are down: this only unregisters the SDK's exit handler
-        _bounded(self.provider.shutdown, NETWORK_FLUSH_TIMEOUT_S, quiet=True)
+        _bounded(self.provider.shutdown, PROVIDER_SHUTDOWN_TIMEOUT_S)
 
 
-def _bounded(fn, timeout_s: float, quiet: bool = False) -> None:
-    """Run ``fn`` on a daemon thread and stop waiting after ``timeout_s``."""
+def _bounded(fn, timeout_s: float, target: str | None = None) -> None:
+    """Run ``fn`` on a daemon thread and stop waiting after ``timeout_s``; a wait that
+    runs out is a warning naming ``target`` (None: quiet)."""
     worker = threading.Thread(target=fn, name="ckptprof-export", daemon=True)
     worker.start()
     if timeout_s <= 0:
         return
     worker.join(timeout_s)
-    if worker.is_alive() and not quiet:
-        log.warning("ckptprof: span export did not finish within %.0f s; not waiting.", timeout_s)
+    if worker.is_alive() and target is not None:
+        log.warning(
+            "ckptprof: span export to %s did not finish within %.0f s; not waiting "
+            "(spans still in flight are lost).",
+            target,
+            timeout_s,
+        )
 
 
 def _batch(exporter: SpanExporter, **kwargs) -> BatchSpanProcessor:
@@ -320,12 +382,21 @@ def setup_telemetry(
         resource=build_resource(service_name), sampler=ALWAYS_ON, id_generator=OsRandomIdGenerator()
     )
     trace_file = resolve_trace_dir(trace_dir) / f"{run_id}-{os.getpid()}.jsonl"
-    file_processor = _batch(JsonLinesSpanExporter(trace_file), schedule_delay_millis=500)
+    file_exporter = JsonLinesSpanExporter(trace_file)
+    file_processor = _batch(file_exporter, schedule_delay_millis=500)
     provider.add_span_processor(file_processor)
-    network_processor = None
+    network_processor = network_exporter = None
     if otlp if otlp is not None else _otlp_requested():
-        exporter = _otlp_exporter()
-        if exporter is not None:
-            network_processor = _batch(exporter)
+        network_exporter = _otlp_exporter()
+        if network_exporter is not None:
+            network_processor = _batch(network_exporter)
             provider.add_span_processor(network_processor)
-    return Telemetry(provider, trace_file, run_id, file_processor, network_processor)
+    return Telemetry(
+        provider,
+        trace_file,
+        run_id,
+        file_processor,
+        network_processor,
+        file_exporter,
+        network_exporter,
+    )

@@ -41,6 +41,15 @@ def unreadable(path: str, exc: Exception):
 class Layout(ABC):
     name: str
     format: str
+    #: bytes a data file holds beyond its tensor payload, per file and per piece
+    #: (archive headers, pickles, RNG state, index entries), measured with a margin; they
+    #: dominate checkpoints of many small files, so space checks must count them
+    file_overhead: int = 8 << 10
+    piece_overhead: int = 512
+
+    def overhead(self, file: FilePlan) -> int:
+        """Bytes ``file`` takes beyond its payload (an upper estimate)."""
+        return self.file_overhead + self.piece_overhead * len(file.pieces)
 
     @abstractmethod
     def plan(self, spec: SynthSpec) -> CheckpointPlan:

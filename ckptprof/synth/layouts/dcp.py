@@ -77,6 +77,9 @@ def _read_metadata(raw: bytes) -> Metadata:
 class DcpLayout(Layout):
     name = "dcp"
     format = "dcp"
+    # each piece is its own torch.save archive (~1.6 KB) plus its entry in .metadata
+    file_overhead = 0
+    piece_overhead = 2560
 
     def plan(self, spec: SynthSpec) -> CheckpointPlan:
         preset = spec.preset()

@@ -17,7 +17,7 @@ import torch
 from ckptprof.errors import CkptprofError
 from ckptprof.synth.layouts.base import Layout
 from ckptprof.synth.layouts.small_files import small_file_bytes
-from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
+from ckptprof.synth.layouts.torchfile import fake_tensor, load_fetched, write_torch_save
 from ckptprof.synth.plan import (
     GROUP_MASTER,
     GROUP_MODEL,
@@ -142,7 +142,7 @@ class DeepSpeedLayout(Layout):
         return [f.path for f in plan.files]
 
     def deserialize(self, plan, file, buffer) -> dict[Piece, torch.Tensor]:
-        obj = torch.load(buffer.path, map_location="cpu", mmap=True, weights_only=True)
+        obj = load_fetched(buffer)
         if file.kind == "model_states":
             return {p: obj["module"][p.key] for p in file.pieces}
         osd = obj["optimizer_state_dict"]

@@ -17,7 +17,7 @@ import torch
 
 from ckptprof.synth.layouts.base import Layout
 from ckptprof.synth.layouts.small_files import hf_small_files, small_file_bytes
-from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
+from ckptprof.synth.layouts.torchfile import fake_tensor, load_fetched, write_torch_save
 from ckptprof.synth.plan import (
     GROUP_MODEL,
     CheckpointPlan,
@@ -48,6 +48,27 @@ def _header(pieces: tuple[Piece, ...]) -> bytes:
     return raw + b" " * (-len(raw) % 8)
 
 
+_TORCH_DTYPES = {v: getattr(torch, k) for k, v in _ST_DTYPES.items()}
+
+
+def read_safetensors(buffer) -> dict[str, torch.Tensor]:
+    """The tensors of a fetched ``.safetensors`` file, in place (what ``safe_open`` does
+    over its mmap: parse the JSON header, view each tensor's byte range; no copy)."""
+    length = int.from_bytes(buffer.view[:8], "little")
+    header = json.loads(bytes(buffer.view[8 : 8 + length]))
+    base = 8 + length
+    out = {}
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        dtype = _TORCH_DTYPES[info["dtype"]]
+        count = (end - start) // dtype.itemsize
+        flat = torch.frombuffer(buffer.view, dtype=dtype, count=count, offset=base + start)
+        out[key] = flat.view(info["shape"])
+    return out
+
+
 def _param_index(plan: CheckpointPlan) -> dict[str, int]:
     """Parameter name -> its index in the optimizer state, as ``optimizer.state_dict()`` has."""
     return {t.name: i for i, t in enumerate(plan.preset.tensors())}
@@ -56,6 +77,13 @@ def _param_index(plan: CheckpointPlan) -> dict[str, int]:
 class SafetensorsLayout(Layout):
     name = "safetensors"
     format = "safetensors"
+
+    def overhead(self, file: FilePlan) -> int:
+        """Shards: 8 bytes plus a JSON header entry (and an index entry) per tensor; the
+        optimizer file is a torch.save archive."""
+        if file.kind == "weights":
+            return 64 + 384 * len(file.pieces)
+        return super().overhead(file)
 
     def plan(self, spec: SynthSpec) -> CheckpointPlan:
         preset = spec.preset()
@@ -122,10 +150,8 @@ class SafetensorsLayout(Layout):
 
     def deserialize(self, plan, file, buffer) -> dict[Piece, torch.Tensor]:
         if file.kind == "weights":
-            from safetensors import safe_open
-
-            with safe_open(buffer.path, framework="pt") as handle:
-                return {p: handle.get_tensor(p.key) for p in file.pieces}
-        obj = torch.load(buffer.path, map_location="cpu", mmap=True, weights_only=True)
+            tensors = read_safetensors(buffer)
+            return {p: tensors[p.key] for p in file.pieces}
+        obj = load_fetched(buffer)
         index = _param_index(plan)
         return {p: obj["state"][index[p.name]][p.group] for p in file.pieces}

@@ -14,12 +14,15 @@ import struct
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ckptprof.synth.fill import RandomFiller
 from ckptprof.synth.plan import Piece
+
+if TYPE_CHECKING:
+    from ckptprof.fetch import HostBuffer
 
 
 def fake_tensor(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
@@ -27,6 +30,24 @@ def fake_tensor(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
 
     with FakeTensorMode():
         return torch.empty(shape, dtype=getattr(torch, dtype))
+
+
+def load_fetched(buffer: HostBuffer) -> Any:
+    """``torch.load(path, mmap=True, weights_only=True)`` of fetched bytes, in place.
+
+    The bytes are in memory with no path (fetch holds no file descriptor per file), and
+    torch.load maps only paths, so this takes torch.load's own mmap steps on the buffer:
+    its zip reader, its weights-only unpickler, and one storage over the whole archive
+    that every tensor is a slice of (no copy, as with mmap). Private torch API, stable
+    since mmap loading arrived (2.1); tests check the tensors alias the buffer.
+    """
+    from torch import serialization
+
+    whole = torch.frombuffer(buffer.view, dtype=torch.uint8).untyped_storage()
+    with serialization._open_zipfile_reader(buffer.reader()) as archive:
+        return serialization._load(
+            archive, "cpu", serialization._weights_only_unpickler, overall_storage=whole
+        )
 
 
 def fake_pieces(pieces: list[Piece] | tuple[Piece, ...]) -> dict[str, torch.Tensor]:

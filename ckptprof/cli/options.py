@@ -1,0 +1,113 @@
+"""Typed option values: argparse checks types and ranges before any work is done.
+
+Each type function parses the text and checks it against the same ranges the library
+uses (:mod:`ckptprof.synth.ranges`); :class:`Parser` prints argparse's complaint as the
+one line every ckptprof error is (``ckptprof: error: --ranks: expected …``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ckptprof import schema
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors that name the option and point at its help."""
+
+    def error(self, message: str) -> NoReturn:
+        text = message.removeprefix("argument ")
+        self.exit(2, f"ckptprof: error: {text} (see `{self.prog} --help`)\n")
+
+
+def _checked(parse: Callable[[str], Any], check: schema.Check) -> Callable[[str], Any]:
+    """An argparse ``type``: ``parse(text)``, then ``check``; the message quotes the text."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+        except (ValueError, OverflowError):
+            value = text
+        problem = check(value)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"expected {problem.expected}, got {text!r}")
+        return value
+
+    return convert
+
+
+def whole(check: schema.Check) -> Callable[[str], int]:
+    """A whole number in ``check``'s range (``--ranks 8``)."""
+    return _checked(int, check)
+
+
+def real(check: schema.Check) -> Callable[[str], float]:
+    """A finite number in ``check``'s range (``--bandwidth-gbps 2.5``)."""
+    return _checked(float, check)
+
+
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``16M``, ``16MiB``, ``512k`` or plain bytes; ``ValueError``/``OverflowError`` if not."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    if t and t[-1] in _UNITS:
+        return int(float(t[:-1]) * _UNITS[t[-1]])
+    return int(t)
+
+
+def size(check: schema.Check) -> Callable[[str], int]:
+    """A byte count like ``16M`` in ``check``'s range."""
+
+    def in_bytes(value: Any) -> schema.Problem | None:
+        problem = check(value)
+        if problem is None:
+            return None
+        return schema.Problem("", f"a size like 16M: {problem.expected} bytes", value)
+
+    return _checked(parse_size, in_bytes)
+
+
+def int_list(check: schema.Check) -> Callable[[str], tuple[int, ...]]:
+    """Comma-separated whole numbers, each in ``check``'s range (``1,8,16``)."""
+
+    def convert(text: str) -> tuple[int, ...]:
+        items = [v.strip() for v in text.split(",") if v.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected at least one value, e.g. 1,8,16")
+        return tuple(whole(check)(item) for item in items)
+
+    return convert
+
+
+def choice_list(choices: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    """Comma-separated names, each one of ``choices`` (``cold,hot``)."""
+    one = _checked(str, schema.text(choices=choices))
+
+    def convert(text: str) -> tuple[str, ...]:
+        items = [v.strip() for v in text.split(",") if v.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected one or more of {', '.join(choices)}")
+        return tuple(one(item) for item in items)
+
+    return convert
+
+
+# not empty or blank (an empty path would mean the current folder), no NUL
+_PLACE = r"[^\0]*\S[^\0]*"
+_location = _checked(str, schema.text(pattern=_PLACE, expected="a folder or s3://bucket/prefix"))
+_directory = _checked(str, schema.text(pattern=_PLACE, expected="a folder"))
+
+
+def location(text: str) -> str:
+    """A checkpoint location (a path or ``s3://bucket/prefix``)."""
+    return _location(text)
+
+
+def directory(text: str) -> Path:
+    """A local folder to write into."""
+    return Path(_directory(text))

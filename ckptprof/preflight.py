@@ -1,0 +1,67 @@
+"""Check an output folder before any timed work: it can be written, and what will go
+there fits (bytes and files).
+
+A sweep that discovers an unwritable or full ``--out`` only when it writes its results
+has wasted the whole measurement, so every output (results, traces, the staging copy)
+is proved writable first, with a real write of a small file, and its free space and
+free inodes are compared with what the run will put there.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ckptprof.atomic import named
+from ckptprof.errors import CkptprofError
+
+PROBE_BYTES = 4096
+
+
+def check_output_dir(path: Path, option: str, need_bytes: int, need_files: int = 8) -> None:
+    """Create ``path`` and prove it takes a write; refuse when ``need_bytes`` or
+    ``need_files`` do not fit. Errors name ``option`` (``--out``…) and the folder."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        _probe_write(path)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise CkptprofError(
+            f"{option} {path}: cannot write there ({reason}); choose a writable folder "
+            "with free space."
+        ) from None
+    stats = os.statvfs(path)
+    free = stats.f_bavail * stats.f_frsize
+    if free < need_bytes:
+        raise CkptprofError(
+            f"{option} {path}: the run will write about {_mib(need_bytes)} there but only "
+            f"{_mib(free)} is free; free space or choose another folder."
+        )
+    if stats.f_files and stats.f_favail < need_files:
+        raise CkptprofError(
+            f"{option} {path}: the run will create {need_files} files there but the "
+            f"filesystem can create only {stats.f_favail} more (free inodes); free some or "
+            "choose another folder."
+        )
+
+
+def _probe_write(folder: Path) -> None:
+    """Write, fsync and remove a small file: permissions, read-only mounts, quotas and a
+    full disk all show here rather than after the sweep."""
+    fd, name = tempfile.mkstemp(prefix=".ckptprof-write-test-", dir=folder)
+    try:
+        written = 0
+        block = b"\0" * PROBE_BYTES
+        while written < PROBE_BYTES:
+            written += os.write(fd, block[written:])
+        os.fsync(fd)
+    except OSError as exc:
+        raise named(exc, name) from None
+    finally:
+        os.close(fd)
+        os.unlink(name)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"

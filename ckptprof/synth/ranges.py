@@ -1,0 +1,23 @@
+"""The valid ranges of the synthetic mode's knobs, in one place.
+
+The CLI's option types (:mod:`ckptprof.cli.options`), :class:`~ckptprof.synth.plan.SynthSpec`
+(also when read back from a manifest) and
+:meth:`~ckptprof.synth.restore.RestoreOptions.validate` all check against these, so a
+value is refused the same way wherever it comes from.
+"""
+
+from __future__ import annotations
+
+from ckptprof import schema
+
+RANKS = schema.integer(1, 65_536)
+FILES = schema.integer(1, 1_000_000)
+SCALE = schema.number(maximum=1, above=0)
+STEP = schema.integer(0)
+SEED = schema.integer(0)
+CONCURRENCY = schema.integer(1, 1024)
+REPEAT = schema.integer(1, 1000)
+PART_SIZE = schema.integer(4096, 1 << 30)
+GBPS = schema.number(above=0)
+SECONDS = schema.number(above=0)
+CACHES = ("cold", "hot")
