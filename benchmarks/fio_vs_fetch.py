@@ -3,7 +3,7 @@
 
 For every queue depth, fio reads every file of the checkpoint once, sequentially, with
 direct I/O (``--rw=read --direct=1 --ioengine=libaio --bs=<part> --iodepth=<qd>``), and
-ckptprof's ``fetch()`` reads the same files into its memfd-backed buffers with ``qd``
+ckptprof's ``fetch()`` reads the same files into its anonymous-memory buffers with ``qd``
 requests of ``<part>`` bytes in flight (exactly the fetch phase of ``ckptprof synth
 restore``). Both start cold: ``storage.evict()`` (fsync + POSIX_FADV_DONTNEED) runs before
 every run of every method and mincore measures the residency it left. The methods are
@@ -16,13 +16,13 @@ Extra columns (clearly not ckptprof's fetch):
   pre-faulted buffer at the same queue depth: the read path without the cost of fresh
   memory.
 - ``--diagnose`` adds: ``fio-buf`` (fio, buffered, io_uring, same qd: the kernel's buffered
-  path without Python), ``falloc`` (ckptprof's HostBuffers ``posix_fallocate``d before the
+  path without Python), ``prefault`` (ckptprof's HostBuffers faulted in whole before the
   reads, then ``read_into``), ``populate`` (each part's pages faulted in by one
   ``madvise(MADV_POPULATE_WRITE)`` in its thread, then ``read_into``), and ``odirect``
   (O_DIRECT ``preadv`` straight into fresh HostBuffers from the same thread pool: no
   page-cache copy). None of these change ckptprof; they show where its time goes.
 
-After each qd group a small probe times one thread writing a fresh 256 MiB memfd: the
+After each qd group a small probe times one thread writing a fresh 256 MiB anonymous mapping: the
 price of the fresh memory that every fetched byte lands in.
 
 Run ``python benchmarks/fio_vs_fetch.py --help``; see benchmarks/README.md.
@@ -165,9 +165,9 @@ FRESH_PROBE = 256 << 20
 
 
 def fresh_memory_gbps(size: int = FRESH_PROBE) -> float:
-    """GB/s of one thread writing a new memfd mapping: the price of fresh memory right now.
+    """GB/s of one thread writing a new anonymous mapping: the price of fresh memory right now.
 
-    fetch() lands every byte in fresh memfd pages (a fault and a zeroed page per 4 KiB);
+    fetch() lands every byte in fresh anonymous pages (a fault and a zeroed page per 4 KiB);
     fio reuses one buffer. On a VM this price moves with the host (the dev VM has shown
     0.6-1.9 GB/s). Runs after each qd group, never between an eviction and a timed run.
     """
@@ -529,17 +529,13 @@ class Bench:
         return self.total, seconds, probe, {}
 
     # -- diagnostics: what ckptprof's fetch would do with a different memory / I/O path
-    def falloc(self, qd: int) -> tuple:
+    def prefault(self, qd: int) -> tuple:
         with Probe(self.dev) as probe:
             t0 = time.perf_counter()
             bufs = {f.path: HostBuffer(f.size, f.path) for f in self.files}
-            for f in self.files:
-                if f.size:
-                    fd = os.open(bufs[f.path].path, os.O_RDWR)
-                    try:
-                        os.posix_fallocate(fd, 0, f.size)
-                    finally:
-                        os.close(fd)
+            for buf in bufs.values():  # every page faulted in before the reads (benchmark only)
+                if buf.size:
+                    buf._map.madvise(MADV_POPULATE_WRITE)
             t_alloc = time.perf_counter() - t0
 
             def read(req) -> None:
@@ -549,10 +545,10 @@ class Bench:
             with ThreadPoolExecutor(max_workers=qd) as pool:
                 list(pool.map(read, self.reqs))
             seconds = time.perf_counter() - t0
-        self._verify_once("falloc", bufs)
+        self._verify_once("prefault", bufs)
         for b in bufs.values():
             b.close()
-        return self.total, seconds, probe, {"fallocate_s": t_alloc}
+        return self.total, seconds, probe, {"prefault_s": t_alloc}
 
     def populate(self, qd: int) -> tuple:
         with Probe(self.dev) as probe:
@@ -656,10 +652,10 @@ class Bench:
 
 LABELS = {
     "fio": "fio, O_DIRECT, libaio, one reused buffer (the reference)",
-    "fetch": "ckptprof fetch(): buffered preadv into fresh memfd HostBuffers (the product)",
+    "fetch": "ckptprof fetch(): buffered preadv into fresh HostBuffers (the product)",
     "reuse": "ckptprof storage.read_into into one reused, pre-faulted buffer (read path only)",
     "fio-buf": "fio, buffered, io_uring, one reused buffer (kernel buffered path, no Python)",
-    "falloc": "fetch's buffers posix_fallocate'd first, then read_into (diagnostic)",
+    "prefault": "fetch's buffers faulted in whole first, then read_into (diagnostic)",
     "populate": "fetch's buffers, each part madvise(MADV_POPULATE_WRITE)d by its thread "
     "right before read_into (diagnostic)",
     "odirect": "O_DIRECT preadv into fresh HostBuffers, same pool (diagnostic)",
@@ -867,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--diagnose",
         action="store_true",
-        help="add diagnostic columns: fio buffered, fallocate, populate, O_DIRECT",
+        help="add diagnostic columns: fio buffered, prefault, populate, O_DIRECT",
     )
     ap.add_argument("--keep", action="store_true", help="keep a checkpoint this script made")
     ap.add_argument(
@@ -900,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
         print_env(env)
         methods = ["fio", "fetch"] + ([] if args.no_reuse else ["reuse"])
         if args.diagnose:
-            methods += ["fio-buf", "falloc", "populate", "odirect"]
+            methods += ["fio-buf", "prefault", "populate", "odirect"]
         print("\nmethods (evicted and checked cold before every run; order rotates per repeat)")
         for m in methods:
             print(f"  {m:<8} {LABELS[m]}")
@@ -949,7 +945,7 @@ def main(argv: list[str] | None = None) -> int:
         mem_rates = [p["gbps"] for p in mem_probes if p["repeat"] >= 0] or [0.0]
         mem_med, mem_lo, mem_hi = stats(mem_rates)
         print(
-            f"fresh memory (one thread writing a new {FRESH_PROBE >> 20} MiB memfd, after each qd"
+            f"fresh memory (one thread writing {FRESH_PROBE >> 20} MiB of new memory, after each qd"
             f" group): {mem_med:.2f} GB/s median ({mem_lo:.2f}-{mem_hi:.2f})"
         )
         busy = [r for r in timed if r.other_cores is not None and r.other_cores > BUSY_OTHER]
