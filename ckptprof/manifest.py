@@ -128,6 +128,72 @@ def entry_for_bytes(data) -> FileEntry:
     return FileEntry(len(data), hash_full(data), hash_sample(data))
 
 
+def check_digest(where: str, want: FileEntry, mode: str, got: str) -> None:
+    """``got`` (a ``full`` or ``sample`` xxh3) against the manifest; VerifyError naming it."""
+    expected = want.xxh3 if mode == "full" else want.sample_xxh3
+    if got != expected:
+        raise VerifyError(
+            f"{where}: xxh3 {got} does not match the manifest's {expected} "
+            f"({mode} check): the file is corrupt; regenerate or restore it."
+        )
+
+
+class StreamingDigest:
+    """The ``full`` (every byte) or ``sample`` (:func:`sample_ranges`) xxh3 of a file whose
+    bytes arrive as ranges, in any order; hashed in file order as they become contiguous."""
+
+    def __init__(self, size: int, mode: str) -> None:
+        self.mode = mode
+        self.ranges = [(0, size)] if mode == "full" else sample_ranges(size)
+        self._next = 0  # index of the range (or offset within the file) hashed next
+        self._position = self.ranges[0][0] if self.ranges else 0
+        self._waiting: dict[int, bytes] = {}
+        self._hash = xxhash.xxh3_64()
+        self.hashed = 0
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self.ranges)
+
+    @property
+    def next_offset(self) -> int:
+        """The file offset whose bytes are hashed next (the file's size when done)."""
+        return self._position if not self.done else self.ranges[-1][0] + self.ranges[-1][1]
+
+    def feed(self, offset: int, data) -> None:
+        """Bytes ``data`` at ``offset`` of the file (only what falls in a range counts);
+        bytes in order are hashed at once, others wait (copied) for their turn."""
+        view = memoryview(data)
+        for index, (start, length) in enumerate(self.ranges):
+            if index < self._next:
+                continue  # hashed already
+            lo, hi = max(offset, start), min(offset + len(view), start + length)
+            if index == self._next:
+                lo = max(lo, self._position)  # bytes seen twice (overlapping reads) count once
+            if hi <= lo:
+                continue
+            piece = view[lo - offset : hi - offset]
+            if not self.done and lo == self._position:
+                self._consume(piece)
+            else:
+                self._waiting[lo] = bytes(piece)
+            while not self.done and self._position in self._waiting:
+                self._consume(self._waiting.pop(self._position))
+
+    def _consume(self, piece) -> None:
+        self._hash.update(piece)
+        self.hashed += len(piece)
+        self._position += len(piece)
+        start, length = self.ranges[self._next]
+        if self._position >= start + length:
+            self._next += 1
+            if not self.done:
+                self._position = self.ranges[self._next][0]
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
 def verify_buffers(
     buffers: dict[str, object],
     manifest: Manifest,
@@ -151,12 +217,7 @@ def verify_buffers(
             )
         if mode in ("full", "sample"):
             got = hash_full(view) if mode == "full" else hash_sample(view)
-            expected = want.xxh3 if mode == "full" else want.sample_xxh3
-            if got != expected:
-                raise VerifyError(
-                    f"{location}/{path}: xxh3 {got} does not match the manifest's {expected} "
-                    f"({mode} check): the file is corrupt; regenerate or restore it."
-                )
+            check_digest(f"{location}/{path}", want, mode, got)
         if op is not None:
             nbytes = (
                 len(view)

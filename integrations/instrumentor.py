@@ -31,7 +31,7 @@ from ckptprof.integrations.patching import Patcher, Target, resolve
 from ckptprof.integrations.session import TracingSession
 from ckptprof.phases import Phase
 from ckptprof.state import StateStore
-from ckptprof.tracing.recorder import Operation, OperationSummary
+from ckptprof.tracing.recorder import Operation, OperationSummary, uncovered
 
 log = logging.getLogger("ckptprof")
 
@@ -242,7 +242,7 @@ class Instrumentor:
             try:
                 return fn(*args, **kwargs)
             finally:
-                for gap in gaps(start, time.time_ns(), taken):
+                for gap in uncovered(start, time.time_ns(), taken):
                     op.add_interval(phase, *gap)
 
     # ------------------------------------------------------------------ interruptions
@@ -300,18 +300,6 @@ class Instrumentor:
         return self._live.guard
 
 
-def gaps(start: int, end: int, intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The parts of [start, end) not covered by ``intervals``."""
-    out, cursor = [], start
-    for s, e in sorted(intervals):
-        if s > cursor:
-            out.append((cursor, s))
-        cursor = max(cursor, e)
-    if end > cursor:
-        out.append((cursor, end))
-    return out
-
-
 class GuestCallback:
     """What the framework callbacks share: their options, their last operations, and
     copying or pickling that carries the options only (live telemetry, locks and
@@ -341,4 +329,4 @@ class GuestCallback:
         return type(self)(**self._options)
 
 
-__all__ = ["GuestCallback", "Instrumentor", "check_interruption_options", "gaps"]
+__all__ = ["GuestCallback", "Instrumentor", "check_interruption_options"]

@@ -150,11 +150,30 @@ def test_non_empty_dest_needs_force(ckpt_copy):
         (["--ceiling-gbps", "inf"], ["--ceiling-gbps", "'inf'"]),
         (["--deadline", "-5"], ["--deadline", "'-5'"]),
         (["--out", ""], ["--out", "a folder"]),
+        (["--strategy", "lazy"], ["--strategy", "'lazy'", "staged, pipelined, framework"]),
+        (["--memory-budget", "lots"], ["--memory-budget", "'lots'", "like 16M"]),
+        (["--rank", "-1"], ["--rank", "'-1'"]),
+        (["--first-step-s", "soon"], ["--first-step-s", "'soon'"]),
     ],
 )
 def test_bad_restore_option_values(ckpt_copy, args, needles):
     result = restore_cli(ckpt_copy, *args)
     assert_one_line_error(result, *needles, "--help")
+    assert "ceiling" not in result.stdout  # refused before any work
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--memory-budget", "1M"], ["--memory-budget", "two --part-size", "lower"]),
+        (["--world-size", "2", "--rank", "2"], ["--rank 2", "--world-size 2", "0 to 1"]),
+        (["--rank", "1"], ["--rank 1", "pass --world-size"]),  # saved by 1: one rank only
+        (["--stage", "."], ["--stage .", "add staged to --strategy"]),  # pipelined has none
+    ],
+)
+def test_options_that_do_not_fit_together(ckpt_copy, args, needles):
+    result = restore_cli(ckpt_copy, *args)
+    assert_one_line_error(result, *needles)
     assert "ceiling" not in result.stdout  # refused before any work
 
 

@@ -124,7 +124,7 @@ def test_a_trace_file_that_fills_up_warns_once_and_is_not_reported_as_written(
 
 def test_a_stage_dir_without_room_is_refused_before_the_sweep(checkpoints, tmp_path):
     with small_fs(tmp_path / "stage", "1m") as stage:
-        result = restore_cli(checkpoints("torch"), "--stage", str(stage))
+        result = restore_cli(checkpoints("torch"), "--strategy", "staged", "--stage", str(stage))
         assert_refused_before_any_run(result, "--stage", str(stage), "MiB is free")
 
 

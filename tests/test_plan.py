@@ -16,7 +16,7 @@ from ckptprof.synth.plan import (
     whole_pieces,
 )
 from ckptprof.synth.presets import PRESETS, get_preset
-from ckptprof.synth.reshard import plan_reshard
+from ckptprof.synth.readplan import Source, flat_sources, plan_copies, plan_reads
 
 
 @pytest.mark.parametrize(
@@ -125,21 +125,69 @@ def test_safetensors_default_shards_like_save_pretrained():
     }
 
 
-def test_reshard_plan_two_into_three():
-    full = Piece(GROUP_MODEL, "w", (10, 4), "bfloat16", 0, 10)
-    saved = shard_pieces([full], 2, 0) + shard_pieces([full], 2, 1)  # rows 0:5, 5:10
-    shards = plan_reshard(saved, 3)  # rows 0:4, 4:8, 8:10
-    assert [(s.row_start, s.row_end) for s in shards] == [(0, 4), (4, 8), (8, 10)]
-    middle = shards[1]
-    assert [(c.source.row_start, c.src_start, c.src_end, c.dst_start) for c in middle.copies] == [
-        (0, 4, 5, 0),
-        (5, 0, 3, 1),
+def _saved_in_two_files(rows: int = 10, cols: int = 4) -> list[Source]:
+    """A bf16 tensor saved by two ranks: rows 0:5 at byte 100 of a, rows 5:10 at 0 of b."""
+    return [
+        Source("a", 100, (GROUP_MODEL, "w"), "bfloat16", 0, 5 * cols),
+        Source("b", 0, (GROUP_MODEL, "w"), "bfloat16", 5 * cols, rows * cols),
     ]
-    assert not middle.is_identity()
-    assert all(s.is_identity() for s in plan_reshard(saved, 2))
 
 
-def test_reshard_names_missing_rows():
-    full = Piece(GROUP_MODEL, "w", (10, 4), "bfloat16", 0, 10)
-    with pytest.raises(CkptprofError, match="missing"):
-        plan_reshard(shard_pieces([full], 2, 0), 1)
+def test_copies_reshard_two_saved_ranks_into_three():
+    targets = plan_targets_for("w", (10, 4), world=3)  # rows 0:4, 4:8, 8:10
+    copies = plan_copies(targets, _saved_in_two_files())
+    middle = [c for c in copies if targets[c.target].rank == 1]
+    row = 4 * 2  # bytes per row
+    assert [(c.path, c.offset, c.length, c.target_offset) for c in middle] == [
+        ("a", 100 + 4 * row, 1 * row, 0),  # row 4 from the first file
+        ("b", 0, 3 * row, 1 * row),  # rows 5:8 from the second
+    ]
+    assert sum(c.length for c in copies) == 10 * row  # every byte once
+
+
+def test_one_rank_reads_only_its_rows():
+    targets = plan_targets_for("w", (10, 4), world=2, ranks=[1])
+    reads = plan_reads(plan_copies(targets, _saved_in_two_files()), part_size=16, gap=0)
+    assert {r.path for r in reads} == {"b"}  # rank 1's rows all live in the second file
+    assert sum(r.length for r in reads) == 5 * 8
+    assert all(r.length <= 16 for r in reads)
+    assert sum(c.length for r in reads for c in r.copies) == 5 * 8
+
+
+def test_small_gaps_are_read_through_and_whole_files_read_whole():
+    sources = [
+        Source("f", 0, (GROUP_MODEL, "w"), "bfloat16", 0, 8),  # bytes 0:16
+        Source("f", 100, (GROUP_MODEL, "w"), "bfloat16", 8, 40),  # bytes 100:164
+    ]
+    copies = plan_copies(plan_targets_for("w", (10, 4)), sources)
+    merged = plan_reads(copies, part_size=1 << 20, gap=200)
+    assert [(r.offset, r.length) for r in merged] == [(0, 164)]
+    apart = plan_reads(copies, part_size=1 << 20, gap=10)
+    assert [(r.offset, r.length) for r in apart] == [(0, 16), (100, 64)]
+    whole = plan_reads(copies, part_size=1 << 20, whole_files={"f": 500})
+    assert [(r.offset, r.length) for r in whole] == [(0, 500)]
+
+
+def test_a_zero_flat_partition_is_cut_back_into_tensors():
+    order = [("a", 6, "float32"), ("b", 10, "float32")]
+    sources = flat_sources("optim", 1000, "exp_avg", 4, 12, order)  # flat elements 4:12
+    assert [(s.key[1], s.offset, s.elem_start, s.elem_end) for s in sources] == [
+        ("a", 1000, 4, 6),
+        ("b", 1008, 0, 6),
+    ]
+
+
+def test_missing_rows_are_named():
+    with pytest.raises(CkptprofError, match="holds 20 of the 40 elements of w"):
+        plan_copies(plan_targets_for("w", (10, 4)), _saved_in_two_files()[:1])
+
+
+def plan_targets_for(name, shape, world=1, ranks=None):
+    from ckptprof.synth.targets import TargetTensor
+
+    rows = shape[0]
+    out = []
+    for rank in ranks if ranks is not None else range(world):
+        start, end = shard_rows(rows, world, rank)
+        out.append(TargetTensor(GROUP_MODEL, name, shape, "bfloat16", start, end, rank))
+    return out

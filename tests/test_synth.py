@@ -11,10 +11,14 @@ import torch
 from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.phases import RESTORE_PHASES
 from ckptprof.storage.pagecache import resident_fraction
+from ckptprof.synth.ranges import STRATEGIES
 from ckptprof.synth.restore import RestoreOptions, run_restore
-from tests.conftest import read_spans
+from tests.conftest import SMALL_SCALE, read_spans
 
 LAYOUTS = ["torch", "safetensors", "dcp", "deepspeed"]
+
+
+BOOKKEEPING = 48 << 20  # the run's own records: spans, the read plan, the index's pages
 
 
 def restore(path, tmp_path, **kw):
@@ -28,6 +32,24 @@ def restore(path, tmp_path, **kw):
     return run_restore(str(path), options, tmp_path / "out", echo=lambda *_: None)
 
 
+def restored_state(path, strategy, keep_runner=False, **kw):
+    """One hot restore with ``strategy``; its state (or the runner, to look inside)."""
+    from ckptprof.synth.restore import RestoreRunner
+    from ckptprof.tracing import CheckpointTracer, setup_telemetry
+
+    options = RestoreOptions(
+        strategies=(strategy,), caches=("hot",), concurrency=(2,), repeat=1, verify="size",
+        ceiling_gbps=1.0, first_step=False, progress=False, **kw,
+    )  # fmt: skip
+    telemetry = setup_telemetry(path.parent / "traces-state")
+    try:
+        runner = RestoreRunner(str(path), options, CheckpointTracer(telemetry.provider))
+        runner.run_once(strategy, "hot", 2, 0)
+    finally:
+        telemetry.shutdown()
+    return runner if keep_runner else runner.state
+
+
 def restore_spans(payload):
     spans = read_spans(payload["trace_file"])
     roots = [s for s in spans if s["name"] == "ckpt.restore"]
@@ -38,45 +60,140 @@ def restore_spans(payload):
     return roots, children
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_generate_and_restore_every_phase(layout, checkpoints, tmp_path):
+def test_every_layout_and_strategy_restores_every_phase(layout, strategy, checkpoints, tmp_path):
     ranks = 2 if layout in ("dcp", "deepspeed") else 1
     path = checkpoints(layout, ranks)
     manifest = json.loads((path / MANIFEST_NAME).read_text())
     total = sum(f["size"] for f in manifest["files"].values())
-    payload = restore(path, tmp_path)
+    # restored into one rank, so the first step runs for real: all six phases
+    payload = restore(path, tmp_path, strategies=(strategy,), world_size=1)
 
     roots, children = restore_spans(payload)
     assert len(roots) == 4  # cold + hot at two concurrency levels
     for root in roots:
         phases = children[root["context"]["span_id"]]
         assert {p.span_name for p in RESTORE_PHASES} <= set(phases)
-        assert phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] == total
-        assert phases["ckpt.fetch"]["attributes"]["ckpt.files"] == len(manifest["files"])
+        fetch = phases["ckpt.fetch"]["attributes"]
+        assert fetch["ckpt.bytes"] == total  # every byte once (verify full reads them all)
+        assert fetch["ckpt.files"] == len(manifest["files"])
         assert phases["ckpt.verify"]["attributes"]["ckpt.bytes"] == total
+        assert phases["ckpt.first_step"]["attributes"]["ckpt.emulated"] is False
         attrs = root["attributes"]
-        assert attrs["ckpt.format"] == layout
+        assert attrs["ckpt.format"] == layout and attrs["ckpt.strategy"] == strategy
         assert attrs["ckpt.storage.kind"] == "posix"
         assert attrs["ckpt.concurrency"] in (1, 4)
+        assert attrs["ckpt.memory.peak_rss_bytes"] >= attrs["ckpt.memory.start_rss_bytes"] > 0
         if attrs["ckpt.cache"] == "cold":
             assert attrs["ckpt.cache.resident_fraction"] < 0.05
         else:
             assert attrs["ckpt.cache.resident_fraction"] > 0.95
     assert {r["cache"] for r in payload["runs"]} == {"cold", "hot"}
+    assert {r["strategy"] for r in payload["runs"]} == {strategy}
+    assert all(r["peak_rss_bytes"] > 0 and r["state_bytes"] > 0 for r in payload["runs"])
     assert payload["environment"]["version.torch"] == torch.__version__.split("+")[0] or (
         payload["environment"]["version.torch"].startswith(torch.__version__.split("+")[0])
     )
     assert payload["environment"]["storage.fs_type"]
     assert payload["ceiling"]["read_gbps"] > 0
     csv = (tmp_path / "out" / "results.csv").read_text().splitlines()
-    assert csv[0].startswith("cache,concurrency,repeat,rto_s,list_s,fetch_s")
+    assert csv[0].startswith("strategy,cache,concurrency,repeat,rto_s,list_s,fetch_s")
     assert len(csv) == 1 + 4
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_strategy_restores_the_same_state(layout, checkpoints):
+    """Hash what each strategy put into the state: byte for byte the same, for the whole
+    job and for one rank of a job with another world size."""
+    ranks = 2 if layout in ("dcp", "deepspeed") else 1
+    path = checkpoints(layout, ranks)
+    for world, rank in ((None, None), (3, 1)):
+        digests = {
+            strategy: restored_state(path, strategy, world_size=world, rank=rank).digest()
+            for strategy in STRATEGIES
+        }
+        assert len(set(digests.values())) == 1, (world, rank, digests)
+
+
+def test_the_restored_state_is_the_checkpoint(checkpoints):
+    """Against torch's own loader: the model rows one rank of 2 holds are the file's."""
+    path = checkpoints("torch")
+    runner = restored_state(path, "pipelined", world_size=2, rank=1, keep_runner=True)
+    saved = torch.load(path / "checkpoint_rank0.pt", weights_only=True)["model"]
+    checked = 0
+    for target, tensor in zip(runner.state.targets, runner.state.tensors, strict=True):
+        if target.group == "model":
+            expected = saved[target.name][target.row_start : target.row_end]
+            assert torch.equal(tensor, expected), target.name
+            checked += 1
+    assert checked == len(saved)
+
+
+def test_one_rank_reads_only_what_it_needs(checkpoints, tmp_path):
+    """A rank of 4 restoring a checkpoint saved by 4 reads its own file (torch), or only
+    its rows of every whole tensor (safetensors): read amplification measured exactly."""
+    saved_by_4 = checkpoints("torch", 4)
+    manifest = json.loads((saved_by_4 / MANIFEST_NAME).read_text())["files"]
+    payload = restore(
+        saved_by_4, tmp_path / "a", strategies=("pipelined", "staged"), rank=2,
+        caches=("cold",), concurrency=(4,), verify="size",
+    )  # fmt: skip
+    own = manifest["checkpoint_rank2.pt"]["size"] + manifest["config.json"]["size"]
+    for run in payload["runs"]:
+        assert run["read_bytes"] == own, run["strategy"]
+    whole = checkpoints("safetensors")
+    sizes = json.loads((whole / MANIFEST_NAME).read_text())["files"]
+    payload = restore(
+        whole, tmp_path / "b", strategies=("pipelined",), world_size=4, rank=3,
+        caches=("cold",), concurrency=(4,), verify="size",
+    )  # fmt: skip
+    (run,) = payload["runs"]
+    shards = sum(v["size"] for k, v in sizes.items() if k.endswith(".safetensors"))
+    assert run["read_bytes"] < 0.45 * shards + sizes["optimizer.pt"]["size"]
+    assert run["state_bytes"] < 0.3 * payload["runs"][0]["bytes"]
+
+
+def test_a_memory_budget_smaller_than_the_checkpoint_holds(checkpoints, tmp_path):
+    """pipelined inside 4 MiB in flight on a 140 MB checkpoint: its peak stays within the
+    state (allocated before the run) plus the budget (plus a little bookkeeping)."""
+    path = checkpoints("safetensors", scale=SMALL_SCALE)
+    budget = 4 << 20
+    payload = restore(
+        path, tmp_path, strategies=("pipelined",), memory_budget=budget, part_size=1 << 20,
+        caches=("cold",), concurrency=(4,), verify="full", first_step=False,
+    )  # fmt: skip
+    (run,) = payload["runs"]
+    assert run["bytes"] > 25 * budget  # the checkpoint is far larger than the budget
+    assert run["window_bytes"] <= budget
+    grew = run["peak_rss_bytes"] - run["start_rss_bytes"]
+    assert grew <= budget + BOOKKEEPING, f"grew {grew / 2**20:.1f} MiB"
+
+
+def test_first_step_estimate_is_beside_the_rto_not_in_it(checkpoints, tmp_path):
+    path = checkpoints("torch", 2)
+    payload = restore(path, tmp_path, caches=("hot",), concurrency=(2,), repeat=2)
+    for run in payload["runs"]:
+        assert run["first_step"] == "estimated" and run["first_step_estimate_s"] > 0
+        assert "first_step" not in run["phases"]  # not a phase of the RTO
+    roots, children = restore_spans(payload)
+    root = roots[0]["attributes"]
+    assert root["ckpt.first_step.estimate_s"] > 0
+    assert "cannot step alone" in root["ckpt.first_step.estimate_reason"]
+    assert "ckpt.first_step" not in children[roots[0]["context"]["span_id"]]
+    # a step time measured in the real job counts, as the user's
+    given = restore(path, tmp_path / "given", caches=("hot",), concurrency=(2,), first_step_s=0.25)
+    (run,) = given["runs"]
+    assert run["first_step"] == "user"
+    assert run["phases"]["first_step"]["busy_s"] == pytest.approx(0.25, abs=0.01)
+    assert run["wall_s"] >= 0.25
 
 
 def test_first_step_is_a_real_training_step(checkpoints, tmp_path):
     payload = restore(checkpoints("torch"), tmp_path, caches=("hot",), concurrency=(2,))
     first = payload["runs"][0]["phases"]["first_step"]
     assert first["busy_s"] > 0 and not first.get("emulated")
+    assert payload["runs"][0]["first_step"] == "measured"
 
 
 def test_dcp_saved_by_two_ranks_restores_into_one(checkpoints, tmp_path):
@@ -152,24 +269,6 @@ def test_many_small_files_vs_packed(checkpoints, tmp_path):
     assert len(list(many.glob("checkpoint_rank0_part*.pt"))) == 64
     payload = restore(many, tmp_path, caches=("hot",), concurrency=(8,), verify="sample")
     assert payload["runs"][0]["phases"]["fetch"]["files"] == 64 + 1  # + config.json
-
-
-def test_emulated_first_step_is_marked(checkpoints, tmp_path):
-    payload = restore(
-        checkpoints("torch", 2),
-        tmp_path,
-        world_size=3,
-        caches=("hot",),
-        concurrency=(2,),
-        repeat=2,
-    )
-    first = payload["runs"][0]["phases"]["first_step"]
-    assert first["emulated"] is True and "extrapolated" in first["emulation_reason"]
-    # estimated once before the sweep: every run carries the same emulated time
-    assert len({round(r["phases"]["first_step"]["busy_s"], 6) for r in payload["runs"]}) == 1
-    roots, children = restore_spans(payload)
-    span = children[roots[0]["context"]["span_id"]]["ckpt.first_step"]
-    assert span["attributes"]["ckpt.emulated"] is True
 
 
 def test_direct_io_fetch_bypasses_the_page_cache(checkpoints, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ckptprof.cli.options import directory, int_list, real, whole
+from ckptprof.cli.options import choice_list, directory, int_list, real, size, whole
 from ckptprof.synth import ranges
 from ckptprof.synth.layouts import LAYOUT_NAMES
 from ckptprof.synth.presets import PRESETS
@@ -14,6 +14,7 @@ DEMO_EXAMPLES = """examples:
   ckptprof demo                                   # llama2-7b at 1% scale, ~0.7 GB, about a minute
   ckptprof demo --layout dcp --ranks 2 --world-size 1
   ckptprof demo --full --no-optimizer             # full-size 7B weights (13.5 GB of disk)
+  ckptprof demo --full --world-size 8 --rank 0    # one rank of 8 restoring a full 7B + Adam
 """
 
 
@@ -32,20 +33,66 @@ def add_parser(commands) -> None:
         default=Path("ckptprof-demo"),
         help="working directory (default ./ckptprof-demo)",
     )
-    demo.add_argument("--model", default="llama2-7b", choices=tuple(PRESETS), metavar="NAME")
-    demo.add_argument("--layout", default="torch", choices=LAYOUT_NAMES)
-    demo.add_argument("--ranks", type=whole(ranges.RANKS), default=1)
-    demo.add_argument("--world-size", type=whole(ranges.RANKS), default=None)
-    demo.add_argument("--scale", type=real(ranges.SCALE), default=0.01)
+    demo.add_argument(
+        "--model",
+        default="llama2-7b",
+        choices=tuple(PRESETS),
+        metavar="NAME",
+        help=f"model preset: {', '.join(PRESETS)} (default llama2-7b)",
+    )
+    demo.add_argument(
+        "--layout", default="torch", choices=LAYOUT_NAMES, help="file layout (default torch)"
+    )
+    demo.add_argument(
+        "--ranks", type=whole(ranges.RANKS), default=1, help="ranks that saved it (default 1)"
+    )
+    demo.add_argument(
+        "--world-size",
+        type=whole(ranges.RANKS),
+        default=None,
+        help="ranks of the job that restores it (default: the saved ranks)",
+    )
+    demo.add_argument(
+        "--rank",
+        type=whole(ranges.RANK),
+        default=None,
+        help="restore only this rank of --world-size (default: every rank)",
+    )
+    demo.add_argument(
+        "--scale", type=real(ranges.SCALE), default=0.01, help="fraction of full size (0.01)"
+    )
     demo.add_argument("--full", action="store_true", help="full size (--scale 1)")
-    demo.add_argument("--optimizer", action=argparse.BooleanOptionalAction, default=True)
+    demo.add_argument(
+        "--optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="include the Adam state (default: yes)",
+    )
+    demo.add_argument(
+        "--strategy",
+        type=choice_list(ranges.STRATEGIES),
+        default=None,
+        help="restore strategies side by side (default staged,pipelined; pipelined with --full)",
+    )
     demo.add_argument(
         "--concurrency",
         type=int_list(ranges.CONCURRENCY),
-        default=(1, 8),
-        help="requests in flight (default 1,8)",
+        default=None,
+        help="requests in flight (default 1,8; 8 with --full)",
     )
-    demo.add_argument("--repeat", type=whole(ranges.REPEAT), default=3)
+    demo.add_argument(
+        "--repeat",
+        type=whole(ranges.REPEAT),
+        default=None,
+        help="repeats per setting (default 3; 1 with --full)",
+    )
+    demo.add_argument(
+        "--memory-budget",
+        type=size(ranges.MEMORY_BUDGET),
+        default=None,
+        metavar="SIZE",
+        help="bytes the pipelined strategy may hold in flight (default: from free memory)",
+    )
     demo.add_argument(
         "--plot",
         action=argparse.BooleanOptionalAction,
@@ -65,18 +112,23 @@ def run(args) -> int:
     out = args.dir / "results"
     scale = 1.0 if args.full else args.scale
     spec = SynthSpec(args.model, args.layout, scale, ranks=args.ranks, optimizer=args.optimizer)
+    full = args.full
     options = RestoreOptions(
+        strategies=args.strategy or (("pipelined",) if full else ("staged", "pipelined")),
         caches=("cold", "hot"),
-        concurrency=args.concurrency,
-        repeat=args.repeat,
+        concurrency=args.concurrency or ((8,) if full else (1, 8)),
+        repeat=args.repeat or (1 if full else 3),
         world_size=args.world_size,
+        rank=args.rank,
+        memory_budget=args.memory_budget,
     )
     options.validate()  # before generating: a bad option costs nothing
     print(f"== generate {args.model} x{scale:g} ({args.layout}) in {ckpt}")
     result = generate(str(ckpt), spec, force=True)
     print(f"wrote {len(result.manifest.files)} files, {result.total_bytes / 1e9:.3f} GB")
-    levels = ",".join(map(str, args.concurrency))
-    print(f"== restore (cold and hot, {levels} in flight, {args.repeat} repeats)")
+    levels = ",".join(map(str, options.concurrency))
+    how = ", ".join(options.strategies)
+    print(f"== restore ({how}; cold and hot, {levels} in flight, {options.repeat} repeats)")
     run_restore(str(ckpt), options, out)
     print("== report")
     print_report([str(out / "results.json")], plot=args.dir / "report.png" if args.plot else None)

@@ -19,6 +19,8 @@ GENERATE_EXAMPLES = """examples:
 """
 
 RESTORE_EXAMPLES = """examples:
+  ckptprof synth restore ./ckpt --strategy staged,pipelined,framework --cache cold --concurrency 8
+  ckptprof synth restore ./ckpt --world-size 8 --rank 0 --memory-budget 1G   # one rank of 8
   ckptprof synth restore /mnt/fsx/ckpt                       # cold+hot, 1..64 in flight, 3 repeats
   ckptprof synth restore ./ckpt --cache cold --concurrency 1,16 --repeat 5 --verify sample
   ckptprof synth restore ./ckpt --world-size 1                # reshard a 2-rank DCP save into 1
@@ -113,6 +115,15 @@ def add_parser(commands) -> None:
         "dest", metavar="DEST", type=location, help="checkpoint written by `synth generate`"
     )
     res.add_argument(
+        "--strategy",
+        type=choice_list(ranges.STRATEGIES),
+        default=("pipelined",),
+        help="how bytes become state, comma-separated to compare side by side: staged "
+        "(everything into memory, then load), pipelined (only what the rank needs, loaded "
+        "as it lands, inside --memory-budget), framework (the layout's own loader on the "
+        "path); default pipelined",
+    )
+    res.add_argument(
         "--cache",
         type=choice_list(ranges.CACHES),
         default=ranges.CACHES,
@@ -140,6 +151,21 @@ def add_parser(commands) -> None:
         help="target ranks to reshard into (default: the saved ranks)",
     )
     res.add_argument(
+        "--rank",
+        type=whole(ranges.RANK),
+        default=None,
+        help="restore only this rank of --world-size (what one process of the job holds and "
+        "reads); default: every rank, in this one process",
+    )
+    res.add_argument(
+        "--memory-budget",
+        type=size(ranges.MEMORY_BUDGET),
+        default=None,
+        metavar="SIZE",
+        help="bytes the pipelined strategy may hold in flight, e.g. 1G (default: a quarter "
+        "of free memory, at most 2G)",
+    )
+    res.add_argument(
         "--part-size",
         type=size(ranges.PART_SIZE),
         default="16M",
@@ -156,6 +182,14 @@ def add_parser(commands) -> None:
         dest="first_step",
         action="store_false",
         help="skip the first training step",
+    )
+    res.add_argument(
+        "--first-step-s",
+        type=real(ranges.STEP_SECONDS),
+        default=None,
+        metavar="SECONDS",
+        help="the first step's time measured in the real job (e.g. a callback's first_step), "
+        "counted in the RTO where the step cannot run here (default: estimated beside it)",
     )
     res.add_argument(
         "--drop-caches",
@@ -273,14 +307,18 @@ def run_restore(args) -> int:
     from ckptprof.synth.restore import RestoreOptions, run_restore
 
     options = RestoreOptions(
+        strategies=args.strategy,
         caches=args.cache,
         concurrency=args.concurrency,
         repeat=args.repeat,
         verify=args.verify,
         world_size=args.world_size,
+        rank=args.rank,
+        memory_budget=args.memory_budget,
         part_size=args.part_size,  # argparse applies the size type to the "16M" default too
         ceiling_gbps=args.ceiling_gbps,
         first_step=args.first_step,
+        first_step_s=args.first_step_s,
         drop_caches=args.drop_caches,
         per_file_spans=args.per_file_spans,
         stage_dir=args.stage,

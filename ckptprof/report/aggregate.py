@@ -35,6 +35,7 @@ CONFIG_ATTRS: tuple[tuple[str, str], ...] = (
     (Attr.LAYOUT, "layout"),
     (Attr.STORAGE_KIND, "storage"),
     (Attr.VERIFY_MODE, "verify"),
+    ("ckpt.strategy", "strategy"),
     (Attr.CACHE, "cache"),
     (Attr.CONCURRENCY, "concurrency"),
     (Attr.WORLD_SIZE, "world_size"),
@@ -76,6 +77,11 @@ class Breakdown:
     concurrency: int | None = None
     resident_fraction: float | None = None
     cache_method: str | None = None
+    strategy: str | None = None
+    peak_rss_bytes: int | None = None
+    read_bytes: int | None = None
+    #: an estimated first step, kept beside the RTO (never inside it)
+    first_step_estimate_s: float | None = None
 
     def phase(self, name: str | Phase) -> PhaseRow | None:
         key = name.value if isinstance(name, Phase) else name
@@ -412,9 +418,9 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
 
 
 # --------------------------------------------------------------------- results
-def _summary_for(results: ResultsFile, cache: Any, concurrency: Any) -> dict[str, Any] | None:
+def _summary_for(results: ResultsFile, key: tuple) -> dict[str, Any] | None:
     for entry in results.summary:
-        if entry.get("cache") == cache and entry.get("concurrency") == concurrency:
+        if (entry.get("strategy"), entry.get("cache"), entry.get("concurrency")) == key:
             return entry
     return None
 
@@ -453,25 +459,37 @@ def _run_row(run: ResultsRun) -> OperationRow:
 
 
 def sweep_from_results(results: ResultsFile) -> Sweep:
-    """The sweep table of one results file, one row per cache state × concurrency."""
-    cells: dict[tuple[Any, Any], list[ResultsRun]] = defaultdict(list)
+    """The sweep table of one results file, one row per strategy × cache state ×
+    concurrency."""
+    cells: dict[tuple[Any, Any, Any], list[ResultsRun]] = defaultdict(list)
     for run in results.runs:
-        cells[(run.cache, run.concurrency)].append(run)
+        cells[(run.strategy, run.cache, run.concurrency)].append(run)
     for entry in results.summary:
-        cells.setdefault((entry.get("cache"), entry.get("concurrency")), [])
+        cells.setdefault((entry.get("strategy"), entry.get("cache"), entry.get("concurrency")), [])
+    strategies = [s for s in dict.fromkeys(k[0] for k in cells) if s]
 
     def order(key):
-        cache, conc = key
-        return (_CACHE_ORDER.get(cache, 2), str(cache), _sort_value(conc))
+        strategy, cache, conc = key
+        rank = strategies.index(strategy) if strategy in strategies else -1
+        return (_CACHE_ORDER.get(cache, 2), str(cache), _sort_value(conc), rank)
 
     ceiling = results.ceiling
     rows = []
-    for cache, conc in sorted(cells, key=order):
-        runs = cells[(cache, conc)]
-        entry = _summary_for(results, cache, conc)
+    for key in sorted(cells, key=order):
+        strategy, cache, conc = key
+        runs = cells[key]
+        entry = _summary_for(results, key)
         if not runs and entry is None:
             continue
-        label = " ".join(p for p in (str(cache) if cache else "", f"c={conc}" if conc else "") if p)
+        label = " ".join(
+            p
+            for p in (
+                strategy if len(strategies) > 1 else "",
+                str(cache) if cache else "",
+                f"c={conc}" if conc else "",
+            )
+            if p
+        )
         b = _breakdown(
             label=label or "runs",
             kind="restore",
@@ -486,6 +504,12 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
             b.repeats = 0
         if entry is not None:
             _apply_summary(b, entry)
+        b.strategy = strategy
+        b.peak_rss_bytes = max((r.peak_rss_bytes or 0 for r in runs), default=0) or None
+        b.read_bytes = _median_int(r.read_bytes for r in runs)
+        b.first_step_estimate_s = _median(
+            r.first_step_estimate_s for r in runs if r.first_step == "estimated"
+        )
         fetch = b.phase(Phase.FETCH)
         fetch_gbps = entry.get("fetch_gbps_median") if entry else None
         if not isinstance(fetch_gbps, (int, float)):

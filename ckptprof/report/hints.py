@@ -281,9 +281,68 @@ def group_hints(group: OperationGroup) -> list[Hint]:
     return breakdown_hints(group.breakdown) if group.breakdown is not None else []
 
 
+STRATEGY_GAIN = 0.10  # a change of strategy worth saying: at least this much faster
+
+
+def better_strategy(rows: Sequence[SweepRow]) -> Hint | None:
+    """Where strategies ran side by side: what the fastest would buy over the slowest, in
+    the setting where the gap is largest (cache state and concurrency alike), and only
+    where every repeat of one was faster than every repeat of the other."""
+    cells: dict[tuple, list] = {}
+    for r in rows:
+        b = r.breakdown
+        if b.strategy and b.repeats:
+            cells.setdefault((b.cache, b.concurrency), []).append(b)
+    best_gap, best = 0.0, None
+    for (cache, conc), found in cells.items():
+        if len(found) < 2:
+            continue
+        fast = min(found, key=lambda b: b.wall_median_s)
+        slow = max(found, key=lambda b: b.wall_median_s)
+        if fast.wall_max_s >= slow.wall_min_s:
+            continue  # the repeats overlap: noise, not a difference
+        gap = 1 - fast.wall_median_s / slow.wall_median_s if slow.wall_median_s else 0.0
+        if gap > best_gap:
+            best_gap, best = gap, (cache, conc, fast, slow)
+    if best is None or best_gap < STRATEGY_GAIN:
+        return None
+    cache, conc, fast, slow = best
+    where = " ".join(p for p in (str(cache or ""), f"c={conc}" if conc else "") if p)
+    # where the difference was measured: the phases that differ most, slowest first
+    deltas = []
+    for row in slow.phases:
+        other = fast.phase(row.phase)
+        saved = row.busy_s - (other.busy_s if other else 0.0)
+        if saved > 0.05 * slow.wall_median_s:
+            deltas.append((saved, row.phase, row.busy_s, other.busy_s if other else 0.0))
+    why = ", ".join(
+        f"{name} {a:.2f} s vs {b:.2f} s" for _, name, a, b in sorted(deltas, reverse=True)[:2]
+    )
+    memory = ""
+    if fast.peak_rss_bytes and slow.peak_rss_bytes:
+        memory = (
+            f"; peak memory {fast.peak_rss_bytes / 1e9:.2f} GB vs "
+            f"{slow.peak_rss_bytes / 1e9:.2f} GB"
+        )
+    return Hint(
+        "strategy",
+        f"{fast.strategy} would cut this restore from {slow.wall_median_s:.2f} s "
+        f"({slow.strategy}) to {fast.wall_median_s:.2f} s ({where}, {best_gap:.0%} less)"
+        + (f"; {slow.strategy} spends more in {why}" if why else "")
+        + memory
+        + ".",
+        severity=best_gap,
+        where=where,
+    )
+
+
 def sweep_hints(sweep: Sweep) -> list[Hint]:
     """Hints for a results sweep: ceiling rules first, then per-row rules merged."""
     rows = sweep.rows
-    found = [low_concurrency(rows, sweep.ceiling), fetch_below_ceiling(rows, sweep.ceiling)]
+    found = [
+        better_strategy(rows),
+        low_concurrency(rows, sweep.ceiling),
+        fetch_below_ceiling(rows, sweep.ceiling),
+    ]
     per_row = [h for r in rows for h in breakdown_hints(r.breakdown)]
     return [h for h in found if h is not None] + merge(per_row, len(rows))

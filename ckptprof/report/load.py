@@ -41,6 +41,11 @@ _PHASE = schema.record(
 )
 _RUN = schema.record(
     {
+        "strategy": schema.optional(schema.text()),
+        "peak_rss_bytes": schema.optional(_COUNT),
+        "read_bytes": schema.optional(_COUNT),
+        "first_step": schema.optional(schema.text()),
+        "first_step_estimate_s": schema.optional(_SECONDS),
         "cache": schema.optional(schema.text()),
         "concurrency": schema.optional(schema.integer(1)),
         "repeat": schema.optional(_COUNT),
@@ -160,6 +165,11 @@ class ResultsRun:
     cache_method: str | None
     trace_id: str | None
     phases: dict[str, PhaseSample]
+    strategy: str | None = None
+    peak_rss_bytes: int | None = None
+    read_bytes: int | None = None
+    first_step: str | None = None  # measured | estimated | user | skipped
+    first_step_estimate_s: float | None = None
 
 
 @dataclass
@@ -450,6 +460,11 @@ def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFi
                 cache_method=entry.get("cache_method"),
                 trace_id=entry.get("trace_id"),
                 phases=_results_phases(entry.get("phases")),
+                strategy=entry.get("strategy"),
+                peak_rss_bytes=_int(entry.get("peak_rss_bytes")),
+                read_bytes=_int(entry.get("read_bytes")),
+                first_step=entry.get("first_step"),
+                first_step_estimate_s=_num(entry.get("first_step_estimate_s")),
             )
         )
     summary = [s for s in doc.get("summary") or [] if isinstance(s, dict)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -325,18 +326,27 @@ def _sweep_table(sweep: Sweep) -> list[str]:
     names = phase_order("restore", {r.phase for row in sweep.rows for r in row.breakdown.phases})
     any_emulated = False
 
-    def build(short: bool) -> list[str]:
+    def build(level: int) -> list[str]:
+        """0: everything; 1: short phase names; 2: also no run count or RTO range."""
         nonlocal any_emulated
-        labels = [_SHORT_PHASE.get(n, n) if short else n for n in names]
-        headers = ["cache", "conc", "runs", "RTO s (min-max)", *labels, "GB/s", "ceil"]
+        short = level >= 2
+        labels = [_SHORT_PHASE.get(n, n) if level else n for n in names]
+        first = ["strategy"] if strategies else []
+        counts = [] if short else ["runs"]
+        rto_head = "RTO s" if short else "RTO s (min-max)"
+        headers = [*first, "cache", "conc", *counts, rto_head, *labels, "GB/s", "ceil"]
+        headers += ["peak GB"] if peaks else []
         rows = []
         for row in sweep.rows:
             b = row.breakdown
-            rto = f"{fmt_s(b.wall_median_s)} ({_fmt_2(b.wall_min_s)}-{_fmt_2(b.wall_max_s)})"
+            rto = fmt_s(b.wall_median_s)
+            if not short:
+                rto += f" ({_fmt_2(b.wall_min_s)}-{_fmt_2(b.wall_max_s)})"
             cells = [
+                *([b.strategy or "-"] if strategies else []),
                 str(b.cache or "-"),
                 "-" if b.concurrency is None else str(b.concurrency),
-                str(b.repeats),
+                *([] if short else [str(b.repeats)]),
                 rto,
             ]
             for name in names:
@@ -346,14 +356,32 @@ def _sweep_table(sweep: Sweep) -> list[str]:
                 cells.append(fmt_s(phase.busy_s) + mark if phase else "-")
             frac = row.fraction_of_ceiling
             cells += [fmt_gbps(row.fetch_gbps), "-" if frac is None else f"{frac:.0%}"]
+            if peaks:
+                peak = b.peak_rss_bytes
+                cells.append("-" if not peak else f"{peak / 1e9:.2f}")
             rows.append(cells)
-        return table(headers, rows, "lrrl" + "r" * (len(names) + 2))
+        lead = ("l" if strategies else "") + "lr" + ("r" if not short else "") + "l"
+        return table(headers, rows, lead + "r" * (len(names) + 2 + int(peaks)))
 
-    lines = build(short=False)
-    if max(len(x) for x in lines) > WIDTH:
-        lines = build(short=True)
+    strategies = len({row.breakdown.strategy for row in sweep.rows}) > 1
+    peaks = any(row.breakdown.peak_rss_bytes for row in sweep.rows)
+    for level in range(3):
+        lines = build(level)
+        if max(len(x) for x in lines) <= WIDTH:
+            break
     if any_emulated:
         lines.append(f"{INDENT}* emulated: an estimate, not a measurement")
+    estimates = [r.breakdown.first_step_estimate_s for r in sweep.rows]
+    estimates = [e for e in estimates if e]
+    if estimates:
+        lines += _wrap(
+            f"RTO ends with the state restored: the first training step could not run here, "
+            f"so it is estimated beside it (≈{fmt_s(statistics.median(estimates))} s, "
+            "extrapolated from 1- and 2-layer steps), not in it; --first-step-s takes the "
+            "step time measured in the real job.",
+            INDENT,
+            INDENT * 2,
+        )
     return lines
 
 

@@ -98,23 +98,33 @@ def warm(paths: list[Path], chunk: int = 8 << 20) -> None:
 
 
 def warm_file(path: Path) -> None:
-    """Bring ``path`` into the page cache without copying it into this process:
-    ``sendfile`` to ``/dev/null`` (the kernel reads the pages and discards nothing but
-    the copy); a filesystem that refuses ``sendfile`` is read into a small reused buffer."""
+    """Bring ``path`` into the page cache without copying it into this process (see
+    :func:`warm_range`)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
-        sink = os.open(os.devnull, os.O_WRONLY)
-        try:
-            offset = 0
-            while offset < size:
-                sent = os.sendfile(sink, fd, offset, min(size - offset, 1 << 30))
-                if sent == 0:
-                    return
-                offset += sent
-        except OSError:
-            warm([path])
-        finally:
-            os.close(sink)
+        warm_range(fd, 0, os.fstat(fd).st_size)
     finally:
         os.close(fd)
+
+
+def warm_range(fd: int, offset: int, length: int) -> None:
+    """Bring ``length`` bytes at ``offset`` of an open file into the page cache without a
+    copy into this process: ``sendfile`` to ``/dev/null`` (the kernel reads the pages and
+    discards nothing but the copy); where ``sendfile`` is refused, a small reused buffer."""
+    sink = os.open(os.devnull, os.O_WRONLY)
+    try:
+        end = offset + length
+        while offset < end:
+            sent = os.sendfile(sink, fd, offset, min(end - offset, 1 << 30))
+            if sent == 0:
+                return
+            offset += sent
+    except OSError:
+        buf = memoryview(bytearray(8 << 20))
+        while offset < end:
+            n = os.preadv(fd, [buf[: min(len(buf), end - offset)]], offset)
+            if n == 0:
+                return
+            offset += n
+    finally:
+        os.close(sink)

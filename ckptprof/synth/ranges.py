@@ -11,6 +11,7 @@ from __future__ import annotations
 from ckptprof import schema
 
 RANKS = schema.integer(1, 65_536)
+RANK = schema.integer(0, 65_535)
 FILES = schema.integer(1, 1_000_000)
 SCALE = schema.number(maximum=1, above=0)
 STEP = schema.integer(0)
@@ -18,6 +19,9 @@ SEED = schema.integer(0)
 CONCURRENCY = schema.integer(1, 1024)
 REPEAT = schema.integer(1, 1000)
 PART_SIZE = schema.integer(4096, 1 << 30)
+MEMORY_BUDGET = schema.integer(8192, 1 << 50)
+STEP_SECONDS = schema.number(minimum=0)
 GBPS = schema.number(above=0)
 SECONDS = schema.number(above=0)
 CACHES = ("cold", "hot")
+STRATEGIES = ("staged", "pipelined", "framework")

@@ -1,43 +1,40 @@
-"""``ckptprof synth restore``: the six restore phases for real, cold and hot,
-over a sweep of concurrency, repeated, with medians and the full environment.
+"""``ckptprof synth restore``: the six restore phases for real, cold and hot, per
+strategy, over a sweep of concurrency, repeated, with medians and the full environment.
 
 One run is one ``ckpt.restore`` trace recorded through the same
-:class:`~ckptprof.tracing.recorder.CheckpointTracer` the framework callbacks use.
+:class:`~ckptprof.tracing.recorder.CheckpointTracer` the framework callbacks use. The
+restored state (:mod:`ckptprof.synth.targets`) is what one target rank of the job holds
+(``--world-size W --rank R``), or every rank of it in this one process; it is allocated
+before the sweep, like a job's model, and every run copies the checkpoint into it with
+the chosen strategy (:mod:`ckptprof.synth.strategies`).
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import os
-import shutil
-import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from ckptprof import schema
-from ckptprof.atomic import atomic_write
 from ckptprof.errors import CkptprofError, StorageError, UnreachableError
-from ckptprof.fetch import DEFAULT_PART_SIZE, HostBuffer, download, fetch
-from ckptprof.manifest import (
-    GENERATING_NAME,
-    MANIFEST_NAME,
-    VERIFY_MODES,
-    Manifest,
-    verify_buffers,
-)
-from ckptprof.phases import RESTORE_PHASES, Attr, Phase
+from ckptprof.fetch import DEFAULT_PART_SIZE
+from ckptprof.manifest import GENERATING_NAME, MANIFEST_NAME, VERIFY_MODES, Manifest
+from ckptprof.memory import MemoryWatch
+from ckptprof.phases import Attr, Phase
 from ckptprof.preflight import check_output_dir
-from ckptprof.storage import PosixStorage, open_storage
+from ckptprof.storage import open_storage
 from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.synth import ceiling as ceiling_mod
 from ckptprof.synth import ranges
+from ckptprof.synth.first_step import FirstStep
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.plan import SynthSpec
+from ckptprof.synth.results import RunRecord, payload, phases_of, run_line, write_results
+from ckptprof.synth.strategies import RunContext, get_strategy, needed_files
+from ckptprof.synth.targets import TargetState, plan_targets
 from ckptprof.tracing.recorder import CheckpointTracer, Operation
 
 COLD_RESIDENCY_LIMIT = 0.05
@@ -45,6 +42,9 @@ COLD_RESIDENCY_LIMIT = 0.05
 # included: a storage that stopped answering) stops it at once
 TRANSIENT_ERRORS = (StorageError, EOFError, ConnectionError, TimeoutError)
 MEMORY_HEADROOM = 0.85
+# the pipelined window when --memory-budget is not given: a share of free memory, capped
+DEFAULT_BUDGET_SHARE = 0.25
+DEFAULT_BUDGET_CAP = 2 << 30
 # what a run leaves in --out and in the trace folder, upper estimates from measured runs
 RESULTS_BASE_BYTES = 64 << 10
 RESULTS_PER_RUN_BYTES = 4 << 10
@@ -55,14 +55,18 @@ STAGE_HEADROOM_BYTES = 64 << 20
 
 @dataclass
 class RestoreOptions:
+    strategies: tuple[str, ...] = ("pipelined",)
     caches: tuple[str, ...] = ("cold", "hot")
     concurrency: tuple[int, ...] = (1, 8, 16, 32, 64)
     repeat: int = 3
     verify: str = "full"
     world_size: int | None = None
+    rank: int | None = None  # restore only this rank of --world-size (else every rank)
     part_size: int = DEFAULT_PART_SIZE
+    memory_budget: int | None = None  # the pipelined window (default from free memory)
     ceiling_gbps: float | None = None
     first_step: bool = True
+    first_step_s: float | None = None  # the step time measured in the real job
     drop_caches: bool = False
     per_file_spans: bool = False
     stage_dir: Path | None = None
@@ -74,43 +78,51 @@ class RestoreOptions:
     def validate(self) -> None:
         """Every option in range (the CLI checked them already; code may not have)."""
         checks = (
+            (
+                "--strategy",
+                list(self.strategies),
+                schema.items(schema.text(choices=ranges.STRATEGIES)),
+            ),
             ("--cache", list(self.caches), schema.items(schema.text(choices=ranges.CACHES))),
             ("--concurrency", list(self.concurrency), schema.items(ranges.CONCURRENCY)),
             ("--repeat", self.repeat, ranges.REPEAT),
             ("--verify", self.verify, schema.text(choices=VERIFY_MODES)),
             ("--world-size", self.world_size, schema.optional(ranges.RANKS)),
+            ("--rank", self.rank, schema.optional(ranges.RANK)),
             ("--part-size", self.part_size, ranges.PART_SIZE),
+            ("--memory-budget", self.memory_budget, schema.optional(ranges.MEMORY_BUDGET)),
             ("--ceiling-gbps", self.ceiling_gbps, schema.optional(ranges.GBPS)),
+            ("--first-step-s", self.first_step_s, schema.optional(ranges.STEP_SECONDS)),
             ("--deadline", self.deadline_s, ranges.SECONDS),
         )
         for option, value, check in checks:
             problem = check(value)
             if problem is not None:
                 raise CkptprofError(f"{problem.under(option)}.")
-        if not self.caches or not self.concurrency:
-            raise CkptprofError("--cache and --concurrency need at least one value each.")
+        if not self.caches or not self.concurrency or not self.strategies:
+            raise CkptprofError(
+                "--strategy, --cache and --concurrency need at least one value each."
+            )
         if self.direct_io and self.part_size % 4096:
             raise CkptprofError(
                 f"--part-size {self.part_size} must be a multiple of 4096 with --direct-io."
             )
-
-
-@dataclass
-class RunRecord:
-    cache: str
-    concurrency: int
-    repeat: int
-    wall_s: float
-    bytes: int
-    resident_fraction: float | None
-    cache_method: str
-    trace_id: str
-    phases: dict[str, dict] = field(default_factory=dict)
-    retries: int = 0
-    errors: int = 0
-
-    def to_dict(self) -> dict:
-        return dict(vars(self))
+        if self.memory_budget is not None and self.memory_budget < 2 * self.part_size:
+            raise CkptprofError(
+                f"--memory-budget {self.memory_budget} holds fewer than two --part-size "
+                f"{self.part_size} reads; raise it, or lower --part-size."
+            )
+        if self.stage_dir is not None and "staged" not in self.strategies:
+            raise CkptprofError(
+                f"--stage {self.stage_dir} is where --strategy staged downloads to, but the "
+                f"strategies are {','.join(self.strategies)}; add staged to --strategy, or "
+                "drop --stage."
+            )
+        if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
+            raise CkptprofError(
+                f"--rank {self.rank} is not a rank of --world-size {self.world_size} "
+                f"(0 to {self.world_size - 1})."
+            )
 
 
 class RestoreRunner:
@@ -123,16 +135,28 @@ class RestoreRunner:
         self.storage: Storage = open_storage(
             location, max(options.concurrency), direct_io=options.direct_io
         )
+        for name in options.strategies:
+            get_strategy(name).check(self.storage)
         self.manifest = self._read_manifest()
         self.spec = SynthSpec.from_dict(self.manifest.spec, f"{self._where(MANIFEST_NAME)}: spec")
         self.layout = get_layout(self.spec.layout)
         self.plan = self.layout.plan(self.spec)
         self.world_size = options.world_size or self.spec.ranks
+        if options.rank is not None and options.rank >= self.world_size:
+            raise CkptprofError(
+                f"--rank {options.rank} is not a rank of the {self.world_size} this restore "
+                f"plays (the checkpoint was saved by {self.spec.ranks}); pass --world-size."
+            )
+        self.ranks = [options.rank] if options.rank is not None else list(range(self.world_size))
+        groups = self.layout.state_groups(self.spec)
+        self.state = TargetState(plan_targets(self.plan, groups, self.world_size, self.ranks))
+        self.files = needed_files(self.plan, self.state.targets)
         self.paths = sorted(self.manifest.files)
+        self.memory_budget = options.memory_budget or default_budget(options.part_size)
         ensure_open_files(max(options.concurrency))
         self.check_listing(self.storage.list())  # fail before any cache work or timing
-        self.model = self.optimizer = None
-        self._emulated_step: tuple[float, str] | None = None
+        self.first_step = FirstStep(self, options.first_step, options.first_step_s)
+        self.prepared = False
         self.runs: list[RunRecord] = []
         self.failures: list[dict] = []
         self.interruption = None  # an InterruptionGuard: the next restore links to it
@@ -140,6 +164,14 @@ class RestoreRunner:
         self.caches = tuple(
             c for c in options.caches if c == "cold" or self.storage.has_local_cache
         ) or ("cold",)
+
+    @property
+    def model(self):
+        return self.first_step.model
+
+    @property
+    def optimizer(self):
+        return self.first_step.optimizer
 
     # ------------------------------------------------------------ setup
     def _where(self, path: str) -> str:
@@ -186,25 +218,28 @@ class RestoreRunner:
             )
 
     def check_memory(self) -> None:
-        """Refuse early when fetched bytes plus the restored state cannot fit."""
-        need = self.manifest.total_bytes + (self.plan.payload_bytes if self.world_size > 1 else 0)
+        """Refuse early when the restored state plus what a strategy holds cannot fit."""
+        read = sum(self.manifest.files[f.path].size for f in self.files)
+        holds = {"staged": read, "pipelined": self.memory_budget, "framework": 0}
+        need = self.state.nbytes + max(holds[s] for s in self.options.strategies)
         avail = psutil.virtual_memory().available
         if need > avail * MEMORY_HEADROOM:
+            what = " and ".join(self.options.strategies)
             raise CkptprofError(
-                f"restoring {self.storage.uri} needs about {need / 2**30:.1f} GiB of memory "
-                f"(fetched bytes + restored state) but {avail / 2**30:.1f} GiB is available; "
-                "use a checkpoint generated with a smaller --scale or --no-optimizer."
+                f"restoring {self.storage.uri} ({what}) needs about {need / 2**30:.1f} GiB "
+                f"of memory (the restored state, {self.state.nbytes / 2**30:.1f} GiB, plus what "
+                f"the strategy holds) but {avail / 2**30:.1f} GiB is available; restore one "
+                "rank of a larger job (--world-size W --rank R), use --strategy pipelined "
+                "with a smaller --memory-budget, or a smaller --scale."
             )
 
-    def build_model(self) -> bool:
-        """Build the target model when a real step fits beside the fetched bytes."""
-        from ckptprof.synth.model import build_model, training_bytes
-
-        need = self.manifest.total_bytes + training_bytes(self.plan.preset)
-        if self.world_size != 1 or need > psutil.virtual_memory().available * MEMORY_HEADROOM:
-            return False
-        self.model, self.optimizer = build_model(self.plan.preset)
-        return True
+    def prepare(self) -> None:
+        """Before any timing, as a job has them before it restores: the model (when the
+        first step can run) and the state's tensors, allocated and touched."""
+        if self.prepared:
+            return
+        self.state.allocate(self.first_step.prepare())
+        self.prepared = True
 
     def ceiling(self) -> ceiling_mod.Ceiling:
         infos = [ObjectInfo(p, e.size) for p, e in self.manifest.files.items()]
@@ -243,8 +278,9 @@ class RestoreRunner:
         return state
 
     # ------------------------------------------------------------ one run
-    def run_once(self, cache: str, concurrency: int, repeat: int) -> RunRecord:
-        state = self.prepare_cache(cache)
+    def run_once(self, strategy: str, cache: str, concurrency: int, repeat: int) -> RunRecord:
+        self.prepare()
+        cache_state = self.prepare_cache(cache)
         attrs = {
             Attr.FORMAT: self.layout.format,
             Attr.LAYOUT: self.layout.name,
@@ -252,59 +288,55 @@ class RestoreRunner:
             Attr.STORAGE_KIND: self.storage.kind,
             Attr.STORAGE_URI: self.storage.uri,
             Attr.CACHE: cache,
-            Attr.CACHE_METHOD: state.method,
-            Attr.CACHE_RESIDENT_FRACTION: state.resident_fraction,
+            Attr.CACHE_METHOD: cache_state.method,
+            Attr.CACHE_RESIDENT_FRACTION: cache_state.resident_fraction,
             Attr.CONCURRENCY: concurrency,
             Attr.REPEAT: repeat,
             Attr.WORLD_SIZE: self.world_size,
             Attr.SAVED_WORLD_SIZE: self.spec.ranks,
             Attr.VERIFY_MODE: self.options.verify,
             Attr.STEP: self.spec.step,
+            "ckpt.strategy": strategy,
+            "ckpt.ranks": ",".join(map(str, self.ranks)),
+            "ckpt.state_bytes": self.state.nbytes,
             "ckpt.fetch.direct_io": bool(getattr(self.storage, "direct_io", False)),
         }
-        buffers: dict[str, HostBuffer] = {}
-        before = (
-            self.storage.stats.retries,
-            self.storage.stats.errors,
-            self.storage.stats.requests,
-        )
+        if len(self.ranks) == 1:
+            attrs[Attr.RANK] = self.ranks[0]
+        stats = self.storage.stats
+        before = (stats.retries, stats.errors, stats.requests)
         links, guard, self.interruption = [], self.interruption, None
         if guard is not None:
             links, extra = guard.resume_links(restart_ns=time.time_ns())
             attrs.update(extra)
         with self.tracer.restore(attrs, links) as op:
+            memory = MemoryWatch(reset_peak=True).start()
             try:
-                infos = self._list(op)
-                with op.phase(Phase.FETCH, **{Attr.CONCURRENCY: concurrency}):
-                    buffers = self._fetch(infos, concurrency, op)
-                with op.phase(Phase.VERIFY, **{Attr.VERIFY_MODE: self.options.verify}):
-                    verify_buffers(
-                        buffers,
-                        self.manifest,
-                        self.options.verify,
-                        self.storage.uri,
-                        op,
-                        threads=os.cpu_count() or 1,
-                    )
-                targets = self.layout.load_targets(
+                self._list(op)
+                context = RunContext(
+                    self.storage,
+                    self.layout,
                     self.plan,
-                    buffers,
-                    self.world_size,
+                    self.manifest,
+                    self.state,
+                    self.files,
                     op,
-                    threads=os.cpu_count() or 1,
+                    concurrency,
+                    self.options.part_size,
+                    self.memory_budget,
+                    self.options.verify,
+                    self.options.progress,
+                    os.cpu_count() or 1,
+                    self.options.stage_dir,
                 )
-                self._apply(targets, op)
-                del targets
-                for buf in buffers.values():
-                    buf.close()
-                if self.options.first_step:
-                    self._first_step(op)
+                get_strategy(strategy).run(context)
+                self.first_step.attach(op)
+                self.first_step.run(op)
                 if guard is not None:
                     guard.resumed(op, self.spec.step)
             finally:
-                for buf in buffers.values():
-                    buf.close()
-                stats = self.storage.stats
+                memory.stop()
+                memory.record(op)
                 op.set_attributes(
                     {
                         Attr.RETRIES: stats.retries - before[0],
@@ -313,57 +345,61 @@ class RestoreRunner:
                     }
                 )
         summary = op.summary
-        phases = {}
-        for name, stats in summary.phases.items():
-            entry = {"busy_s": stats.busy_s, "bytes": stats.nbytes, "files": len(stats.files)}
-            if stats.nbytes and stats.busy_s:
-                entry["gbps"] = stats.nbytes / stats.busy_s / 1e9
-            if stats.attributes.get(Attr.EMULATED):
-                entry["emulated"] = True
-                entry["emulation_reason"] = stats.attributes.get(Attr.EMULATION_REASON, "")
-            phases[name] = entry
         ctx = op.span_context
+        fetch = summary.phases.get("fetch")
+        estimate = self.first_step.estimate
         return RunRecord(
+            strategy,
             cache,
             concurrency,
             repeat,
             summary.wall_s,
             self.manifest.total_bytes,
-            state.resident_fraction,
-            state.method,
+            cache_state.resident_fraction,
+            cache_state.method,
             format(ctx.trace_id, "032x") if ctx else "",
-            phases,
+            phases_of(summary),
             int(summary.attributes.get(Attr.RETRIES, 0)),
             int(summary.attributes.get(Attr.ERRORS, 0)),
+            read_bytes=fetch.nbytes if fetch is not None else 0,
+            state_bytes=self.state.nbytes,
+            peak_rss_bytes=memory.peak,
+            start_rss_bytes=memory.start_rss,
+            window_bytes=int(summary.attributes.get("ckpt.memory.window_bytes", 0)),
+            first_step=self.first_step.mode,
+            first_step_estimate_s=estimate[0] if estimate else None,
         )
 
     def sweep(self, on_run=None, echo=print) -> tuple[list[RunRecord], list[dict]]:
-        """Every (concurrency, repeat, cache) run; transient storage failures are
-        recorded and the sweep goes on (they make the success rate). Progress so far
-        stays readable in ``self.runs`` / ``self.failures`` if the sweep is interrupted."""
+        """Every (concurrency, repeat, strategy, cache) run, strategies interleaved so they
+        share the machine's moods; transient storage failures are recorded and the sweep
+        goes on (they make the success rate). Progress so far stays readable in
+        ``self.runs`` / ``self.failures`` if the sweep is interrupted."""
         runs: list[RunRecord] = self.runs
         failures: list[dict] = self.failures
         for concurrency in self.options.concurrency:
             for repeat in range(self.options.repeat):
-                for cache in self.caches:
-                    try:
-                        run = self.run_once(cache, concurrency, repeat)
-                    except UnreachableError:
-                        raise
-                    except TRANSIENT_ERRORS as exc:
-                        failures.append(
-                            {
-                                "cache": cache,
-                                "concurrency": concurrency,
-                                "repeat": repeat,
-                                "error": str(exc),
-                            }
-                        )
-                        echo(f"{cache:4} x{concurrency:<3} #{repeat} FAILED: {exc}")
-                        continue
-                    runs.append(run)
-                    if on_run is not None:
-                        on_run(run)
+                for strategy in self.options.strategies:
+                    for cache in self.caches:
+                        try:
+                            run = self.run_once(strategy, cache, concurrency, repeat)
+                        except UnreachableError:
+                            raise
+                        except TRANSIENT_ERRORS as exc:
+                            failures.append(
+                                {
+                                    "strategy": strategy,
+                                    "cache": cache,
+                                    "concurrency": concurrency,
+                                    "repeat": repeat,
+                                    "error": str(exc),
+                                }
+                            )
+                            echo(f"{strategy} {cache:4} x{concurrency:<3} #{repeat} FAILED: {exc}")
+                            continue
+                        runs.append(run)
+                        if on_run is not None:
+                            on_run(run)
         return runs, failures
 
     def _list(self, op: Operation) -> list[ObjectInfo]:
@@ -390,33 +426,6 @@ class RestoreRunner:
             stats.attributes["ckpt.list.requests"] = self.storage.stats.requests - requests_before
         return infos
 
-    def _fetch(self, infos: list[ObjectInfo], concurrency: int, op: Operation):
-        """Straight into memory, or (``--stage DIR``) download to local disk, then read."""
-        import tempfile
-
-        part, progress = self.options.part_size, self.options.progress
-        if self.options.stage_dir is None:
-            return fetch(self.storage, infos, concurrency, op, part, progress)
-        # a fresh folder of our own: nothing already in DIR is ever written or removed
-        stage = Path(tempfile.mkdtemp(prefix="ckptprof-stage-", dir=self.options.stage_dir))
-        try:
-            t0 = time.perf_counter()
-            download(self.storage, infos, stage, concurrency, op, part, progress)
-            t1 = time.perf_counter()
-            buffers = fetch(PosixStorage(str(stage)), infos, concurrency, None, part, progress)
-            t2 = time.perf_counter()
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
-        op.set_phase_attributes(
-            Phase.FETCH,
-            **{
-                "ckpt.fetch.stage_dir": str(stage),
-                "ckpt.fetch.stage_download_s": round(t1 - t0, 6),
-                "ckpt.fetch.stage_read_s": round(t2 - t1, 6),
-            },
-        )
-        return buffers
-
     def check_listing(self, listed: list[ObjectInfo]) -> list[ObjectInfo]:
         """The manifest's files as listed; a missing or resized file is an error naming it."""
         by_path = {i.path: i for i in listed}
@@ -437,90 +446,15 @@ class RestoreRunner:
             infos.append(info)
         return infos
 
-    def _apply(self, targets, op: Operation) -> None:
-        """Load the restored state into the model and optimizer (part of reshard)."""
-        if self.model is None or self.world_size != 1:
-            return
-        import torch
 
-        from ckptprof.synth.plan import GROUP_EXP_AVG, GROUP_EXP_AVG_SQ, GROUP_MODEL
-
-        state = targets[0]
-        with op.phase(Phase.RESHARD):
-            self.model.load_state_dict(
-                {name: t for (group, name), t in state.items() if group == GROUP_MODEL}
-            )
-            if (GROUP_EXP_AVG, "model.norm.weight") in state:
-                names = [n for n, _ in self.model.named_parameters()]
-                step = torch.tensor(float(self.spec.step))
-                self.optimizer.load_state_dict(
-                    {
-                        "state": {
-                            i: {
-                                "step": step.clone(),
-                                "exp_avg": state[(GROUP_EXP_AVG, n)],
-                                "exp_avg_sq": state[(GROUP_EXP_AVG_SQ, n)],
-                            }
-                            for i, n in enumerate(names)
-                        },
-                        "param_groups": [
-                            {**self.optimizer.param_groups[0], "params": list(range(len(names)))}
-                        ],
-                    }
-                )
-
-    def _first_step(self, op: Operation) -> None:
-        import torch
-
-        from ckptprof.synth.model import train_step
-
-        previous = torch.set_flush_denormal(True)
-        try:
-            if self.model is not None and self.world_size == 1:
-                with op.phase(Phase.FIRST_STEP, **{Attr.EMULATED: False}):
-                    train_step(self.model, self.optimizer)
-                return
-            if self._emulated_step is None:  # estimated once, outside any traced restore
-                raise RuntimeError("call estimate_first_step() before the sweep")
-            seconds, reason = self._emulated_step
-            start = time.time_ns()  # appended after the real work: the root ends later
-            op.add_interval(Phase.FIRST_STEP, start, start + int(seconds * 1e9))
-            op.set_phase_attributes(
-                Phase.FIRST_STEP, **{Attr.EMULATED: True, Attr.EMULATION_REASON: reason}
-            )
-        finally:
-            torch.set_flush_denormal(previous)
-
-    def estimate_first_step(self) -> None:
-        """When the real step cannot run here, time the emulation once (not in any RTO)."""
-        if self.options.first_step and self.model is None:
-            self._emulated_step = self._emulated_step_seconds()
-
-    def _emulated_step_seconds(self) -> tuple[float, str]:
-        """Time 1- and 2-layer models of the same width; extrapolate to all layers."""
-        from dataclasses import replace
-
-        from ckptprof.synth.model import build_model, train_step
-
-        times = []
-        for layers in (1, 2):
-            model, optim = build_model(replace(self.plan.preset, layers=layers))
-            train_step(model, optim)  # warm-up: first-call allocations are not per-layer cost
-            t0 = time.perf_counter()
-            train_step(model, optim)
-            times.append(time.perf_counter() - t0)
-            del model, optim
-        per_layer = max(0.0, times[1] - times[0])
-        total = times[0] + per_layer * (self.plan.preset.layers - 1)
-        why = (
-            f"world size {self.world_size} cannot step in one process"
-            if self.world_size != 1
-            else "model does not fit in memory"
-        )
-        return total, f"{why}; extrapolated from 1- and 2-layer steps of the same width"
+# ---------------------------------------------------------------- helpers
 
 
-# ---------------------------------------------------------------- results
+def default_budget(part_size: int) -> int:
+    """The pipelined window by default: a quarter of free memory, at most 2 GiB, at least
+    two reads."""
+    share = int(psutil.virtual_memory().available * DEFAULT_BUDGET_SHARE)
+    return max(2 * part_size, min(DEFAULT_BUDGET_CAP, share))
 
 
 OPEN_FILES_SPARE = 64  # the interpreter, torch, telemetry and the report (measured ~20)
@@ -547,85 +481,6 @@ def ensure_open_files(concurrency: int, spare: int = OPEN_FILES_SPARE) -> None:
         )
 
 
-def summarize(runs: list[RunRecord], ceiling: ceiling_mod.Ceiling | None) -> list[dict]:
-    groups: dict[tuple[str, int], list[RunRecord]] = {}
-    for run in runs:
-        groups.setdefault((run.cache, run.concurrency), []).append(run)
-    out = []
-    for (cache, conc), items in groups.items():
-        walls = [r.wall_s for r in items]
-        phases = {}
-        for phase in RESTORE_PHASES:
-            values = [r.phases[phase.value]["busy_s"] for r in items if phase.value in r.phases]
-            if values:
-                phases[phase.value] = {
-                    "min_s": min(values),
-                    "median_s": statistics.median(values),
-                    "max_s": max(values),
-                }
-        gbps = [r.phases["fetch"]["gbps"] for r in items if "gbps" in r.phases.get("fetch", {})]
-        entry = {
-            "cache": cache,
-            "concurrency": conc,
-            "repeats": len(items),
-            "rto_s": {"min": min(walls), "median": statistics.median(walls), "max": max(walls)},
-            "phases": phases,
-        }
-        if gbps:
-            entry["fetch_gbps_median"] = statistics.median(gbps)
-            if ceiling and ceiling.read_gbps and cache == "cold":
-                entry["fraction_of_ceiling"] = entry["fetch_gbps_median"] / ceiling.read_gbps
-        out.append(entry)
-    return out
-
-
-def write_results(out_dir: Path, payload: dict, runs: list[RunRecord]) -> tuple[Path, Path]:
-    """results.json and results.csv, each written to a temp name and renamed."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, csv_path = out_dir / "results.json", out_dir / "results.csv"
-    atomic_write(json_path, json.dumps(payload, indent=2, default=str))
-    buf = io.StringIO()
-    phase_names = [p.value for p in RESTORE_PHASES]
-    writer = csv.writer(buf)
-    writer.writerow(
-        [
-            "cache",
-            "concurrency",
-            "repeat",
-            "rto_s",
-            *[f"{p}_s" for p in phase_names],
-            "bytes",
-            "fetch_gbps",
-            "resident_fraction",
-            "cache_method",
-            "first_step_emulated",
-            "retries",
-            "errors",
-            "trace_id",
-        ]
-    )
-    for r in runs:
-        writer.writerow(
-            [
-                r.cache,
-                r.concurrency,
-                r.repeat,
-                f"{r.wall_s:.6f}",
-                *[f"{r.phases[p]['busy_s']:.6f}" if p in r.phases else "" for p in phase_names],
-                r.bytes,
-                f"{r.phases.get('fetch', {}).get('gbps', 0):.4f}",
-                "" if r.resident_fraction is None else f"{r.resident_fraction:.4f}",
-                r.cache_method,
-                r.phases.get("first_step", {}).get("emulated", False),
-                r.retries,
-                r.errors,
-                r.trace_id,
-            ]
-        )
-    atomic_write(csv_path, buf.getvalue())
-    return json_path, csv_path
-
-
 def run_restore(
     location: str,
     options: RestoreOptions,
@@ -634,9 +489,9 @@ def run_restore(
     echo=print,
 ) -> dict:
     """Probe the ceiling, run the sweep, write results.json/results.csv and traces."""
-    from ckptprof.tracing.export import setup_telemetry
+    from ckptprof.tracing.export import TRACE_DIR_ENV, setup_telemetry
 
-    telemetry = setup_telemetry(trace_dir or out_dir / "traces")
+    telemetry = setup_telemetry(trace_dir or os.environ.get(TRACE_DIR_ENV) or out_dir / "traces")
     tracer = CheckpointTracer(
         telemetry.provider,
         framework="synthetic",
@@ -645,11 +500,19 @@ def run_restore(
     )
     try:
         runner = RestoreRunner(location, options, tracer)
+    except BaseException:
+        telemetry.shutdown()
+        raise
+    try:
         runner.check_outputs(out_dir, telemetry.trace_file.parent)
         runner.check_memory()
-        if options.first_step and not runner.build_model():
-            echo("first_step will be emulated (model does not fit, or world size > 1).")
-            runner.estimate_first_step()
+        mode = runner.first_step.mode
+        if mode == "estimated":
+            echo(
+                f"first_step will be estimated and shown beside the RTO, not in it "
+                f"({runner.first_step.why_estimated}; --first-step-s gives a measured one)."
+            )
+        runner.prepare()
         ceiling = runner.ceiling()
         echo(ceiling.describe())
         if options.simulate_interruption:
@@ -670,17 +533,17 @@ def run_restore(
                 "(use --stage DIR to restore from a local copy)"
             )
         try:
-            runs, failures = runner.sweep(lambda run: echo(_run_line(run, ceiling)), echo)
+            runs, failures = runner.sweep(lambda run: echo(run_line(run, ceiling)), echo)
         except BaseException:
             if runner.runs:  # keep what was measured before the interruption
-                payload = _payload(runner, options, ceiling, telemetry, partial=True)
-                json_path, _ = _save_results(out_dir, payload, runner.runs, telemetry)
+                partial = payload(runner, options, ceiling, telemetry, partial=True)
+                json_path, _ = _save_results(out_dir, partial, runner.runs, telemetry)
                 echo(f"partial results of {len(runner.runs)} runs: {json_path}")
             raise
         attempted = len(runs) + len(failures)
         stats = runner.storage.stats
-        payload = _payload(runner, options, ceiling, telemetry)
-        json_path, csv_path = _save_results(out_dir, payload, runs, telemetry)
+        result = payload(runner, options, ceiling, telemetry)
+        json_path, csv_path = _save_results(out_dir, result, runs, telemetry)
         echo(f"results: {json_path} and {csv_path}; {telemetry.describe_trace()}")
         if stats.retries or stats.errors or failures:
             echo(
@@ -692,8 +555,9 @@ def run_restore(
                 f"{len(failures)} of {attempted} runs failed (success rate "
                 f"{len(runs) / attempted:.0%}); first: {failures[0]['error']}"
             )
-        return payload
+        return result
     finally:
+        runner.state.release()
         telemetry.shutdown()
 
 
@@ -710,54 +574,3 @@ def _save_results(out_dir: Path, payload: dict, runs: list[RunRecord], telemetry
             else ""
         )
         raise StorageError(f"could not write the results: {exc}{kept}.") from None
-
-
-def _payload(runner, options, ceiling, telemetry, partial: bool = False) -> dict:
-    from ckptprof import __version__
-    from ckptprof.env import capture
-
-    runs, failures, stats = runner.runs, runner.failures, runner.storage.stats
-    attempted = len(runs) + len(failures)
-    payload = {
-        "ckptprof_version": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "location": runner.storage.uri,
-        "spec": runner.spec.to_dict(),
-        "options": {
-            "verify": options.verify,
-            "world_size": runner.world_size,
-            "part_size": options.part_size,
-            "repeat": options.repeat,
-            "caches": list(options.caches),
-            "concurrency": list(options.concurrency),
-        },
-        "environment": capture(
-            {**runner.storage.describe(), "fetch.part_size": str(options.part_size)}
-        ),
-        "ceiling": ceiling.to_dict(),
-        "runs": [r.to_dict() for r in runs],
-        "summary": summarize(runs, ceiling),
-        "success_rate": len(runs) / attempted if attempted else 0.0,
-        "failures": failures,
-        "requests": {
-            "requests": stats.requests,
-            "retries": stats.retries,
-            "errors": stats.errors,
-        },
-        "trace_file": str(telemetry.trace_file),
-        "partial": partial,
-    }
-    return payload
-
-
-def _run_line(run: RunRecord, ceiling) -> str:
-    fetch = run.phases.get("fetch", {})
-    frac = ""
-    if fetch.get("gbps") and ceiling.read_gbps and run.cache == "cold":
-        frac = f" ({fetch['gbps'] / ceiling.read_gbps:.0%} of ceiling)"
-    resident = "" if run.resident_fraction is None else f" resident={run.resident_fraction:.1%}"
-    phases = " ".join(f"{k}={v['busy_s']:.3f}" for k, v in run.phases.items())
-    return (
-        f"{run.cache:4} x{run.concurrency:<3} #{run.repeat} RTO {run.wall_s:.3f}s "
-        f"fetch {fetch.get('gbps', 0):.2f} GB/s{frac}{resident} | {phases}"
-    )

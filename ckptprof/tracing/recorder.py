@@ -66,6 +66,19 @@ def _union_ns(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
+def uncovered(start: int, end: int, intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``[start, end)`` not covered by ``intervals`` (time inside a call that
+    was not spent in its timed parts: a loader's parsing between its reads)."""
+    out, cursor = [], start
+    for s, e in sorted(intervals):
+        if s > cursor:
+            out.append((cursor, s))
+        cursor = max(cursor, e)
+    if end > cursor:
+        out.append((cursor, end))
+    return out
+
+
 @dataclass
 class FileRecord:
     path: str
@@ -254,6 +267,11 @@ class Operation:
         stats = self._stats(phase)
         with self._lock:
             stats.nbytes += int(nbytes)
+
+    def phase_stats(self) -> dict[str, PhaseStats]:
+        """The phases recorded so far (name -> stats; the stats are live, do not modify)."""
+        with self._lock:
+            return {n: s for n, s in self._phases.items() if s.intervals}
 
     def set_phase_attributes(self, phase: Phase | str, **attributes: AttrValue) -> None:
         stats = self._stats(phase)

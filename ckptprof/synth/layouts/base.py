@@ -3,16 +3,16 @@
 Every layout plans pure data (:meth:`Layout.plan`), writes one file at a time
 (:meth:`Layout.write_file`), finds its files the way its framework does
 (:meth:`Layout.discover`, the ``list`` phase), and turns fetched bytes back
-into :class:`~ckptprof.synth.plan.Piece` tensors (:meth:`Layout.deserialize`).
-Resharding onto the target world size is shared (:mod:`ckptprof.synth.reshard`)
-unless the layout's own loader does it (DCP).
+into :class:`~ckptprof.synth.plan.Piece` tensors (:meth:`Layout.deserialize` from fetched
+bytes, :meth:`Layout.load_path` with the framework's own loader on a path), and says where
+each piece's bytes lie (:meth:`Layout.sources`). Copying them into the state of the
+target ranks is shared (:mod:`ckptprof.synth.strategies`) unless the layout's own loader
+does it (DCP's ``<strategy>_restore`` methods).
 """
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from ckptprof.fetch import HostBuffer
     from ckptprof.storage.base import Storage
     from ckptprof.synth.fill import RandomFiller
-    from ckptprof.tracing.recorder import Operation
 
 
 def unreadable(path: str, exc: Exception):
@@ -71,50 +70,41 @@ class Layout(ABC):
     def deserialize(
         self, plan: CheckpointPlan, file: FilePlan, buffer: HostBuffer
     ) -> dict[Piece, torch.Tensor]:
-        """Tensors of ``file``'s pieces, read from the fetched bytes."""
-        return {}
+        """Tensors of ``file``'s pieces, read from the fetched bytes with the layout's loader
+        (views of the bytes; with :class:`~ckptprof.synth.index.SparseFile` bytes, only the
+        index is read)."""
+        from ckptprof.synth.layouts.torchfile import load_fetched
 
-    def prepare_pieces(
-        self, plan: CheckpointPlan, pieces: dict[Piece, torch.Tensor]
+        return self.pieces(plan, file, load_fetched(buffer))
+
+    def load_path(
+        self, plan: CheckpointPlan, file: FilePlan, path: str
     ) -> dict[Piece, torch.Tensor]:
-        """Turn deserialized pieces into row pieces of real tensors (reshard phase)."""
-        return pieces
+        """Tensors of ``file``'s pieces, loaded from the path by the framework's own loader
+        (``torch.load(mmap=True)`` here; the pages are read as the tensors are used)."""
+        import torch
 
-    def deserialize_all(
-        self, plan: CheckpointPlan, buffers: dict[str, HostBuffer], op: Operation, threads: int
-    ) -> dict[Piece, torch.Tensor]:
-        """The deserialize phase over every data file, ``threads`` at a time."""
-        from ckptprof.phases import Phase
+        return self.pieces(plan, file, torch.load(path, mmap=True, weights_only=True))
 
-        def one(file: FilePlan) -> dict[Piece, torch.Tensor]:
-            with op.phase(Phase.DESERIALIZE):
-                t0 = time.perf_counter()
-                try:
-                    tensors = self.deserialize(plan, file, buffers[file.path])
-                except Exception as exc:  # noqa: BLE001 - a loader's error on bad bytes
-                    raise unreadable(file.path, exc) from None
-                seconds = time.perf_counter() - t0
-            op.add_file(Phase.DESERIALIZE, file.path, buffers[file.path].size, seconds)
-            return tensors
+    def pieces(self, plan: CheckpointPlan, file: FilePlan, obj) -> dict[Piece, torch.Tensor]:
+        """Where each of ``file``'s pieces is in the object its loader returned."""
+        raise NotImplementedError(f"{self.name} has no pieces in {file.path}")
 
-        pieces: dict[Piece, torch.Tensor] = {}
-        with ThreadPoolExecutor(max(1, threads)) as pool:
-            for tensors in pool.map(one, plan.data_files):
-                pieces.update(tensors)
-        return pieces
+    def index_hints(self, file: FilePlan, sparse) -> list[tuple[int, int]]:
+        """Ranges of ``file`` its loader reads to index it, fetched together first; a
+        ``torch.save`` archive's record headers by default."""
+        from ckptprof.synth.index import zip_hints
 
-    def load_targets(
-        self,
-        plan: CheckpointPlan,
-        buffers: dict[str, HostBuffer],
-        world_size: int,
-        op: Operation,
-        threads: int = 1,
-    ) -> list[dict[tuple[str, str], torch.Tensor]]:
-        """deserialize + reshard: the state of each of ``world_size`` target ranks."""
-        from ckptprof.phases import Phase
-        from ckptprof.synth.reshard import reshard
+        return zip_hints(sparse)
 
-        pieces = self.deserialize_all(plan, buffers, op, threads)
-        with op.phase(Phase.RESHARD):
-            return reshard(self.prepare_pieces(plan, pieces), world_size)
+    def sources(self, plan: CheckpointPlan, file: FilePlan, offsets: dict) -> list:
+        """Byte offsets of ``file``'s pieces (``{piece: offset}``) as readplan Sources."""
+        from ckptprof.synth.index import piece_sources
+
+        return piece_sources(file, offsets)
+
+    def state_groups(self, spec: SynthSpec) -> list[tuple[str, str]]:
+        """The restored state's groups, ``(group, dtype)``."""
+        from ckptprof.synth.plan import state_groups
+
+        return state_groups(spec)

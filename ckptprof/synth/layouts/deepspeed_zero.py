@@ -17,7 +17,7 @@ import torch
 from ckptprof.errors import CkptprofError
 from ckptprof.synth.layouts.base import Layout
 from ckptprof.synth.layouts.small_files import small_file_bytes
-from ckptprof.synth.layouts.torchfile import fake_tensor, load_fetched, write_torch_save
+from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
 from ckptprof.synth.plan import (
     GROUP_MASTER,
     GROUP_MODEL,
@@ -141,8 +141,7 @@ class DeepSpeedLayout(Layout):
             )
         return [f.path for f in plan.files]
 
-    def deserialize(self, plan, file, buffer) -> dict[Piece, torch.Tensor]:
-        obj = load_fetched(buffer)
+    def pieces(self, plan, file, obj) -> dict[Piece, torch.Tensor]:
         if file.kind == "model_states":
             return {p: obj["module"][p.key] for p in file.pieces}
         osd = obj["optimizer_state_dict"]
@@ -150,19 +149,19 @@ class DeepSpeedLayout(Layout):
         groups[GROUP_MASTER] = osd["single_partition_of_fp32_groups"][0]
         return {p: groups[p.group] for p in file.pieces}
 
-    def prepare_pieces(self, plan, loaded: dict[Piece, torch.Tensor]) -> dict[Piece, torch.Tensor]:
-        """Concatenate each group's flat partitions and cut them back into tensors."""
-        out = {p: t for p, t in loaded.items() if p.name != FLAT}
-        flat_groups: dict[str, list[tuple[Piece, torch.Tensor]]] = {}
-        for p, t in loaded.items():
-            if p.name == FLAT:
-                flat_groups.setdefault(p.group, []).append((p, t))
-        for group, parts in flat_groups.items():
-            parts.sort(key=lambda pt: pt[0].row_start)
-            flat = torch.cat([t for _, t in parts])
-            offset = 0
-            for t in plan.preset.tensors():
-                piece = Piece(group, t.name, t.shape, "float32", 0, t.shape[0])
-                out[piece] = flat[offset : offset + t.numel].view(t.shape)
-                offset += t.numel
+    def sources(self, plan, file, offsets: dict) -> list:
+        """Model states are row pieces; an optimizer partition is a slice of each group's
+        flattened fp32 vector, cut back into tensors here (ZeRO's unflatten)."""
+        from ckptprof.synth.index import piece_sources
+        from ckptprof.synth.readplan import flat_sources
+
+        if file.kind == "model_states":
+            return piece_sources(file, offsets)
+        order = [(t.name, t.numel, "float32") for t in plan.preset.tensors()]
+        out = []
+        for p, offset in offsets.items():
+            out += flat_sources(file.path, offset, p.group, p.row_start, p.row_end, order)
         return out
+
+    def state_groups(self, spec: SynthSpec) -> list[tuple[str, str]]:
+        return [(GROUP_MODEL, "bfloat16")] + [(g, "float32") for g in _flat_groups(spec)]

@@ -17,7 +17,7 @@ import torch
 
 from ckptprof.synth.layouts.base import Layout
 from ckptprof.synth.layouts.small_files import hf_small_files, small_file_bytes
-from ckptprof.synth.layouts.torchfile import fake_tensor, load_fetched, write_torch_save
+from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
 from ckptprof.synth.plan import (
     GROUP_MODEL,
     CheckpointPlan,
@@ -54,8 +54,9 @@ _TORCH_DTYPES = {v: getattr(torch, k) for k, v in _ST_DTYPES.items()}
 def read_safetensors(buffer) -> dict[str, torch.Tensor]:
     """The tensors of a fetched ``.safetensors`` file, in place (what ``safe_open`` does
     over its mmap: parse the JSON header, view each tensor's byte range; no copy)."""
-    length = int.from_bytes(buffer.view[:8], "little")
-    header = json.loads(bytes(buffer.view[8 : 8 + length]))
+    with buffer.reader() as stream:
+        length = int.from_bytes(stream.read(8), "little")
+        header = json.loads(stream.read(length))
     base = 8 + length
     out = {}
     for key, info in header.items():
@@ -152,6 +153,22 @@ class SafetensorsLayout(Layout):
         if file.kind == "weights":
             tensors = read_safetensors(buffer)
             return {p: tensors[p.key] for p in file.pieces}
-        obj = load_fetched(buffer)
+        return super().deserialize(plan, file, buffer)
+
+    def index_hints(self, file, sparse) -> list[tuple[int, int]]:
+        if file.kind == "weights":  # the header: 8 bytes of length, then the JSON
+            sparse.ensure(0, 8)
+            return [(8, int.from_bytes(sparse.view[:8], "little"))]
+        return super().index_hints(file, sparse)
+
+    def load_path(self, plan, file, path: str) -> dict[Piece, torch.Tensor]:
+        if file.kind == "weights":  # safetensors' own reader, over its mmap of the file
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt") as shard:
+                return {p: shard.get_tensor(p.key) for p in file.pieces}
+        return super().load_path(plan, file, path)
+
+    def pieces(self, plan, file, obj) -> dict[Piece, torch.Tensor]:
         index = _param_index(plan)
         return {p: obj["state"][index[p.name]][p.group] for p in file.pieces}

@@ -13,7 +13,7 @@ import torch
 
 from ckptprof.synth.layouts.base import Layout
 from ckptprof.synth.layouts.small_files import rng_state, small_file_bytes
-from ckptprof.synth.layouts.torchfile import fake_tensor, load_fetched, write_torch_save
+from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
 from ckptprof.synth.plan import (
     GROUP_MODEL,
     CheckpointPlan,
@@ -61,7 +61,6 @@ class TorchSaveLayout(Layout):
         }
         write_torch_save(dest, obj, filler)
 
-    def deserialize(self, plan, file, buffer) -> dict[Piece, torch.Tensor]:
-        obj = load_fetched(buffer)
+    def pieces(self, plan, file, obj) -> dict[Piece, torch.Tensor]:
         groups = {GROUP_MODEL: obj["model"], **obj["optimizer"]["state"]}
         return {p: groups[p.group][p.key] for p in file.pieces}

@@ -1,0 +1,142 @@
+"""``first_step``: the first training step after the restore, for real where it can run.
+
+Where the model fits and one process holds all of it, a plain-PyTorch Llama of the
+preset is built before the sweep (a job's model exists before it restores), the restore
+copies the weights straight into its parameters, the Adam moments are handed to its
+AdamW (``load_state_dict``, part of ``reshard``), and one real forward/backward/AdamW
+step runs. Elsewhere (too large, or one rank of a larger job) the step is *estimated*
+from 1- and 2-layer steps of the same width, once, outside any restore — and kept
+beside the RTO, never inside it — unless the user gives the step time measured in the
+real job (``--first-step-s``), which then counts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import psutil
+
+from ckptprof.phases import Attr, Phase
+from ckptprof.synth.plan import GROUP_EXP_AVG, GROUP_EXP_AVG_SQ, GROUP_MODEL
+from ckptprof.synth.results import STEP_ESTIMATE, STEP_REAL, STEP_SKIPPED, STEP_USER
+
+MEMORY_HEADROOM = 0.85
+
+
+class FirstStep:
+    """Decides, prepares and runs (or estimates) the first step of one sweep."""
+
+    def __init__(self, runner, enabled: bool, user_seconds: float | None) -> None:
+        self.runner = runner
+        self.model = self.optimizer = None
+        self.estimate: tuple[float, str] | None = None
+        self.user_seconds = user_seconds
+        if not enabled:
+            self.mode = STEP_SKIPPED
+        elif user_seconds is not None:
+            self.mode = STEP_USER
+        else:
+            self.mode = STEP_REAL if self._fits() else STEP_ESTIMATE
+
+    def _fits(self) -> bool:
+        from ckptprof.synth.model import training_bytes
+
+        runner = self.runner
+        if runner.world_size != 1:
+            return False
+        need = training_bytes(runner.plan.preset) + runner.state.nbytes
+        return need <= psutil.virtual_memory().available * MEMORY_HEADROOM
+
+    @property
+    def why_estimated(self) -> str:
+        if self.runner.world_size != 1:
+            return f"one rank of {self.runner.world_size} cannot step alone"
+        return "the model does not fit in memory to train here"
+
+    def prepare(self) -> dict:
+        """Before the sweep: build the model (its parameters are returned, keyed like the
+        targets, for the restore to fill), or time the estimate once."""
+        from ckptprof.synth.model import build_model
+
+        if self.mode == STEP_REAL:
+            self.model, self.optimizer = build_model(self.runner.plan.preset)
+            return {(GROUP_MODEL, n): p.data for n, p in self.model.named_parameters()}
+        if self.mode == STEP_ESTIMATE:
+            self.estimate = (self._estimate_seconds(), self.why_estimated)
+        return {}
+
+    def attach(self, op) -> None:
+        """``reshard``: hand the restored Adam moments to the model's AdamW."""
+        import torch
+
+        state = self.runner.state.of_rank(0)
+        if self.model is None or (GROUP_EXP_AVG, "model.norm.weight") not in state:
+            return
+        with op.phase(Phase.RESHARD):
+            names = [n for n, _ in self.model.named_parameters()]
+            step = torch.tensor(float(self.runner.spec.step))
+            self.optimizer.load_state_dict(
+                {
+                    "state": {
+                        i: {
+                            "step": step.clone(),
+                            "exp_avg": state[(GROUP_EXP_AVG, n)],
+                            "exp_avg_sq": state[(GROUP_EXP_AVG_SQ, n)],
+                        }
+                        for i, n in enumerate(names)
+                    },
+                    "param_groups": [
+                        {**self.optimizer.param_groups[0], "params": list(range(len(names)))}
+                    ],
+                }
+            )
+
+    def run(self, op) -> None:
+        """The step, inside the restore (real or the user's), or its estimate beside it."""
+        import torch
+
+        from ckptprof.synth.model import train_step
+
+        if self.mode == STEP_REAL:
+            previous = torch.set_flush_denormal(True)
+            try:
+                with op.phase(Phase.FIRST_STEP, **{Attr.EMULATED: False}):
+                    train_step(self.model, self.optimizer)
+            finally:
+                torch.set_flush_denormal(previous)
+        elif self.mode == STEP_USER:
+            start = time.time_ns()  # appended after the restore: the root ends later
+            op.add_interval(Phase.FIRST_STEP, start, start + int(self.user_seconds * 1e9))
+            op.set_phase_attributes(
+                Phase.FIRST_STEP,
+                **{Attr.EMULATED: False, "ckpt.first_step.source": "user (--first-step-s)"},
+            )
+        elif self.mode == STEP_ESTIMATE and self.estimate is not None:
+            seconds, reason = self.estimate
+            op.set_attributes(
+                {
+                    "ckpt.first_step.estimate_s": round(seconds, 6),
+                    "ckpt.first_step.estimate_reason": reason,
+                    "ckpt.rto.ends_at": "state restored (first step estimated beside it)",
+                }
+            )
+
+    def _estimate_seconds(self) -> float:
+        """1- and 2-layer models of the same width, one timed step each; extrapolated."""
+        from ckptprof.synth.model import build_model, train_step
+
+        preset = self.runner.plan.preset
+        times = []
+        for layers in (1, 2):
+            model, optim = build_model(replace(preset, layers=layers))
+            train_step(model, optim)  # warm-up: first-call allocations are not per-layer cost
+            t0 = time.perf_counter()
+            train_step(model, optim)
+            times.append(time.perf_counter() - t0)
+            del model, optim
+        per_layer = max(0.0, times[1] - times[0])
+        return times[0] + per_layer * (preset.layers - 1)
+
+
+__all__ = ["FirstStep"]

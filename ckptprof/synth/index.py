@@ -1,0 +1,170 @@
+"""Reading a checkpoint file's own index — and only its index — from storage.
+
+A restore that reads only what a rank needs must first learn where each tensor lies:
+the zip directory and pickle of a ``torch.save`` archive, the JSON header of a
+safetensors shard. :class:`SparseFile` holds a file's bytes as untouched virtual memory
+and fetches blocks of it only when a reader asks for them, so the layout's own loader
+(``torch.load``'s zip reader and unpickler, the safetensors header parser) runs
+unchanged and pulls exactly the bytes it parses; the tensors it returns are views whose
+addresses give their byte offsets in the file (:func:`file_sources`). This is what
+``torch.load(mmap=True)`` or ``safe_open`` do through page faults.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ckptprof.synth.plan import CheckpointPlan, FilePlan
+from ckptprof.synth.readplan import Source
+
+if TYPE_CHECKING:
+    from ckptprof.storage.base import Storage
+    from ckptprof.synth.layouts.base import Layout
+
+INDEX_BLOCK = 4 << 10  # one zip local header; a page
+ZIP_TAIL = 64 << 10  # where a zip archive's end record and (mostly) its directory are
+
+
+class SparseFile:
+    """``size`` bytes of ``path`` as virtual memory, fetched from ``storage`` by block
+    on first read (never committed until touched: a 100 GB file costs nothing)."""
+
+    def __init__(self, storage: Storage, path: str, size: int, block: int = INDEX_BLOCK) -> None:
+        self.storage, self.path, self.size, self.block = storage, path, size, block
+        flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_NORESERVE", 0)
+        self._map = mmap.mmap(-1, max(size, 1), flags=flags)
+        self.view = memoryview(self._map)[:size]
+        self._have: set[int] = set()
+        self._lock = threading.Lock()
+        self.fetched_bytes = 0
+        self.read_intervals: list[tuple[int, int]] = []  # when it was reading (fetch time)
+
+    def ensure(self, offset: int, length: int) -> None:
+        """Fetch the blocks covering ``[offset, offset + length)`` not fetched yet."""
+        end = min(self.size, offset + length)
+        first, last = offset // self.block, max(offset, end - 1) // self.block
+        with self._lock:
+            missing = [b for b in range(first, last + 1) if b not in self._have]
+            self._have.update(missing)  # claimed: a concurrent caller skips them
+        for run_start, run_end in _runs(missing):
+            lo = run_start * self.block
+            hi = min(self.size, (run_end + 1) * self.block)
+            started = time.time_ns()
+            self.storage.read_into(self.path, lo, self.view[lo:hi])
+            with self._lock:
+                self.read_intervals.append((started, time.time_ns()))
+                self.fetched_bytes += hi - lo
+
+    def prefetch(self, ranges: list[tuple[int, int]], concurrency: int) -> None:
+        """Fetch ``(offset, length)`` ranges ``concurrency`` at a time, before a loader
+        asks for them one by one (an object store's latency is paid once, not per range)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max(1, concurrency)) as pool:
+            list(pool.map(lambda r: self.ensure(*r), ranges))
+
+    def held(self) -> list[tuple[int, int]]:
+        """The ``[start, end)`` ranges fetched so far, merged."""
+        with self._lock:
+            runs = _runs(sorted(self._have))
+        return [(a * self.block, min(self.size, (b + 1) * self.block)) for a, b in runs]
+
+    def reader(self, offset: int = 0, length: int | None = None) -> io.BufferedReader:
+        end = self.size if length is None else offset + length
+        return io.BufferedReader(_SparseReader(self, offset, end), buffer_size=self.block)
+
+    @property
+    def base_address(self) -> int:
+        import torch
+
+        return torch.frombuffer(self.view, dtype=torch.uint8).data_ptr() if self.size else 0
+
+    def close(self) -> None:
+        import contextlib
+
+        with contextlib.suppress(BufferError):
+            self.view.release()
+            self._map.close()
+
+
+def _runs(blocks: list[int]) -> list[tuple[int, int]]:
+    runs: list[list[int]] = []
+    for b in blocks:
+        if runs and b == runs[-1][1] + 1:
+            runs[-1][1] = b
+        else:
+            runs.append([b, b])
+    return [(a, b) for a, b in runs]
+
+
+class _SparseReader(io.RawIOBase):
+    def __init__(self, sparse: SparseFile, start: int, end: int) -> None:
+        self._sparse, self._start, self._end, self._pos = sparse, start, end, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = {0: 0, 1: self._pos, 2: self._end - self._start}[whence] + pos
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buf) -> int:
+        start = self._start + self._pos
+        n = max(0, min(len(buf), self._end - start))
+        if n:
+            self._sparse.ensure(start, n)
+            buf[:n] = self._sparse.view[start : start + n]
+        self._pos += n
+        return n
+
+
+def zip_hints(sparse: SparseFile) -> list[tuple[int, int]]:
+    """Where a ``torch.save`` archive's loader will read: its directory says where each
+    record's local header is (``torch.load`` reads every one of them)."""
+    import zipfile
+
+    sparse.ensure(max(0, sparse.size - ZIP_TAIL), ZIP_TAIL)
+    with zipfile.ZipFile(sparse.reader()) as archive:
+        infos = archive.infolist()
+    # every record's local header, and the whole of the records that are not tensor data
+    # (the pickle, the version and byte-order records)
+    return [
+        (i.header_offset, INDEX_BLOCK + (0 if "/data/" in i.filename else i.compress_size))
+        for i in infos
+    ]
+
+
+def file_sources(
+    layout: Layout, plan: CheckpointPlan, file: FilePlan, sparse: SparseFile, concurrency: int = 8
+):
+    """The file's tensor regions as :class:`Source` s, from the layout's own loader run
+    over the sparse bytes (it reads the index; the tensors it returns are views)."""
+    hints = layout.index_hints(file, sparse)
+    if hints:
+        sparse.prefetch(hints, concurrency)
+    tensors = layout.deserialize(plan, file, sparse)
+    base = sparse.base_address
+    return layout.sources(plan, file, {p: t.data_ptr() - base for p, t in tensors.items()})
+
+
+def piece_sources(file: FilePlan, offsets: dict) -> list[Source]:
+    """Sources of row pieces (each piece contiguous, row-major, at its offset)."""
+    out = []
+    for piece, offset in offsets.items():
+        cols = piece.numel // piece.rows if piece.rows else 1
+        start, end = piece.row_start * cols, piece.row_end * cols
+        out.append(Source(file.path, offset, (piece.group, piece.name), piece.dtype, start, end))
+    return out
+
+
+__all__ = ["INDEX_BLOCK", "SparseFile", "file_sources", "piece_sources"]

@@ -1,0 +1,253 @@
+"""Which bytes of which files a target rank must read, as pure data.
+
+The checkpoint's own index (zip directory and pickle, safetensors header, ZeRO flat
+partitions) says where every saved tensor region lies: a :class:`Source` is ``length``
+bytes at ``offset`` of a file holding elements ``[elem_start, elem_end)`` (row-major) of
+one tensor. Against the :class:`~ckptprof.synth.targets.TargetTensor` s of a rank,
+:func:`plan_copies` finds the byte ranges to copy into each target, and
+:func:`plan_reads` groups them into ranged reads of at most ``part_size`` bytes, in
+file order, so a rank reads what it needs and nothing else (plus the small gaps it is
+cheaper to read through than to skip). Planned without a disk; unit-tested as data.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ckptprof.errors import CkptprofError
+from ckptprof.synth.presets import DTYPE_SIZE
+from ckptprof.synth.targets import TargetTensor, TensorKey
+
+#: gaps between needed ranges up to this size are read through (zip headers, padding)
+READ_THROUGH_GAP = 64 << 10
+
+
+@dataclass(frozen=True)
+class Source:
+    """``elem_end - elem_start`` elements of tensor ``key`` stored at ``offset`` of ``path``."""
+
+    path: str
+    offset: int
+    key: TensorKey
+    dtype: str
+    elem_start: int
+    elem_end: int
+
+
+@dataclass(frozen=True)
+class Copy:
+    """``length`` bytes at ``offset`` of ``path`` go to byte ``target_offset`` of target
+    tensor number ``target``."""
+
+    path: str
+    offset: int
+    length: int
+    target: int
+    target_offset: int
+
+
+@dataclass
+class Read:
+    """One ranged read, and the copies whose bytes it holds; ``resident`` when the bytes
+    are in memory already (read while indexing the file), so no request is made; ``into``
+    when the read lands directly in the state (no buffer, no copy)."""
+
+    path: str
+    offset: int
+    length: int
+    copies: list[Copy] = field(default_factory=list)
+    resident: bool = False
+    into: Copy | None = None  # read straight into the state: these bytes are this copy
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+def flat_sources(
+    path: str, offset: int, group: str, flat_start: int, flat_end: int, layout
+) -> list[Source]:
+    """The tensors inside one saved range ``[flat_start, flat_end)`` of a flattened group
+    (ZeRO's fp32 partitions): ``layout`` lists ``(name, numel, dtype)`` in flat order."""
+    out, position = [], 0
+    for name, numel, dtype in layout:
+        lo, hi = max(flat_start, position), min(flat_end, position + numel)
+        if hi > lo:
+            start = offset + (lo - flat_start) * DTYPE_SIZE[dtype]
+            out.append(Source(path, start, (group, name), dtype, lo - position, hi - position))
+        position += numel
+    return out
+
+
+def plan_copies(targets: list[TargetTensor], sources: list[Source]) -> list[Copy]:
+    """For every target, the source byte ranges that fill it; all of it, or an error."""
+    by_key: dict[TensorKey, list[Source]] = defaultdict(list)
+    for source in sources:
+        by_key[source.key].append(source)
+    copies = []
+    for index, target in enumerate(targets):
+        size = DTYPE_SIZE[target.dtype]
+        lo_t, hi_t = target.elem_start, target.elem_start + target.numel
+        covered = 0
+        for source in sorted(by_key.get(target.key, []), key=lambda s: s.elem_start):
+            if source.dtype != target.dtype:
+                raise CkptprofError(
+                    f"{source.path}: {target.name} ({target.group}) is saved as {source.dtype}, "
+                    f"the restore expects {target.dtype}; regenerate the checkpoint."
+                )
+            lo, hi = max(lo_t, source.elem_start), min(hi_t, source.elem_end)
+            if hi <= lo:
+                continue
+            copies.append(
+                Copy(
+                    source.path,
+                    source.offset + (lo - source.elem_start) * size,
+                    (hi - lo) * size,
+                    index,
+                    (lo - lo_t) * size,
+                )
+            )
+            covered += hi - lo
+        if covered != hi_t - lo_t:
+            raise CkptprofError(
+                f"the checkpoint holds {covered} of the {hi_t - lo_t} elements of "
+                f"{target.name} ({target.group}) rank {target.rank} needs; a file is missing "
+                "or was replaced, regenerate the checkpoint."
+            )
+    return copies
+
+
+def plan_reads(
+    copies: list[Copy],
+    part_size: int,
+    whole_files: dict[str, int] | None = None,
+    gap: int = READ_THROUGH_GAP,
+    have: dict[str, list[tuple[int, int]]] | None = None,
+    direct: bool | set[str] = False,
+) -> list[Read]:
+    """Ranged reads of at most ``part_size`` bytes covering every copy, in file order.
+
+    ``whole_files`` (path -> size) are read from first byte to last (a full-file hash
+    needs every byte; small files are read whole as their framework reads them).
+    ``have`` (path -> ``[start, end)`` ranges) are in memory already: they become
+    resident reads, and no request reads them again. With ``direct`` (True, or the
+    paths it applies to) every byte that belongs to a copy is read straight into its
+    place in the state (reads are cut at copy boundaries; only the rest goes through
+    buffers).
+    """
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for c in copies:
+        spans[c.path].append((c.offset, c.offset + c.length))
+    for path, size in (whole_files or {}).items():
+        spans[path] = [(0, size)]
+    by_offset: dict[str, list[Copy]] = defaultdict(list)
+    for c in sorted(copies, key=lambda c: (c.path, c.offset)):
+        by_offset[c.path].append(c)
+    reads: list[Read] = []
+    for path in sorted(spans):
+        into_state = direct is True or (direct is not False and path in direct)
+        through = 0 if into_state else gap  # a gap is worth reading only into a buffer
+        merged: list[list[int]] = []
+        for start, end in sorted(spans[path]):
+            if merged and start <= merged[-1][1] + through:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        held = (have or {}).get(path, [])
+        for start, end in merged:
+            if end == start:
+                reads.append(Read(path, start, 0))
+            for lo, hi, resident in split_held(start, end, held):
+                if resident:
+                    reads.append(Read(path, lo, hi - lo, resident=True))
+                elif into_state:
+                    reads += _direct(path, lo, hi, by_offset.get(path, []), part_size)
+                else:
+                    reads += _chunks(path, lo, hi, part_size)
+    _attach([r for r in reads if r.into is None], copies)
+    return reads
+
+
+def _chunks(path: str, lo: int, hi: int, part_size: int) -> list[Read]:
+    return [Read(path, o, min(part_size, hi - o)) for o in range(lo, hi, part_size)]
+
+
+def _direct(path: str, lo: int, hi: int, copies: list[Copy], part_size: int) -> list[Read]:
+    """``[lo, hi)`` as reads into the state where copies cover it, buffered reads between."""
+    out, cursor = [], lo
+    starts = [c.offset for c in copies]
+    i = max(0, bisect.bisect_right(starts, lo) - 1)
+    while i < len(copies) and copies[i].offset < hi:
+        c = copies[i]
+        a, b = max(c.offset, cursor), min(c.offset + c.length, hi)
+        i += 1
+        if b <= a:
+            continue
+        if a > cursor:
+            out += _chunks(path, cursor, a, part_size)
+        for o in range(a, b, part_size):
+            n = min(part_size, b - o)
+            into = Copy(path, o, n, c.target, c.target_offset + o - c.offset)
+            out.append(Read(path, o, n, into=into))
+        cursor = b
+    if cursor < hi:
+        out += _chunks(path, cursor, hi, part_size)
+    return out
+
+
+def split_held(start: int, end: int, held: list[tuple[int, int]]):
+    """``[start, end)`` cut into ``(lo, hi, resident)`` runs by the ``held`` ranges."""
+    cursor = start
+    for lo, hi in sorted(held):
+        lo, hi = max(lo, start), min(hi, end)
+        if hi <= lo or hi <= cursor:
+            continue
+        lo = max(lo, cursor)
+        if lo > cursor:
+            yield cursor, lo, False
+        yield lo, hi, True
+        cursor = hi
+    if cursor < end:
+        yield cursor, end, False
+
+
+def _attach(reads: list[Read], copies: list[Copy]) -> None:
+    """Give every copy to the reads that hold its bytes (split where a read ends)."""
+    by_path: dict[str, list[Read]] = defaultdict(list)
+    for read in reads:
+        by_path[read.path].append(read)  # in offset order, not overlapping
+    starts = {path: [r.offset for r in rs] for path, rs in by_path.items()}
+    for c in copies:
+        end = c.offset + c.length
+        path_reads = by_path.get(c.path)
+        if not path_reads:
+            continue  # read straight into the state
+        i = max(0, bisect.bisect_right(starts[c.path], c.offset) - 1)
+        while i < len(path_reads) and path_reads[i].offset < end:
+            read = path_reads[i]
+            lo, hi = max(c.offset, read.offset), min(end, read.end)
+            if hi > lo:
+                read.copies.append(
+                    Copy(c.path, lo, hi - lo, c.target, c.target_offset + lo - c.offset)
+                )
+            i += 1
+
+
+def read_bytes(reads: list[Read]) -> int:
+    """Bytes the reads request from storage (resident ones are in memory already)."""
+    return sum(r.length for r in reads if not r.resident)
+
+
+__all__ = [
+    "Copy",
+    "READ_THROUGH_GAP",
+    "Read",
+    "Source",
+    "flat_sources",
+    "plan_copies",
+    "plan_reads",
+    "read_bytes",
+    "split_held",
+]
