@@ -6,19 +6,24 @@ span says how much memory it took. A sampler thread reads this process's residen
 the largest sample inside its intervals (``ckpt.memory.peak_rss_bytes``), the root the
 largest of all, plus the kernel's own high-water mark where ckptprof may reset it (its
 own process: ``reset_peak=True``; never in a training job, whose numbers it would
-disturb). With CUDA in use, the device's peak allocation too.
+disturb). With CUDA in use, the device's allocated bytes are sampled the same way
+(``ckpt.memory.device_peak_bytes``); its peak counter is reset only where ckptprof owns
+the process, too.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 import time
+from array import array
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SAMPLE_S = 0.005
 PEAK_RSS = "ckpt.memory.peak_rss_bytes"
 START_RSS = "ckpt.memory.start_rss_bytes"
+DEVICE_PEAK = "ckpt.memory.device_peak_bytes"
 
 
 def rss_bytes() -> int:
@@ -47,63 +52,101 @@ def _reset_high_water_mark() -> bool:
         return False
 
 
-class MemoryWatch:
-    """Samples memory while an operation runs; see the module docstring."""
+def cuda_in_use() -> bool:
+    """CUDA initialized in this process already (never initialized by asking)."""
+    import sys
 
-    def __init__(self, reset_peak: bool = False, cuda: bool = False) -> None:
-        self.samples: list[tuple[int, int]] = []  # (time_ns, rss bytes)
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+class MemoryWatch:
+    """Samples memory while an operation runs; see the module docstring.
+
+    Samples are kept as two flat arrays (16 bytes each): an hour at the default rate is
+    about 12 MB.
+    """
+
+    def __init__(
+        self, reset_peak: bool = False, cuda: bool | None = None, interval_s: float = SAMPLE_S
+    ) -> None:
+        self.times = array("q")
+        self.rss = array("q")
+        self.device = array("q")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reset = reset_peak
-        self._cuda = cuda
+        self._hwm_reset = False
+        self._cuda = cuda_in_use() if cuda is None else cuda
+        self._interval = interval_s
         self.start_rss = 0
         self.kernel_peak: int | None = None
         self.device_peak: int | None = None
 
     def start(self) -> MemoryWatch:
         self._hwm_reset = self._reset and _reset_high_water_mark()
-        if self._cuda:
+        if self._cuda and self._reset:
             import torch
 
             torch.cuda.reset_peak_memory_stats()
         self.start_rss = rss_bytes()
-        self.samples.append((time.time_ns(), self.start_rss))
+        self._sample()
         self._thread = threading.Thread(target=self._run, name="ckptprof-memory", daemon=True)
         self._thread.start()
         return self
 
+    def _sample(self) -> None:
+        self.times.append(time.time_ns())
+        self.rss.append(rss_bytes())
+        if self._cuda:
+            import torch
+
+            self.device.append(int(torch.cuda.memory_allocated()))
+
     def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
-            self.samples.append((time.time_ns(), rss_bytes()))
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self.samples.append((time.time_ns(), rss_bytes()))
+        self._sample()
         if self._hwm_reset:
             self.kernel_peak = _high_water_mark()
         if self._cuda:
             import torch
 
-            self.device_peak = int(torch.cuda.max_memory_allocated())
+            sampled = max(self.device)
+            self.device_peak = (
+                max(sampled, int(torch.cuda.max_memory_allocated())) if self._reset else sampled
+            )
 
     @property
     def peak(self) -> int:
-        sampled = max(rss for _, rss in self.samples)
-        return max(sampled, self.kernel_peak or 0)
+        return max(max(self.rss), self.kernel_peak or 0)
 
     def peak_within(self, intervals: list[tuple[int, int]]) -> int | None:
         """The largest sample inside any of ``intervals`` (None when none fell inside)."""
-        inside = [r for t, r in self.samples if any(s <= t <= e for s, e in intervals)]
-        return max(inside) if inside else None
+        best = None
+        for start, end in intervals:
+            lo = bisect.bisect_left(self.times, start)
+            hi = bisect.bisect_right(self.times, end)
+            if hi > lo:
+                top = max(self.rss[lo:hi])
+                best = top if best is None else max(best, top)
+        return best
 
     def record(self, op) -> None:
         """Put the peaks on the operation's spans (before it finishes)."""
         attrs = {PEAK_RSS: self.peak, START_RSS: self.start_rss}
         if self.device_peak is not None:
-            attrs["ckpt.memory.device_peak_bytes"] = self.device_peak
+            attrs[DEVICE_PEAK] = self.device_peak
         op.set_attributes(attrs)
         for name, stats in op.phase_stats().items():
             peak = self.peak_within(stats.intervals)
@@ -111,4 +154,4 @@ class MemoryWatch:
                 op.set_phase_attributes(name, **{PEAK_RSS: peak})
 
 
-__all__ = ["MemoryWatch", "PEAK_RSS", "START_RSS", "rss_bytes"]
+__all__ = ["DEVICE_PEAK", "MemoryWatch", "PEAK_RSS", "START_RSS", "cuda_in_use", "rss_bytes"]

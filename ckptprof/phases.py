@@ -77,6 +77,7 @@ class Attr:
     EMULATED = "ckpt.emulated"
     EMULATION_REASON = "ckpt.emulation_reason"
     VERIFY_MODE = "ckpt.verify.mode"
+    VERIFY_OF_BYTES = "ckpt.verify.of_bytes"  # bytes of the files verified: coverage's whole
     MODEL = "ckpt.model"
     LAYOUT = "ckpt.layout"
     REPEAT = "ckpt.repeat"

@@ -15,11 +15,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ckptprof.memory import MemoryWatch
 from ckptprof.phases import Attr, Phase
 from ckptprof.tracing.export import Telemetry, setup_telemetry
 from ckptprof.tracing.recorder import CheckpointTracer, Operation, OperationSummary
 
 log = logging.getLogger("ckptprof")
+GUEST_SAMPLE_S = 0.01  # the memory sampler's period inside a training job
 
 
 def shared_run_id() -> str | None:
@@ -63,6 +65,7 @@ class TracingSession:
         self.telemetry: Telemetry | None = None
         self.tracer: CheckpointTracer | None = None
         self.restore_op: Operation | None = None
+        self.restore_memory: MemoryWatch | None = None
         self.save_op: Operation | None = None
         self.last_restore: OperationSummary | None = None
         self.last_save: OperationSummary | None = None
@@ -89,6 +92,7 @@ class TracingSession:
 
     def close(self) -> None:
         """End open operations, flush and stop exporting; a later :meth:`start` begins anew."""
+        self._stop_memory_watch()
         for op in (self.restore_op, self.save_op):
             if op is not None and not op.finished:
                 with contextlib.suppress(Exception):
@@ -121,6 +125,7 @@ class TracingSession:
             if self.interruptions is not None:
                 links, extra = self.interruptions.resume_links()
             self.restore_op = self.tracer.restore(self._attrs({**attributes, **extra}), links)
+            self._watch_memory()
             return self.restore_op
         except Exception as exc:  # noqa: BLE001
             self.warn_once("begin_restore", exc)
@@ -134,6 +139,9 @@ class TracingSession:
             step = op.attributes.get(Attr.RESTORED_STEP)  # the checkpoint's own step
             if self.interruptions is not None and error is None and step is not None:
                 self.interruptions.resumed(op, int(step))
+            watch = self._stop_memory_watch()
+            if watch is not None:
+                watch.record(op)
             summary = op.finish(error)
             self.last_restore = summary
             # off the training loop's critical path, unless the restore failed
@@ -142,6 +150,20 @@ class TracingSession:
         except Exception as exc:  # noqa: BLE001
             self.warn_once("end_restore", exc)
             return None
+
+    def _watch_memory(self) -> None:
+        """Sample memory for the restore (the job's own peak counters are never reset)."""
+        self._stop_memory_watch()
+        try:
+            self.restore_memory = MemoryWatch(interval_s=GUEST_SAMPLE_S).start()
+        except Exception as exc:  # noqa: BLE001 - no /proc: the restore goes on without
+            self.warn_once("memory", exc)
+
+    def _stop_memory_watch(self) -> MemoryWatch | None:
+        watch, self.restore_memory = self.restore_memory, None
+        if watch is not None:
+            watch.stop()
+        return watch
 
     def first_step_done(
         self, step: int, since_ns: int | None = None, announce: bool = True, **attributes: Any

@@ -58,6 +58,13 @@ def ours_in(directory: Path) -> list[str]:
     return sorted(str(p) for p in Path(directory).rglob("*ckptprof*"))
 
 
+def assert_memory_recorded(restore: dict) -> None:
+    """A restore span carries the process's memory: sampled while it ran, never below
+    where it started (a job's own peak counters are never reset for it)."""
+    attrs = restore["attributes"]
+    assert attrs["ckpt.memory.peak_rss_bytes"] >= attrs["ckpt.memory.start_rss_bytes"] > 0
+
+
 def read_spans(trace_file: Path) -> list[dict]:
     return [json.loads(line) for line in Path(trace_file).read_text().splitlines() if line]
 

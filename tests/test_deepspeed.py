@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import (
     RESTORE_PHASES,
+    assert_memory_recorded,
     children,
     folder_record,
     folder_record_path,
@@ -75,6 +76,7 @@ def test_save_then_load_in_a_fresh_process(tmp_path, stage):
     assert attrs["ckpt.path"] == str(folder) and attrs["ckpt.framework"] == "deepspeed"
     assert attrs["ckpt.strategy"] == f"zero{stage}"
     assert attrs["ckpt.restored_step"] == 5 and attrs["ckpt.step"] == 6
+    assert_memory_recorded(restore)
     phases = children(spans, restore)
     assert set(phases) >= RESTORE_PHASES
     # bytes = the files DeepSpeed read, the model states twice (a real cost, shown)

@@ -16,6 +16,7 @@ from ckptprof.errors import VerifyError
 from ckptprof.integrations.lightning import CkptProf
 from tests.conftest import (
     RESTORE_PHASES,
+    assert_memory_recorded,
     children,
     file_record,
     interruption_record_path,
@@ -79,6 +80,7 @@ def test_save_then_resume_last_in_a_fresh_process(tmp_path):
     assert phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] == size
     assert phases["ckpt.verify"]["attributes"]["ckpt.verify.method"] == "record size"
     assert restores[0]["attributes"]["ckpt.framework"] == "lightning"
+    assert_memory_recorded(restores[0])
     assert restores[0]["attributes"]["ckpt.step"] >= 10
     assert file_record(last)["files"]["last.ckpt"]["size"] == size
     assert ours_in(tmp_path / "checkpoints") == []  # the records live in the state location

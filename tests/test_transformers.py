@@ -18,6 +18,7 @@ from ckptprof.errors import VerifyError
 from ckptprof.integrations.transformers import CkptProfCallback, instrument, uninstrument
 from tests.conftest import (
     RESTORE_PHASES,
+    assert_memory_recorded,
     children,
     folder_record,
     folder_record_path,
@@ -79,6 +80,7 @@ def test_save_then_resume_last_in_a_fresh_process(tmp_path):
     assert restore["attributes"]["ckpt.framework"] == "transformers"
     assert restore["attributes"]["ckpt.format"] == "safetensors"
     assert restore["attributes"]["ckpt.step"] == 11
+    assert_memory_recorded(restore)
     phases = children(spans, restore)
     assert set(phases) >= RESTORE_PHASES
     fetch = phases["ckpt.fetch"]["attributes"]

@@ -60,6 +60,7 @@ class PhaseRow:
     gbps: float | None
     emulated: bool = False
     emulation_reason: str | None = None
+    of_bytes: int | None = None  # verify: the bytes of the files it checked
 
 
 @dataclass
@@ -134,7 +135,7 @@ class VerifyCoverage:
 
     mode: str  # full | sample | size | none
     checked_bytes: int | None  # bytes hashed (None: not recorded)
-    total_bytes: int | None  # bytes fetched
+    total_bytes: int | None  # bytes of the files checked (older records: bytes fetched)
 
 
 @dataclass
@@ -237,6 +238,7 @@ def phase_rows(
                 gbps=gbps,
                 emulated=any(s.emulated for s in found),
                 emulation_reason=reasons[0] if reasons else None,
+                of_bytes=_median_int(s.of_bytes for s in found),
             )
         )
     return rows
@@ -352,11 +354,10 @@ def verify_coverage(mode: Any, b: Breakdown | None) -> VerifyCoverage | None:
     if mode not in VERIFY_MODES or b is None:
         return None
     checked, fetched = b.phase(Phase.VERIFY), b.phase(Phase.FETCH)
-    return VerifyCoverage(
-        mode,
-        checked.nbytes or 0 if checked is not None else None,
-        fetched.nbytes if fetched is not None else None,
-    )
+    whole = checked.of_bytes if checked is not None else None
+    if whole is None and fetched is not None:
+        whole = fetched.nbytes
+    return VerifyCoverage(mode, checked.nbytes or 0 if checked is not None else None, whole)
 
 
 def _count(ops: Iterable[TraceOperation], key: str) -> int:

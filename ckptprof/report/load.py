@@ -117,6 +117,7 @@ class PhaseSample:
     gbps: float | None = None
     emulated: bool = False
     emulation_reason: str | None = None
+    of_bytes: int | None = None  # verify: the bytes of the files it checked
 
 
 @dataclass
@@ -352,6 +353,7 @@ def _phase_sample(name: str, span: Mapping[str, Any]) -> PhaseSample:
         gbps=_num(attrs.get(Attr.THROUGHPUT_GBPS)),
         emulated=_flag(attrs.get(Attr.EMULATED, False)),
         emulation_reason=str(reason) if reason is not None else None,
+        of_bytes=_int(attrs.get(Attr.VERIFY_OF_BYTES)),
     )
 
 
@@ -415,6 +417,7 @@ def _results_phases(raw: Any) -> dict[str, PhaseSample]:
             gbps=_num(entry.get("gbps")),
             emulated=_flag(entry.get("emulated", False)),
             emulation_reason=str(reason) if reason is not None else None,
+            of_bytes=_int(entry.get("of_bytes")),
         )
     return phases
 

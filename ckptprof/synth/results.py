@@ -60,6 +60,9 @@ def phases_of(summary) -> dict[str, dict]:
         peak = stats.attributes.get("ckpt.memory.peak_rss_bytes")
         if peak is not None:
             entry["peak_rss_bytes"] = peak
+        of = stats.attributes.get(Attr.VERIFY_OF_BYTES)
+        if of is not None:
+            entry["of_bytes"] = of
         if stats.attributes.get(Attr.EMULATED):
             entry["emulated"] = True
             entry["emulation_reason"] = stats.attributes.get(Attr.EMULATION_REASON, "")

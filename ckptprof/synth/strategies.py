@@ -240,8 +240,15 @@ def fetch_all(ctx: RunContext) -> dict[str, HostBuffer]:
         return buffers
 
 
+def verify_attributes(ctx: RunContext) -> dict:
+    """The verify phase's mode and the bytes of the files it checks (what a share of
+    ``sample`` is a share of)."""
+    of = sum(ctx.manifest.files[f.path].size for f in ctx.files)
+    return {Attr.VERIFY_MODE: ctx.verify, Attr.VERIFY_OF_BYTES: of}
+
+
 def verify_all(ctx: RunContext, buffers: dict[str, HostBuffer]) -> None:
-    with ctx.op.phase(Phase.VERIFY, **{Attr.VERIFY_MODE: ctx.verify}):
+    with ctx.op.phase(Phase.VERIFY, **verify_attributes(ctx)):
         verify_buffers(
             buffers, ctx.manifest, ctx.verify, ctx.storage.uri, ctx.op, threads=ctx.threads
         )
@@ -265,7 +272,7 @@ class Pipelined(Strategy):
             direct = {f.path for f in ctx.files if f.path not in maps.paths} if on_host else set()
             reads = plan_reads(copies, ctx.part_size, whole, have=held, direct=direct)
             if ctx.verify == "sample":
-                reads += sample_reads(ctx, held)
+                reads += sample_reads(ctx, held, reads)
             try:
                 Pipeline(ctx, reads, indexed, maps, clocks).run()
             finally:
@@ -383,16 +390,24 @@ def index_files(ctx: RunContext, clocks: FetchClocks) -> tuple[list[Source], dic
     return sources, indexed
 
 
-def sample_reads(ctx: RunContext, held: dict) -> list[Read]:
-    """The ranges ``--verify sample`` hashes (8 × 1 MiB per file), as extra reads (those
-    the index read already are resident)."""
+def sample_reads(ctx: RunContext, held: dict, planned: list[Read]) -> list[Read]:
+    """What ``--verify sample`` hashes (8 × 1 MiB per file) that the ``planned`` reads do
+    not bring: extra reads (resident where the index read them already). Planned reads
+    feed the hash as they land, so no byte is read twice for it."""
     from ckptprof.manifest import sample_ranges
 
+    covered: dict[str, list[tuple[int, int]]] = {}
+    for r in planned:
+        covered.setdefault(r.path, []).append((r.offset, r.offset + r.length))
     out = []
     for file in ctx.files:
         for offset, length in sample_ranges(ctx.manifest.files[file.path].size):
-            for lo, hi, resident in split_held(offset, offset + length, held.get(file.path, [])):
-                out.append(Read(file.path, lo, hi - lo, resident=resident))
+            runs = split_held(offset, offset + length, covered.get(file.path, []))
+            for lo, hi, already in runs:
+                if already:
+                    continue
+                for a, b, resident in split_held(lo, hi, held.get(file.path, [])):
+                    out.append(Read(file.path, a, b - a, resident=resident))
     return out
 
 
@@ -596,7 +611,7 @@ class Pipeline:
     def _finish_verify(self) -> None:
         ctx = self.ctx
         hashed = 0
-        with ctx.op.phase(Phase.VERIFY, **{Attr.VERIFY_MODE: ctx.verify}):
+        with ctx.op.phase(Phase.VERIFY, **verify_attributes(ctx)):
             for path, digest in self.digests.items():
                 hashed += digest.hashed
                 if not digest.done:
