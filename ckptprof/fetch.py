@@ -22,10 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from ckptprof.atomic import named
 from ckptprof.phases import Phase
+from ckptprof.progress import bar as progress_bar
 from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.tracing.recorder import Operation
 
@@ -139,14 +138,7 @@ def _execute(
     for r in reqs:
         clocks[r.path].pending += 1
     lock = threading.Lock()
-    bar = tqdm(
-        total=sum(sizes.values()),
-        unit="B",
-        unit_scale=True,
-        desc=desc,
-        disable=None if progress is None else not progress,
-        leave=False,
-    )
+    bar = progress_bar(sum(sizes.values()), desc, progress)
 
     def run(req: ReadRequest) -> None:
         start = time.time_ns()

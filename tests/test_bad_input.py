@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from ckptprof.manifest import MANIFEST_NAME
 from tests.conftest import TINY_SCALE, run_cli
@@ -154,6 +155,7 @@ def test_non_empty_dest_needs_force(ckpt_copy):
         (["--memory-budget", "lots"], ["--memory-budget", "'lots'", "like 16M"]),
         (["--rank", "-1"], ["--rank", "'-1'"]),
         (["--first-step-s", "soon"], ["--first-step-s", "'soon'"]),
+        (["--device", "gpu"], ["--device", "'gpu'", "auto, cpu, cuda or cuda:N"]),
     ],
 )
 def test_bad_restore_option_values(ckpt_copy, args, needles):
@@ -169,7 +171,10 @@ def test_bad_restore_option_values(ckpt_copy, args, needles):
         (["--world-size", "2", "--rank", "2"], ["--rank 2", "--world-size 2", "0 to 1"]),
         (["--rank", "1"], ["--rank 1", "pass --world-size"]),  # saved by 1: one rank only
         (["--stage", "."], ["--stage .", "add staged to --strategy"]),  # pipelined has none
-    ],
+    ]
+    + (  # asking for a GPU where there is none
+        [] if torch.cuda.is_available() else [(["--device", "cuda"], ["no CUDA device here"])]
+    ),
 )
 def test_options_that_do_not_fit_together(ckpt_copy, args, needles):
     result = restore_cli(ckpt_copy, *args)

@@ -567,3 +567,35 @@ def test_results_show_success_rate_retries_and_partial(tmp_path):
     clean = results_doc()
     (tmp_path / "results.json").write_text(json.dumps(clean))
     assert "reliability:" not in render_text(aggregate(load([tmp_path / "results.json"])))
+
+
+def strategy_row(strategy, walls, peak=None, cache="cold", concurrency=8, **phases) -> SweepRow:
+    """A sweep cell of one strategy: ``walls`` its repeats' RTOs, phases name=busy_s."""
+    median = sorted(walls)[len(walls) // 2]
+    rows = [PhaseRow(n, s, s / median, None, None, None) for n, s in phases.items()]
+    b = Breakdown(
+        "cell", "restore", len(walls), median, min(walls), max(walls), rows, cache, concurrency
+    )
+    b.strategy, b.peak_rss_bytes = strategy, peak
+    return SweepRow(b, None, None)
+
+
+def test_better_strategy_names_the_gain_the_phases_and_the_memory():
+    staged = strategy_row("staged", [9.0, 10.0, 11.0], 6.9e9, fetch=4.0, deserialize=5.0)
+    pipelined = strategy_row("pipelined", [5.5, 6.0, 6.5], 3.7e9, fetch=5.5, deserialize=0.2)
+    hint = H.better_strategy([staged, pipelined])
+    assert hint is not None and hint.code == "strategy"
+    assert hint.message.startswith("pipelined would cut this restore from 10.00 s (staged)")
+    assert "to 6.00 s (cold c=8, 40% less)" in hint.message
+    assert "staged spends more in deserialize 5.00 s vs 0.20 s" in hint.message
+    assert "fetch" not in hint.message.split("spends more in")[1]  # pipelined fetched longer
+    assert "peak memory 3.70 GB vs 6.90 GB" in hint.message
+
+
+def test_better_strategy_stays_silent_on_noise_small_gains_and_lone_strategies():
+    overlapping = strategy_row("staged", [5.0, 10.0, 11.0])
+    assert H.better_strategy([overlapping, strategy_row("pipelined", [5.5, 6.0, 6.5])]) is None
+    small = strategy_row("staged", [6.6, 6.65, 6.7])  # 6.0 vs 6.65: under STRATEGY_GAIN
+    assert H.better_strategy([small, strategy_row("pipelined", [5.9, 6.0, 6.1])]) is None
+    other_cell = strategy_row("pipelined", [1.0, 1.0, 1.0], cache="hot")
+    assert H.better_strategy([strategy_row("staged", [9.0, 10, 11]), other_cell]) is None

@@ -85,12 +85,18 @@ def test_every_layout_and_strategy_restores_every_phase(layout, strategy, checkp
         assert attrs["ckpt.storage.kind"] == "posix"
         assert attrs["ckpt.concurrency"] in (1, 4)
         assert attrs["ckpt.memory.peak_rss_bytes"] >= attrs["ckpt.memory.start_rss_bytes"] > 0
+        if torch.cuda.is_available():  # --device auto: the state is on the GPU
+            assert attrs["ckpt.device"].startswith("cuda:")
+        else:  # and where there is none, the span says no device copy was timed
+            assert attrs["ckpt.device"] == "cpu"
+            assert "no host→device copy" in attrs["ckpt.device.note"]
         if attrs["ckpt.cache"] == "cold":
             assert attrs["ckpt.cache.resident_fraction"] < 0.05
         else:
             assert attrs["ckpt.cache.resident_fraction"] > 0.95
     assert {r["cache"] for r in payload["runs"]} == {"cold", "hot"}
     assert {r["strategy"] for r in payload["runs"]} == {strategy}
+    assert payload["options"]["device"] == roots[0]["attributes"]["ckpt.device"]
     assert all(r["peak_rss_bytes"] > 0 and r["state_bytes"] > 0 for r in payload["runs"])
     assert payload["environment"]["version.torch"] == torch.__version__.split("+")[0] or (
         payload["environment"]["version.torch"].startswith(torch.__version__.split("+")[0])

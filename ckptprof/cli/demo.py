@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ckptprof.cli.options import choice_list, directory, int_list, real, size, whole
+from ckptprof.cli.options import (
+    add_device_option,
+    choice_list,
+    directory,
+    int_list,
+    real,
+    size,
+    whole,
+)
 from ckptprof.synth import ranges
 from ckptprof.synth.layouts import LAYOUT_NAMES
 from ckptprof.synth.presets import PRESETS
@@ -93,6 +101,7 @@ def add_parser(commands) -> None:
         metavar="SIZE",
         help="bytes the pipelined strategy may hold in flight (default: from free memory)",
     )
+    add_device_option(demo)
     demo.add_argument(
         "--plot",
         action=argparse.BooleanOptionalAction,
@@ -121,6 +130,7 @@ def run(args) -> int:
         world_size=args.world_size,
         rank=args.rank,
         memory_budget=args.memory_budget,
+        device=args.device,
     )
     options.validate()  # before generating: a bad option costs nothing
     print(f"== generate {args.model} x{scale:g} ({args.layout}) in {ckpt}")

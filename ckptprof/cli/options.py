@@ -111,3 +111,24 @@ def location(text: str) -> str:
 def directory(text: str) -> Path:
     """A local folder to write into."""
     return Path(_directory(text))
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """``--device``: where the restored state lives (shared by ``synth restore`` and ``demo``)."""
+
+    def device(text: str) -> str:
+        from ckptprof.synth.device import check_device
+
+        problem = check_device(text)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return text
+
+    parser.add_argument(
+        "--device",
+        type=device,
+        default="auto",
+        help="where the restored state lives: auto (a CUDA device if there is one, else "
+        "host memory), cpu, cuda or cuda:N; on a GPU, reshard includes the host→device "
+        "copies and the first step runs there",
+    )

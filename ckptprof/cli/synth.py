@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ckptprof.cli.options import choice_list, directory, int_list, location, real, size, whole
+from ckptprof.cli.options import (
+    add_device_option,
+    choice_list,
+    directory,
+    int_list,
+    location,
+    real,
+    size,
+    whole,
+)
 from ckptprof.manifest import VERIFY_MODES
 from ckptprof.synth import ranges
 from ckptprof.synth.layouts import LAYOUT_NAMES
@@ -191,6 +200,7 @@ def add_parser(commands) -> None:
         help="the first step's time measured in the real job (e.g. a callback's first_step), "
         "counted in the RTO where the step cannot run here (default: estimated beside it)",
     )
+    add_device_option(res)
     res.add_argument(
         "--drop-caches",
         action="store_true",
@@ -325,6 +335,7 @@ def run_restore(args) -> int:
         direct_io=args.direct_io,
         simulate_interruption=args.simulate_interruption,
         deadline_s=args.deadline,
+        device=args.device,
     )
     run_restore(args.dest, options, args.out, args.trace_dir)
     if args.report:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,6 +29,7 @@ class RandomFiller:
         self._scratch = np.empty_like(self._base)
         self._counter = 0
         self.chunk = chunk
+        self.on_chunk: Callable[[int], None] | None = None  # bytes written (progress)
 
     def next_chunk(self) -> memoryview:
         self._counter += 1
@@ -47,4 +49,6 @@ class RandomFiller:
             if crc:
                 value = zlib.crc32(chunk, value)
             done += len(chunk)
+            if self.on_chunk is not None:
+                self.on_chunk(len(chunk))
         return value

@@ -46,13 +46,17 @@ class FirstStep:
         if runner.world_size != 1:
             return False
         need = training_bytes(runner.plan.preset) + runner.state.nbytes
+        if runner.device.type == "cuda":
+            import torch
+
+            return need <= torch.cuda.mem_get_info(runner.device)[0] * MEMORY_HEADROOM
         return need <= psutil.virtual_memory().available * MEMORY_HEADROOM
 
     @property
     def why_estimated(self) -> str:
         if self.runner.world_size != 1:
             return f"one rank of {self.runner.world_size} cannot step alone"
-        return "the model does not fit in memory to train here"
+        return f"the model does not fit in {self.runner.device} memory to train here"
 
     def prepare(self) -> dict:
         """Before the sweep: build the model (its parameters are returned, keyed like the
@@ -60,7 +64,7 @@ class FirstStep:
         from ckptprof.synth.model import build_model
 
         if self.mode == STEP_REAL:
-            self.model, self.optimizer = build_model(self.runner.plan.preset)
+            self.model, self.optimizer = build_model(self.runner.plan.preset, self.runner.device)
             return {(GROUP_MODEL, n): p.data for n, p in self.model.named_parameters()}
         if self.mode == STEP_ESTIMATE:
             self.estimate = (self._estimate_seconds(), self.why_estimated)
@@ -101,8 +105,11 @@ class FirstStep:
         if self.mode == STEP_REAL:
             previous = torch.set_flush_denormal(True)
             try:
-                with op.phase(Phase.FIRST_STEP, **{Attr.EMULATED: False}):
-                    train_step(self.model, self.optimizer)
+                with (
+                    op.phase(Phase.FIRST_STEP, **{Attr.EMULATED: False}),
+                    self._bar(3, "first step (forward, backward, AdamW)") as bar,
+                ):
+                    train_step(self.model, self.optimizer, advance=bar.update)
             finally:
                 torch.set_flush_denormal(previous)
         elif self.mode == STEP_USER:
@@ -122,19 +129,26 @@ class FirstStep:
                 }
             )
 
+    def _bar(self, steps: int, desc: str):
+        from ckptprof.progress import bar
+
+        return bar(steps, desc, self.runner.options.progress, nbytes=False)
+
     def _estimate_seconds(self) -> float:
         """1- and 2-layer models of the same width, one timed step each; extrapolated."""
         from ckptprof.synth.model import build_model, train_step
 
         preset = self.runner.plan.preset
         times = []
-        for layers in (1, 2):
-            model, optim = build_model(replace(preset, layers=layers))
-            train_step(model, optim)  # warm-up: first-call allocations are not per-layer cost
-            t0 = time.perf_counter()
-            train_step(model, optim)
-            times.append(time.perf_counter() - t0)
-            del model, optim
+        with self._bar(12, "first-step estimate (1- and 2-layer steps)") as bar:
+            for layers in (1, 2):
+                model, optim = build_model(replace(preset, layers=layers), self.runner.device)
+                # warm-up: first-call allocations are not per-layer cost
+                train_step(model, optim, advance=bar.update)
+                t0 = time.perf_counter()
+                train_step(model, optim, advance=bar.update)
+                times.append(time.perf_counter() - t0)
+                del model, optim
         per_layer = max(0.0, times[1] - times[0])
         return times[0] + per_layer * (preset.layers - 1)
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tqdm import tqdm
-
 from ckptprof.atomic import PARTIAL_SUFFIX
 from ckptprof.errors import CkptprofError, StorageError
 from ckptprof.manifest import (
@@ -28,6 +26,7 @@ from ckptprof.manifest import (
     entry_for_bytes,
     read_json,
 )
+from ckptprof.progress import bar as progress_bar
 from ckptprof.storage import open_storage
 from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.synth.fill import RandomFiller
@@ -86,17 +85,14 @@ def generate(
 
     filler = RandomFiller(spec.seed)
     entries = {}
-    bar = tqdm(
-        total=plan.payload_bytes,
-        unit="B",
-        unit_scale=True,
-        desc="generate",
-        disable=None if progress is None else not progress,
-    )
+    bar = progress_bar(plan.payload_bytes, "generate", progress, leave=True)
+    filler.on_chunk = bar.update  # the bar moves within a large file, chunk by chunk
+    written = 0
     try:
         for file in plan.files:
             entries[file.path] = _write_one(storage, layout, plan, file, filler)
-            bar.update(file.payload_bytes)
+            written += file.payload_bytes
+            bar.update(max(0, written - bar.n))
     finally:
         bar.close()
     manifest = Manifest(entries, spec=spec.to_dict())

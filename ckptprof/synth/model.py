@@ -8,6 +8,8 @@ its construction is not part of the RTO.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -93,11 +95,14 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(self.model.norm(x))
 
 
-def build_model(preset: ModelPreset) -> tuple[LlamaForCausalLM, torch.optim.Optimizer]:
-    """Model (bf16, initialized) and its AdamW, as a job has them before restore."""
+def build_model(
+    preset: ModelPreset, device: str | torch.device = "cpu"
+) -> tuple[LlamaForCausalLM, torch.optim.Optimizer]:
+    """Model (bf16, initialized) and its AdamW on ``device``, as a job has them before
+    restore."""
     with torch.device("meta"):
         model = LlamaForCausalLM(preset)
-    model = model.to_empty(device="cpu").to(torch.bfloat16)
+    model = model.to_empty(device=device).to(torch.bfloat16)
     with torch.no_grad():  # a job's model is initialized before restore: touch its memory now
         for param in model.parameters():
             param.normal_(0.0, 0.02)
@@ -109,14 +114,25 @@ def training_bytes(preset: ModelPreset) -> int:
     return preset.params * BYTES_PER_PARAM_TRAINING
 
 
-def train_step(model: LlamaForCausalLM, optimizer: torch.optim.Optimizer, seq: int = 32) -> float:
-    """One real forward/backward/AdamW step on a random batch; returns the loss."""
+def train_step(
+    model: LlamaForCausalLM,
+    optimizer: torch.optim.Optimizer,
+    seq: int = 32,
+    advance: Callable[[int], object] | None = None,
+) -> float:
+    """One real forward/backward/AdamW step on a random batch; returns the loss.
+    ``advance(1)`` after each of the three (a progress bar)."""
+    tick = advance or (lambda n: None)
     vocab = model.preset.vocab
     ids = torch.randint(0, vocab, (1, seq + 1), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(model.lm_head.weight.device)
     model.train()
     logits = model(ids[:, :-1])
     loss = F.cross_entropy(logits.float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
+    tick(1)
     loss.backward()
+    tick(1)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(loss.detach())
+    tick(1)
+    return float(loss.detach())  # waits for the device: the step has ended

@@ -29,6 +29,7 @@ from ckptprof.storage import open_storage
 from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.synth import ceiling as ceiling_mod
 from ckptprof.synth import ranges
+from ckptprof.synth.device import check_device, device_attributes, resolve_device
 from ckptprof.synth.first_step import FirstStep
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.plan import SynthSpec
@@ -74,6 +75,7 @@ class RestoreOptions:
     progress: bool | None = None
     simulate_interruption: bool = False
     deadline_s: float = 120.0
+    device: str = "auto"  # where the restored state lives: auto, cpu, cuda, cuda:N
 
     def validate(self) -> None:
         """Every option in range (the CLI checked them already; code may not have)."""
@@ -99,6 +101,9 @@ class RestoreOptions:
             problem = check(value)
             if problem is not None:
                 raise CkptprofError(f"{problem.under(option)}.")
+        problem = check_device(self.device)
+        if problem is not None:
+            raise CkptprofError(f"--device {problem}.")
         if not self.caches or not self.concurrency or not self.strategies:
             raise CkptprofError(
                 "--strategy, --cache and --concurrency need at least one value each."
@@ -149,7 +154,9 @@ class RestoreRunner:
             )
         self.ranks = [options.rank] if options.rank is not None else list(range(self.world_size))
         groups = self.layout.state_groups(self.spec)
-        self.state = TargetState(plan_targets(self.plan, groups, self.world_size, self.ranks))
+        self.device = resolve_device(options.device)
+        targets = plan_targets(self.plan, groups, self.world_size, self.ranks)
+        self.state = TargetState(targets, self.device)
         self.files = needed_files(self.plan, self.state.targets)
         self.paths = sorted(self.manifest.files)
         self.memory_budget = options.memory_budget or default_budget(options.part_size)
@@ -221,7 +228,19 @@ class RestoreRunner:
         """Refuse early when the restored state plus what a strategy holds cannot fit."""
         read = sum(self.manifest.files[f.path].size for f in self.files)
         holds = {"staged": read, "pipelined": self.memory_budget, "framework": 0}
-        need = self.state.nbytes + max(holds[s] for s in self.options.strategies)
+        on_device = self.device.type == "cuda"
+        if on_device:
+            import torch
+
+            free = torch.cuda.mem_get_info(self.device)[0]
+            if self.state.nbytes > free * MEMORY_HEADROOM:
+                raise CkptprofError(
+                    f"the restored state ({self.state.nbytes / 2**30:.1f} GiB) does not fit in "
+                    f"the {free / 2**30:.1f} GiB free on {self.device}; restore one rank of a "
+                    "larger job (--world-size W --rank R), --device cpu, or a smaller --scale."
+                )
+        state_on_host = 0 if on_device else self.state.nbytes
+        need = state_on_host + max(holds[s] for s in self.options.strategies)
         avail = psutil.virtual_memory().available
         if need > avail * MEMORY_HEADROOM:
             what = " and ".join(self.options.strategies)
@@ -300,6 +319,7 @@ class RestoreRunner:
             "ckpt.ranks": ",".join(map(str, self.ranks)),
             "ckpt.state_bytes": self.state.nbytes,
             "ckpt.fetch.direct_io": bool(getattr(self.storage, "direct_io", False)),
+            **device_attributes(self.device),
         }
         if len(self.ranks) == 1:
             attrs[Attr.RANK] = self.ranks[0]
@@ -310,7 +330,7 @@ class RestoreRunner:
             links, extra = guard.resume_links(restart_ns=time.time_ns())
             attrs.update(extra)
         with self.tracer.restore(attrs, links) as op:
-            memory = MemoryWatch(reset_peak=True).start()
+            memory = MemoryWatch(reset_peak=True, cuda=self.device.type == "cuda").start()
             try:
                 self._list(op)
                 context = RunContext(

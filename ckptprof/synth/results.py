@@ -174,6 +174,7 @@ def payload(runner, options, ceiling, telemetry, partial: bool = False) -> dict:
     """results.json: the spec, options, environment, ceiling, runs and their medians."""
     from ckptprof import __version__
     from ckptprof.env import capture
+    from ckptprof.synth.device import DEVICE, device_attributes
 
     runs, failures, stats = runner.runs, runner.failures, runner.storage.stats
     attempted = len(runs) + len(failures)
@@ -192,6 +193,7 @@ def payload(runner, options, ceiling, telemetry, partial: bool = False) -> dict:
             "repeat": options.repeat,
             "caches": list(options.caches),
             "concurrency": list(options.concurrency),
+            "device": device_attributes(runner.device)[DEVICE],
         },
         "environment": capture(
             {**runner.storage.describe(), "fetch.part_size": str(options.part_size)}

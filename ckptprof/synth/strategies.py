@@ -32,13 +32,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tqdm import tqdm
-
 from ckptprof.errors import CkptprofError
 from ckptprof.fetch import HostBuffer, fetch
 from ckptprof.manifest import StreamingDigest, check_digest, verify_buffers
 from ckptprof.phases import Attr, Phase
+from ckptprof.progress import bar as progress_bar
 from ckptprof.storage.base import ObjectInfo
+from ckptprof.synth.device import PinnedBuffer, synchronize
 from ckptprof.synth.index import SparseFile, file_sources
 from ckptprof.synth.ranges import STRATEGIES
 from ckptprof.synth.readplan import Read, Source, plan_copies, plan_reads, read_bytes, split_held
@@ -118,6 +118,9 @@ class Strategy:
     def run(self, ctx: RunContext) -> None:
         own = getattr(ctx.layout, f"{self.name}_restore", None)
         (own or self.generic)(ctx)
+        if not ctx.state.on_host:  # the device copies end when they have landed
+            with ctx.op.phase(Phase.RESHARD):
+                synchronize(ctx.state.tensors[0].device)
         ctx.op.set_attributes({"ckpt.strategy": self.name})
 
     def generic(self, ctx: RunContext) -> None:
@@ -141,8 +144,9 @@ def piece_sources(layout: Layout, plan, file: FilePlan, tensors: dict) -> tuple[
     return sources, memory
 
 
-def copy_into(state: TargetState, copies, memory: dict) -> int:
-    """Execute copies from source bytes (``memory[path]``: flat uint8 tensors)."""
+def copy_into(state: TargetState, copies, memory: dict, advance=None) -> int:
+    """Execute copies from source bytes (``memory[path]``: flat uint8 tensors);
+    ``advance(n)`` after each (a progress bar)."""
     moved = 0
     for c in copies:
         source = memory[c.path]
@@ -150,6 +154,8 @@ def copy_into(state: TargetState, copies, memory: dict) -> int:
             source[c.offset : c.offset + c.length]
         )
         moved += c.length
+        if advance is not None:
+            advance(c.length)
     return moved
 
 
@@ -162,7 +168,8 @@ def load_pieces(ctx: RunContext, loaded: Iterable[tuple[FilePlan, dict]]) -> Non
         memory.update(mem)
     with ctx.op.phase(Phase.RESHARD):
         copies = plan_copies(ctx.state.targets, sources)
-        moved = copy_into(ctx.state, copies, memory)
+        with progress_bar(sum(c.length for c in copies), "reshard", ctx.progress) as bar:
+            moved = copy_into(ctx.state, copies, memory, bar.update)
     ctx.op.add_bytes(Phase.RESHARD, moved)
 
 
@@ -182,10 +189,15 @@ def deserialize_files(ctx: RunContext, load) -> list[tuple[FilePlan, dict]]:
                 raise unreadable(ctx.where(file.path), exc) from None
         size = ctx.manifest.files[file.path].size
         ctx.op.add_file(Phase.DESERIALIZE, file.path, size, time.perf_counter() - t0)
+        bar.update(size)
         return file, tensors
 
     data = [f for f in ctx.files if f.pieces]
-    with ThreadPoolExecutor(max(1, ctx.threads)) as pool:
+    total = sum(ctx.manifest.files[f.path].size for f in data)
+    with (
+        progress_bar(total, "deserialize", ctx.progress) as bar,
+        ThreadPoolExecutor(max(1, ctx.threads)) as pool,
+    ):
         return list(pool.map(one, data))
 
 
@@ -268,7 +280,7 @@ class Pipelined(Strategy):
                 whole = {f.path: ctx.manifest.files[f.path].size for f in ctx.files}
             held = {path: sparse.held() for path, sparse in indexed.items()}
             maps = FileMaps(ctx)
-            on_host = all(t.device.type == "cpu" for t in ctx.state.tensors)
+            on_host = ctx.state.on_host  # reads land in host memory only
             direct = {f.path for f in ctx.files if f.path not in maps.paths} if on_host else set()
             reads = plan_reads(copies, ctx.part_size, whole, have=held, direct=direct)
             if ctx.verify == "sample":
@@ -452,18 +464,18 @@ class Pipeline:
 
     def run(self) -> None:
         ctx, op = self.ctx, self.ctx.op
+        # for a device state, page-locked buffers: the copy out of them is a DMA
+        buffer_type = HostBuffer if ctx.state.on_host else PinnedBuffer
         for _ in range(self.slots):
-            self.free.put(HostBuffer(self.part, "ckptprof-window"))
-        op.set_attributes({"ckpt.memory.window_bytes": self.slots * self.part})
-        op.set_phase_attributes(Phase.FETCH, **{Attr.CONCURRENCY: self.in_flight})
-        bar = tqdm(
-            total=read_bytes(self.reads),
-            unit="B",
-            unit_scale=True,
-            desc=f"restore x{ctx.concurrency}",
-            disable=None if ctx.progress is None else not ctx.progress,
-            leave=False,
+            self.free.put(buffer_type(self.part, "ckptprof-window"))
+        op.set_attributes(
+            {
+                "ckpt.memory.window_bytes": self.slots * self.part,
+                "ckpt.memory.window_pinned": buffer_type is PinnedBuffer,
+            }
         )
+        op.set_phase_attributes(Phase.FETCH, **{Attr.CONCURRENCY: self.in_flight})
+        bar = progress_bar(read_bytes(self.reads), f"restore x{ctx.concurrency}", ctx.progress)
         consumer = threading.Thread(target=self._consume, args=(bar,), name="ckptprof-copy")
         failure: list[BaseException] = []
         consumer.start()

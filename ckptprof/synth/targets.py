@@ -88,11 +88,14 @@ class TargetState:
     every run; ``tensors[i]`` holds ``targets[i]``.
 
     ``allocate(existing)`` lets tensors that already exist stand in (the parameters of a
-    model built for the first step), so the restore copies straight into them.
+    model built for the first step), so the restore copies straight into them. With a
+    CUDA ``device`` the tensors live there (a GPU job's state): copies into them are the
+    host→device copies of ``reshard``.
     """
 
-    def __init__(self, targets: list[TargetTensor]) -> None:
+    def __init__(self, targets: list[TargetTensor], device: str | torch.device = "cpu") -> None:
         self.targets = targets
+        self.device = device
         self.tensors: list[torch.Tensor] = []
 
     @property
@@ -108,7 +111,8 @@ class TargetState:
         for target in self.targets:
             tensor = existing.get(target.key)
             if tensor is None or tuple(tensor.shape) != target.local_shape:
-                tensor = torch.zeros(target.local_shape, dtype=getattr(torch, target.dtype))
+                dtype = getattr(torch, target.dtype)
+                tensor = torch.zeros(target.local_shape, dtype=dtype, device=self.device)
             self.tensors.append(tensor)
 
     def byte_view(self, index: int) -> torch.Tensor:
@@ -117,9 +121,13 @@ class TargetState:
 
         return self.tensors[index].detach().reshape(-1).view(torch.uint8)
 
+    @property
+    def on_host(self) -> bool:
+        return all(t.device.type == "cpu" for t in self.tensors)
+
     def memory(self, index: int, offset: int, length: int) -> memoryview:
         """Bytes ``[offset, offset + length)`` of target ``index``, writable, in place
-        (what a read lands in when it goes straight into the state)."""
+        (what a read lands in when it goes straight into the state; host tensors only)."""
         return memoryview(self.byte_view(index)[offset : offset + length].numpy())
 
     def of_rank(self, rank: int) -> dict[TensorKey, torch.Tensor]:
@@ -132,7 +140,7 @@ class TargetState:
         h = xxhash.xxh3_64()
         for i, target in enumerate(self.targets):
             h.update(f"{target.rank}/{target.group}/{target.name}".encode())
-            h.update(self.byte_view(i).numpy().data)
+            h.update(self.byte_view(i).cpu().numpy().data)
         return h.hexdigest()
 
     def release(self) -> None:
