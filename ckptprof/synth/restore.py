@@ -388,6 +388,7 @@ class RestoreRunner:
             window_bytes=int(summary.attributes.get("ckpt.memory.window_bytes", 0)),
             first_step=self.first_step.mode,
             first_step_estimate_s=estimate[0] if estimate else None,
+            device_peak_bytes=memory.device_peak,
         )
 
     def sweep(self, on_run=None, echo=print) -> tuple[list[RunRecord], list[dict]]:

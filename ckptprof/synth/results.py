@@ -45,6 +45,7 @@ class RunRecord:
     window_bytes: int = 0
     first_step: str = STEP_SKIPPED
     first_step_estimate_s: float | None = None
+    device_peak_bytes: int | None = None  # CUDA memory allocated at the peak (GPU state)
 
     def to_dict(self) -> dict:
         return dict(vars(self))
