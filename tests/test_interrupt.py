@@ -320,6 +320,14 @@ def test_report_tells_one_story_per_interruption_across_ranks():
     assert story.ranks == 2 and story.rto_s == 2.5  # the job's restore: its slowest rank
     text = render_stories([story])
     assert "2 ranks" in text and "RTO 2.500 s, slowest rank" in text
+    # times that are not times (hand-edited or foreign traces): the story, without them
+    for bad in ("yesterday", 12345, None):
+        spans[0]["start_time"] = bad
+        spans.append(span("ckpt.emergency_save", "0xc0", {}, parent="0xa0", start=bad))
+        (story,) = build_stories(spans)
+        assert story.notice_at is None and story.save_after_notice_s is None
+        assert "RTO 2.500 s" in render_stories([story])
+        spans.pop()
 
 
 # ---------------------------------------------------------------------- never swallowed

@@ -39,10 +39,14 @@ class Story:
     ranks: int = 1
 
 
-def _ns(text: str | None) -> int | None:
-    if not text:
+def _ns(text: Any) -> int | None:
+    """An ISO time as ns since the epoch; None where a span's time is missing or not one."""
+    if not isinstance(text, str) or not text:
         return None
-    when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return int(when.timestamp() * 1e9)
@@ -92,7 +96,7 @@ def _story(root, spans, restore) -> Story:
     story = Story(source=_attr(source_span, "source") or "?")
     if root is not None:
         notice_ns = _ns(root.get("start_time"))
-        story.notice_at = root.get("start_time")
+        story.notice_at = root.get("start_time") if notice_ns is not None else None
         story.run_id = (root.get("attributes") or {}).get("ckpt.run_id")
         story.deadline_s = _attr(root, "deadline_s")
         story.deadline_assumed = bool(_attr(root, "deadline_assumed"))
@@ -101,10 +105,12 @@ def _story(root, spans, restore) -> Story:
         if notice is not None:
             story.step_at_notice = _attr(notice, "step")
         save = next((s for s in kids if s["name"] == "ckpt.emergency_save"), None)
-        if save is not None and notice_ns is not None:
+        if save is not None:
             start, end = _ns(save.get("start_time")), _ns(save.get("end_time"))
-            story.save_after_notice_s = round((start - notice_ns) / 1e9, 3)
-            story.save_s = round((end - start) / 1e9, 3)
+            if start is not None and notice_ns is not None:
+                story.save_after_notice_s = round((start - notice_ns) / 1e9, 3)
+            if start is not None and end is not None:
+                story.save_s = round((end - start) / 1e9, 3)
         story.outcome = _attr(root, "outcome") or "not finished (killed during the save?)"
         story.checkpoint_step = _attr(root, "checkpoint_step")
         story.margin_s = _attr(root, "margin_s")
