@@ -599,3 +599,22 @@ def test_better_strategy_stays_silent_on_noise_small_gains_and_lone_strategies()
     assert H.better_strategy([small, strategy_row("pipelined", [5.9, 6.0, 6.1])]) is None
     other_cell = strategy_row("pipelined", [1.0, 1.0, 1.0], cache="hot")
     assert H.better_strategy([strategy_row("staged", [9.0, 10, 11]), other_cell]) is None
+
+
+def test_job_hints_name_read_amplification_and_the_straggler():
+    rank = {"node": 0, "host": "node-a", "read_bytes": 5e9, "fetch_s": 1.0}
+    job = {
+        "world_size": 4, "read_amplification": 2.0, "read_bytes_all_ranks": 20e9,
+        "checkpoint_bytes": 10e9,
+        "per_rank": [{**rank, "rank": r, "wall_s": w} for r, w in enumerate((2.0, 2.1, 2.0, 3.0))],
+    }  # fmt: skip
+    hint = H.read_amplification(job)
+    assert hint is not None and "4 ranks read 2.0× the checkpoint (20.00 GB for 10.00 GB)" in (
+        hint.message
+    )
+    slow = H.straggler(job)
+    assert slow is not None and slow.message.startswith(
+        "rank 3 on node 0 (node-a) is the straggler: 3.00 s against a median rank's 2.05 s"
+    )
+    even = {**job, "read_amplification": 1.1, "per_rank": job["per_rank"][:3]}
+    assert H.read_amplification(even) is None and H.straggler(even) is None

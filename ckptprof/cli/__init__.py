@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -72,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get(DEBUG_ENV):
             raise
         message, code = one_line(exc)
-        print(f"ckptprof: error: {message}", file=sys.stderr)
+        from ckptprof.synth.distributed import launched, record_error
+
+        if not (launched() and record_error(message)):  # else the launcher's line has it
+            print(f"ckptprof: error: {message}", file=sys.stderr)
         return code
 
 

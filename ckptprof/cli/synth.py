@@ -33,6 +33,9 @@ RESTORE_EXAMPLES = """examples:
   ckptprof synth restore /mnt/fsx/ckpt                       # cold+hot, 1..64 in flight, 3 repeats
   ckptprof synth restore ./ckpt --cache cold --concurrency 1,16 --repeat 5 --verify sample
   ckptprof synth restore ./ckpt --world-size 1                # reshard a 2-rank DCP save into 1
+  ckptprof synth restore ./ckpt --nproc-per-node 4            # 4 ranks, one process each
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \
+      -m ckptprof synth restore /mnt/fsx/ckpt                 # a 16-rank job on two nodes
 """
 
 
@@ -158,6 +161,15 @@ def add_parser(commands) -> None:
         type=whole(ranges.RANKS),
         default=None,
         help="target ranks to reshard into (default: the saved ranks)",
+    )
+    res.add_argument(
+        "--nproc-per-node",
+        type=whole(ranges.RANKS),
+        default=None,
+        metavar="N",
+        help="run as N ranks of a job on this machine, one process each, through PyTorch's "
+        "launcher (torch.distributed.run); across nodes, start `torchrun ... -m ckptprof "
+        "synth restore` on each node instead (the job's RTO is its slowest rank's)",
     )
     res.add_argument(
         "--rank",
@@ -337,9 +349,42 @@ def run_restore(args) -> int:
         deadline_s=args.deadline,
         device=args.device,
     )
-    run_restore(args.dest, options, args.out, args.trace_dir)
-    if args.report:
+    from ckptprof.synth import distributed
+
+    if args.nproc_per_node and not distributed.launched():
+        options.validate()  # a bad option is one line here, not one per rank
+        return distributed.launch(args.nproc_per_node, without_nproc(args.argv))
+    if not distributed.launched():
+        run_restore(args.dest, options, args.out, args.trace_dir)
+        report = args.report
+    else:
+        from ckptprof.synth.device import resolve_device
+
+        job = distributed.join(resolve_device(options.device).type)
+        try:
+            quiet = job.rank != 0  # one display for the whole job: rank 0's
+            if quiet:
+                options.progress = False
+            echo = (lambda *_: None) if quiet else print
+            run_restore(args.dest, options, args.out, args.trace_dir, echo, job)
+        finally:
+            job.close()
+        report = args.report and not quiet
+    if report:
         from ckptprof.cli.report import print_report
 
         print_report([str(args.out / "results.json")])
     return 0
+
+
+def without_nproc(argv: list[str]) -> list[str]:
+    """The command line, less ``--nproc-per-node N``: what each rank runs."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc-per-node":
+            skip = True
+        elif not arg.startswith("--nproc-per-node="):
+            out.append(arg)
+    return out

@@ -180,6 +180,7 @@ class Sweep:
     reliability: dict[str, Any] = field(default_factory=dict)
     hints: list[hint_rules.Hint] = field(default_factory=list)
     verify_coverage: VerifyCoverage | None = None
+    job: dict[str, Any] = field(default_factory=dict)  # a distributed job's ranks
 
 
 @dataclass
@@ -533,6 +534,7 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
         operations=[_run_row(r) for r in results.runs],
         options=results.options,
         reliability=results.reliability,
+        job=results.job,
     )
     sweep.hints = hint_rules.sweep_hints(sweep)
     sweep.verify_coverage = verify_coverage(

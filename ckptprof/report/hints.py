@@ -10,6 +10,7 @@ fire.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -336,11 +337,55 @@ def better_strategy(rows: Sequence[SweepRow]) -> Hint | None:
     )
 
 
+READ_AMPLIFICATION = 1.5  # ranks reading this many times the checkpoint: worth saying
+STRAGGLER = 1.25  # the slowest rank this much slower than the median rank
+STRAGGLER_MIN_S = 0.1
+
+
+def read_amplification(job: dict) -> Hint | None:
+    """Ranks reading whole files of which each needs a slice: a classic slow resume."""
+    amp = job.get("read_amplification")
+    if not isinstance(amp, (int, float)) or amp < READ_AMPLIFICATION:
+        return None
+    read, whole = job.get("read_bytes_all_ranks") or 0, job.get("checkpoint_bytes") or 0
+    return Hint(
+        "read-amplification",
+        f"the {job.get('world_size')} ranks read {amp:.1f}× the checkpoint "
+        f"({read / 1e9:.2f} GB for {whole / 1e9:.2f} GB): each reads more than the slice it "
+        "holds; --strategy pipelined reads only a rank's ranges, and a layout saved per rank "
+        "(torch, DeepSpeed) or DCP lets each rank read its own.",
+        severity=min(1.0, (amp - 1) / 4),
+    )
+
+
+def straggler(job: dict) -> Hint | None:
+    """One rank much slower than the others: the job waits for it."""
+    rows = [r for r in job.get("per_rank") or [] if isinstance(r.get("wall_s"), (int, float))]
+    if len(rows) < 2:
+        return None
+    slowest = max(rows, key=lambda r: (r["wall_s"], -r.get("rank", 0)))
+    typical = statistics.median(r["wall_s"] for r in rows)
+    gap = slowest["wall_s"] - typical
+    if typical <= 0 or slowest["wall_s"] < STRAGGLER * typical or gap < STRAGGLER_MIN_S:
+        return None
+    where = f" on node {slowest.get('node')} ({slowest.get('host')})" if slowest.get("host") else ""
+    return Hint(
+        "straggler",
+        f"rank {slowest.get('rank')}{where} is the straggler: {slowest['wall_s']:.2f} s against "
+        f"a median rank's {typical:.2f} s, and the job's RTO is its slowest rank's; compare its "
+        "fetch time and its node's storage path with the others'.",
+        severity=min(1.0, gap / slowest["wall_s"]),
+        where=f"rank {slowest.get('rank')}",
+    )
+
+
 def sweep_hints(sweep: Sweep) -> list[Hint]:
     """Hints for a results sweep: ceiling rules first, then per-row rules merged."""
     rows = sweep.rows
     found = [
         better_strategy(rows),
+        read_amplification(sweep.job),
+        straggler(sweep.job),
         low_concurrency(rows, sweep.ceiling),
         fetch_below_ceiling(rows, sweep.ceiling),
     ]

@@ -100,6 +100,15 @@ RESULTS_SCHEMA = schema.record(
         "failures": schema.items(schema.record({"error": schema.text()})),
         "requests": schema.record(dict.fromkeys(("requests", "retries", "errors"), _COUNT)),
         "partial": schema.boolean(),
+        "job": schema.record(
+            {
+                "world_size": _COUNT,
+                "nodes": _COUNT,
+                "read_amplification": schema.optional(_SECONDS),
+                "per_rank": schema.items(schema.record({})),
+                "per_node": schema.items(schema.record({})),
+            }
+        ),
     },
     required=("runs",),
 )
@@ -188,6 +197,8 @@ class ResultsFile:
     options: dict[str, Any] = field(default_factory=dict)
     #: success_rate, failures, requests (requests/retries/errors) and partial, as written
     reliability: dict[str, Any] = field(default_factory=dict)
+    #: a distributed job's spread across its ranks (``job`` of results.json), as written
+    job: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -484,6 +495,7 @@ def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFi
         reliability={
             k: doc[k] for k in ("success_rate", "failures", "requests", "partial") if k in doc
         },
+        job=dict(doc["job"]) if isinstance(doc.get("job"), dict) else {},
     )
 
 

@@ -30,10 +30,19 @@ from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.synth import ceiling as ceiling_mod
 from ckptprof.synth import ranges
 from ckptprof.synth.device import check_device, device_attributes, resolve_device
+from ckptprof.synth.distributed import Job, job_context, test_faults
 from ckptprof.synth.first_step import FirstStep
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.plan import SynthSpec
-from ckptprof.synth.results import RunRecord, payload, phases_of, run_line, write_results
+from ckptprof.synth.results import (
+    STEP_ESTIMATE,
+    RunRecord,
+    from_dict,
+    payload,
+    phases_of,
+    run_line,
+    write_results,
+)
 from ckptprof.synth.strategies import RunContext, get_strategy, needed_files
 from ckptprof.synth.targets import TargetState, plan_targets
 from ckptprof.tracing.recorder import CheckpointTracer, Operation
@@ -133,10 +142,17 @@ class RestoreOptions:
 class RestoreRunner:
     """Runs restores of one synthetic checkpoint; see :func:`run_restore`."""
 
-    def __init__(self, location: str, options: RestoreOptions, tracer: CheckpointTracer) -> None:
+    def __init__(
+        self,
+        location: str,
+        options: RestoreOptions,
+        tracer: CheckpointTracer,
+        job: Job | None = None,
+    ) -> None:
         options.validate()
         self.options = options
         self.tracer = tracer
+        self.job = job  # one rank of a distributed job (None: one process plays every rank)
         self.storage: Storage = open_storage(
             location, max(options.concurrency), direct_io=options.direct_io
         )
@@ -146,20 +162,28 @@ class RestoreRunner:
         self.spec = SynthSpec.from_dict(self.manifest.spec, f"{self._where(MANIFEST_NAME)}: spec")
         self.layout = get_layout(self.spec.layout)
         self.plan = self.layout.plan(self.spec)
-        self.world_size = options.world_size or self.spec.ranks
+        if job is not None:
+            self._check_job_options(job)
+        self.world_size = job.world if job else options.world_size or self.spec.ranks
         if options.rank is not None and options.rank >= self.world_size:
             raise CkptprofError(
                 f"--rank {options.rank} is not a rank of the {self.world_size} this restore "
                 f"plays (the checkpoint was saved by {self.spec.ranks}); pass --world-size."
             )
-        self.ranks = [options.rank] if options.rank is not None else list(range(self.world_size))
+        if job is not None:
+            self.ranks = [job.rank]
+        elif options.rank is not None:
+            self.ranks = [options.rank]
+        else:
+            self.ranks = list(range(self.world_size))
         groups = self.layout.state_groups(self.spec)
         self.device = resolve_device(options.device)
         targets = plan_targets(self.plan, groups, self.world_size, self.ranks)
         self.state = TargetState(targets, self.device)
         self.files = needed_files(self.plan, self.state.targets)
         self.paths = sorted(self.manifest.files)
-        self.memory_budget = options.memory_budget or default_budget(options.part_size)
+        sharing = job.local_world if job else 1  # the ranks of a node share its memory
+        self.memory_budget = options.memory_budget or default_budget(options.part_size, sharing)
         ensure_open_files(max(options.concurrency))
         self.check_listing(self.storage.list())  # fail before any cache work or timing
         self.first_step = FirstStep(self, options.first_step, options.first_step_s)
@@ -171,6 +195,20 @@ class RestoreRunner:
         self.caches = tuple(
             c for c in options.caches if c == "cold" or self.storage.has_local_cache
         ) or ("cold",)
+
+    def _check_job_options(self, job: Job) -> None:
+        o = self.options
+        if (o.world_size not in (None, job.world)) or (o.rank not in (None, job.rank)):
+            raise CkptprofError(
+                f"under torch.distributed the launcher sets the world size ({job.world}) and "
+                f"this process's rank ({job.rank}); drop --world-size/--rank, or launch "
+                "another number of processes (--nproc-per-node)."
+            )
+        if o.simulate_interruption:
+            raise CkptprofError(
+                "--simulate-interruption runs in one process; drop it, or run without "
+                "--nproc-per-node / torchrun."
+            )
 
     @property
     def model(self):
@@ -242,6 +280,8 @@ class RestoreRunner:
         state_on_host = 0 if on_device else self.state.nbytes
         need = state_on_host + max(holds[s] for s in self.options.strategies)
         avail = psutil.virtual_memory().available
+        if self.job is not None:  # every rank of this node needs about as much
+            avail //= self.job.local_world
         if need > avail * MEMORY_HEADROOM:
             what = " and ".join(self.options.strategies)
             raise CkptprofError(
@@ -257,10 +297,23 @@ class RestoreRunner:
         first step can run) and the state's tensors, allocated and touched."""
         if self.prepared:
             return
-        self.state.allocate(self.first_step.prepare())
+        if self.job is not None and self.first_step.mode == STEP_ESTIMATE:
+            if self.job.rank == 0:  # timed once for the job, on rank 0
+                self.first_step.prepare()
+            self.first_step.estimate = self.job.broadcast(self.first_step.estimate)
+            self.state.allocate()
+        else:
+            self.state.allocate(self.first_step.prepare())
         self.prepared = True
 
     def ceiling(self) -> ceiling_mod.Ceiling:
+        """The path's bandwidth: probed once (rank 0 of a job, the others wait), or given."""
+        if self.job is not None:
+            found = self._ceiling() if self.job.rank == 0 else None
+            return self.job.broadcast(found)
+        return self._ceiling()
+
+    def _ceiling(self) -> ceiling_mod.Ceiling:
         infos = [ObjectInfo(p, e.size) for p, e in self.manifest.files.items()]
         if self.options.ceiling_gbps:
             return ceiling_mod.Ceiling(
@@ -297,9 +350,24 @@ class RestoreRunner:
         return state
 
     # ------------------------------------------------------------ one run
+    def job_cache(self, cache: str):
+        """A job's cache state: prepared once per node (its local rank 0, while the others
+        wait), then every rank starts together, so none measures a cache another warmed."""
+        job = self.job
+        job.barrier()  # no rank is still reading from the previous run
+        state = self.prepare_cache(cache) if job.local_rank == 0 else None
+        job.barrier()
+        if state is None:  # what this rank finds, as prepared by its node's local rank 0
+            from ckptprof.storage.base import CacheState
+
+            measure = getattr(self.storage, "resident_fraction", None)
+            fraction = measure(self.paths) if measure is not None else None
+            state = CacheState(f"{cache}, prepared by this node's local rank 0", fraction)
+        return state
+
     def run_once(self, strategy: str, cache: str, concurrency: int, repeat: int) -> RunRecord:
         self.prepare()
-        cache_state = self.prepare_cache(cache)
+        cache_state = self.prepare_cache(cache) if self.job is None else self.job_cache(cache)
         attrs = {
             Attr.FORMAT: self.layout.format,
             Attr.LAYOUT: self.layout.name,
@@ -323,16 +391,23 @@ class RestoreRunner:
         }
         if len(self.ranks) == 1:
             attrs[Attr.RANK] = self.ranks[0]
+        parent = None
+        if self.job is not None:
+            attrs.update(self.job.attributes())
+            parent = job_context(self.job)  # every rank's span of this run: one trace
         stats = self.storage.stats
         before = (stats.retries, stats.errors, stats.requests)
         links, guard, self.interruption = [], self.interruption, None
         if guard is not None:
             links, extra = guard.resume_links(restart_ns=time.time_ns())
             attrs.update(extra)
-        with self.tracer.restore(attrs, links) as op:
+        with self.tracer.restore(attrs, links, parent) as op:
             memory = MemoryWatch(reset_peak=True, cuda=self.device.type == "cuda").start()
             try:
                 self._list(op)
+                if self.job is not None:
+                    with op.phase(Phase.FETCH):
+                        test_faults(self.job)
                 context = RunContext(
                     self.storage,
                     self.layout,
@@ -389,6 +464,9 @@ class RestoreRunner:
             first_step=self.first_step.mode,
             first_step_estimate_s=estimate[0] if estimate else None,
             device_peak_bytes=memory.device_peak,
+            rank=self.job.rank if self.job else None,
+            node=self.job.node if self.job else None,
+            host=self.job.host if self.job else None,
         )
 
     def sweep(self, on_run=None, echo=print) -> tuple[list[RunRecord], list[dict]]:
@@ -471,10 +549,10 @@ class RestoreRunner:
 # ---------------------------------------------------------------- helpers
 
 
-def default_budget(part_size: int) -> int:
-    """The pipelined window by default: a quarter of free memory, at most 2 GiB, at least
-    two reads."""
-    share = int(psutil.virtual_memory().available * DEFAULT_BUDGET_SHARE)
+def default_budget(part_size: int, sharing: int = 1) -> int:
+    """The pipelined window by default: a quarter of free memory (split among the
+    ``sharing`` ranks of a node), at most 2 GiB, at least two reads."""
+    share = int(psutil.virtual_memory().available * DEFAULT_BUDGET_SHARE / sharing)
     return max(2 * part_size, min(DEFAULT_BUDGET_CAP, share))
 
 
@@ -508,19 +586,23 @@ def run_restore(
     out_dir: Path,
     trace_dir: Path | None = None,
     echo=print,
+    job: Job | None = None,
 ) -> dict:
-    """Probe the ceiling, run the sweep, write results.json/results.csv and traces."""
+    """Probe the ceiling, run the sweep, write results.json/results.csv and traces. As one
+    rank of a ``job``, rank 0 gathers every rank's runs and writes the results."""
     from ckptprof.tracing.export import TRACE_DIR_ENV, setup_telemetry
 
     telemetry = setup_telemetry(trace_dir or os.environ.get(TRACE_DIR_ENV) or out_dir / "traces")
+    # a job's ranks share rank 0's run id: the report puts their spans of a run together
+    run_id = job.broadcast(telemetry.run_id) if job is not None else telemetry.run_id
     tracer = CheckpointTracer(
         telemetry.provider,
         framework="synthetic",
-        run_id=telemetry.run_id,
+        run_id=run_id,
         per_file_spans=options.per_file_spans,
     )
     try:
-        runner = RestoreRunner(location, options, tracer)
+        runner = RestoreRunner(location, options, tracer, job)
     except BaseException:
         telemetry.shutdown()
         raise
@@ -556,14 +638,26 @@ def run_restore(
         try:
             runs, failures = runner.sweep(lambda run: echo(run_line(run, ceiling)), echo)
         except BaseException:
-            if runner.runs:  # keep what was measured before the interruption
+            if runner.runs and job is None:  # keep what was measured before the interruption
                 partial = payload(runner, options, ceiling, telemetry, partial=True)
                 json_path, _ = _save_results(out_dir, partial, runner.runs, telemetry)
                 echo(f"partial results of {len(runner.runs)} runs: {json_path}")
             raise
+        rank_runs = None
+        if job is not None:  # every rank's records to rank 0, which writes the results
+            telemetry.flush()
+            gathered = job.gather(([r.to_dict() for r in runs], failures))
+            if job.rank != 0:
+                return {}
+            rank_runs = [from_dict(entry) for found, _ in gathered for entry in found]
+            failures = [
+                {**f, "rank": rank} for rank, (_, lost) in enumerate(gathered) for f in lost
+            ]
+            runs = rank_runs
         attempted = len(runs) + len(failures)
         stats = runner.storage.stats
-        result = payload(runner, options, ceiling, telemetry)
+        result = payload(runner, options, ceiling, telemetry, rank_runs=rank_runs,
+                         failures=failures)  # fmt: skip
         json_path, csv_path = _save_results(out_dir, result, runs, telemetry)
         echo(f"results: {json_path} and {csv_path}; {telemetry.describe_trace()}")
         if stats.retries or stats.errors or failures:

@@ -46,6 +46,11 @@ class RunRecord:
     first_step: str = STEP_SKIPPED
     first_step_estimate_s: float | None = None
     device_peak_bytes: int | None = None  # CUDA memory allocated at the peak (GPU state)
+    # one rank of a distributed job (the slowest rank, in a job's record)
+    rank: int | None = None
+    node: int | None = None
+    host: str | None = None
+    ranks: int = 1  # a job's record: how many ranks it stands for
 
     def to_dict(self) -> dict:
         return dict(vars(self))
@@ -69,6 +74,106 @@ def phases_of(summary) -> dict[str, dict]:
             entry["emulation_reason"] = stats.attributes.get(Attr.EMULATION_REASON, "")
         phases[name] = entry
     return phases
+
+
+def from_dict(entry: dict) -> RunRecord:
+    """A record back from :meth:`RunRecord.to_dict` (gathered from another rank)."""
+    return RunRecord(**entry)
+
+
+def job_runs(rank_runs: list[RunRecord]) -> list[RunRecord]:
+    """One record per run of a distributed job: its slowest rank's (the job's RTO, the
+    MLPerf rule), with the bytes every rank read and held, and the largest peak."""
+    from dataclasses import replace
+
+    groups: dict[tuple, list[RunRecord]] = {}
+    for r in rank_runs:
+        groups.setdefault((r.strategy, r.cache, r.concurrency, r.repeat), []).append(r)
+    out = []
+    for items in groups.values():
+        slowest = max(items, key=lambda r: (r.wall_s, -(r.rank or 0)))
+        phases = {}  # the slowest rank's times; the bytes of every rank
+        for name, entry in slowest.phases.items():
+            entry = dict(entry)
+            for key in ("bytes", "of_bytes", "files"):
+                if key in entry:
+                    entry[key] = sum(r.phases.get(name, {}).get(key) or 0 for r in items)
+            if entry.get("bytes") and entry.get("busy_s"):  # the job's rate through this phase
+                entry["gbps"] = entry["bytes"] / entry["busy_s"] / 1e9
+            phases[name] = entry
+        out.append(
+            replace(
+                slowest,
+                phases=phases,
+                read_bytes=sum(r.read_bytes for r in items),
+                state_bytes=sum(r.state_bytes for r in items),
+                peak_rss_bytes=max(r.peak_rss_bytes for r in items),
+                retries=sum(r.retries for r in items),
+                errors=sum(r.errors for r in items),
+                ranks=len(items),
+            )
+        )
+    return out
+
+
+def job_summary(rank_runs: list[RunRecord], checkpoint_bytes: int) -> dict:
+    """Across the ranks of a job: per rank and per node what was read and how long it
+    took (medians over runs), the spread, the straggler, aggregate GB/s and read
+    amplification (bytes all ranks read ÷ the checkpoint's)."""
+    med = statistics.median
+    runs = job_runs(rank_runs)
+    by_run: dict[tuple, list[RunRecord]] = {}
+    for r in rank_runs:
+        by_run.setdefault((r.strategy, r.cache, r.concurrency, r.repeat), []).append(r)
+    per_rank: dict[int, list[RunRecord]] = {}
+    for r in rank_runs:
+        per_rank.setdefault(r.rank or 0, []).append(r)
+    ranks = [
+        {
+            "rank": rank,
+            "node": items[0].node,
+            "host": items[0].host,
+            "read_bytes": med(r.read_bytes for r in items),
+            "wall_s": med(r.wall_s for r in items),
+            "fetch_s": med(r.phases.get("fetch", {}).get("busy_s", 0.0) for r in items),
+        }
+        for rank, items in sorted(per_rank.items())
+    ]
+    per_node: dict[int, list[dict]] = {}
+    for row in ranks:
+        per_node.setdefault(row["node"] or 0, []).append(row)
+    nodes = [
+        {
+            "node": node,
+            "host": rows[0]["host"],
+            "ranks": len(rows),
+            "read_bytes": sum(row["read_bytes"] for row in rows),
+            "wall_s": max(row["wall_s"] for row in rows),
+        }
+        for node, rows in sorted(per_node.items())
+    ]
+    slowest = max(ranks, key=lambda row: (row["wall_s"], -row["rank"]))
+    fastest = min(ranks, key=lambda row: (row["wall_s"], row["rank"]))
+    read = med(r.read_bytes for r in runs)
+    return {
+        "world_size": len(ranks),
+        "nodes": len(nodes),
+        "rto_rule": "the slowest rank's wall time",
+        "checkpoint_bytes": checkpoint_bytes,
+        "read_bytes_all_ranks": read,
+        "read_amplification": read / checkpoint_bytes if checkpoint_bytes else None,
+        "aggregate_gbps": med(r.read_bytes / r.wall_s / 1e9 for r in runs if r.wall_s > 0),
+        "spread_s": med(
+            max(r.wall_s for r in items) - min(r.wall_s for r in items) for items in by_run.values()
+        ),
+        "slowest_rank": slowest["rank"],
+        "slowest_rank_s": slowest["wall_s"],
+        "fastest_rank": fastest["rank"],
+        "fastest_rank_s": fastest["wall_s"],
+        "slowest_node": max(nodes, key=lambda n: n["wall_s"])["node"],
+        "per_rank": ranks,
+        "per_node": nodes,
+    }
 
 
 def summarize(runs: list[RunRecord], ceiling) -> list[dict]:
@@ -171,13 +276,25 @@ def write_results(out_dir: Path, payload: dict, runs: list[RunRecord]) -> tuple[
     return json_path, csv_path
 
 
-def payload(runner, options, ceiling, telemetry, partial: bool = False) -> dict:
-    """results.json: the spec, options, environment, ceiling, runs and their medians."""
+def payload(
+    runner,
+    options,
+    ceiling,
+    telemetry,
+    partial: bool = False,
+    rank_runs: list[RunRecord] | None = None,
+    failures: list[dict] | None = None,
+) -> dict:
+    """results.json: the spec, options, environment, ceiling, runs and their medians. For
+    a distributed job (``rank_runs``: every rank's records), ``runs`` are the job's (its
+    slowest rank per run), ``rank_runs`` every rank's, and ``job`` the spread across them."""
     from ckptprof import __version__
     from ckptprof.env import capture
     from ckptprof.synth.device import DEVICE, device_attributes
 
-    runs, failures, stats = runner.runs, runner.failures, runner.storage.stats
+    runs = job_runs(rank_runs) if rank_runs else runner.runs
+    failures = runner.failures if failures is None else failures
+    stats = runner.storage.stats
     attempted = len(runs) + len(failures)
     return {
         "ckptprof_version": __version__,
@@ -187,7 +304,8 @@ def payload(runner, options, ceiling, telemetry, partial: bool = False) -> dict:
         "options": {
             "verify": options.verify,
             "world_size": runner.world_size,
-            "ranks": runner.ranks,
+            "ranks": sorted({r.rank for r in rank_runs}) if rank_runs else runner.ranks,
+            "processes": "one per rank (torch.distributed)" if rank_runs else "one",
             "strategies": list(options.strategies),
             "memory_budget": runner.memory_budget,
             "part_size": options.part_size,
@@ -200,7 +318,7 @@ def payload(runner, options, ceiling, telemetry, partial: bool = False) -> dict:
             {**runner.storage.describe(), "fetch.part_size": str(options.part_size)}
         ),
         "ceiling": ceiling.to_dict(),
-        "state_bytes": runner.state.nbytes,
+        "state_bytes": runs[0].state_bytes if rank_runs and runs else runner.state.nbytes,
         "read_files": len(runner.files),
         "runs": [r.to_dict() for r in runs],
         "summary": summarize(runs, ceiling),
@@ -213,6 +331,14 @@ def payload(runner, options, ceiling, telemetry, partial: bool = False) -> dict:
         },
         "trace_file": str(telemetry.trace_file),
         "partial": partial,
+        **(
+            {
+                "rank_runs": [r.to_dict() for r in rank_runs],
+                "job": job_summary(rank_runs, runner.manifest.total_bytes),
+            }
+            if rank_runs
+            else {}
+        ),
     }
 
 

@@ -1,0 +1,189 @@
+"""The synthetic restore as a real distributed job: one process per rank, launched by
+torch.distributed.run (gloo on CPU), on one "node" or two sharing a c10d rendezvous on
+127.0.0.1. Each rank restores what its rank of the target job holds; rank 0 gathers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ckptprof.manifest import MANIFEST_NAME
+from tests.conftest import run_cli, spans_in
+
+SWEEP = ["--cache", "cold", "--concurrency", "2", "--repeat", "1", "--ceiling-gbps", "1"]
+
+
+def job(path, out, nproc, *extra, env=None):
+    return run_cli(
+        "synth", "restore", str(path), "--nproc-per-node", str(nproc), *SWEEP,
+        "--out", str(out), *extra, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=300,
+    )  # fmt: skip
+
+
+def results(out) -> dict:
+    return json.loads((out / "results.json").read_text())
+
+
+def sizes(path) -> dict[str, int]:
+    return {
+        p: f["size"] for p, f in json.loads((path / MANIFEST_NAME).read_text())["files"].items()
+    }
+
+
+def assert_one_job(doc: dict, world: int, nodes: int = 1) -> None:
+    """Rank 0 wrote every rank's runs; the job's run is its slowest rank's."""
+    job = doc["job"]
+    assert job["world_size"] == world and job["nodes"] == nodes
+    assert doc["runs"]
+    for run in doc["runs"]:
+        ranks = [r for r in doc["rank_runs"] if r["cache"] == run["cache"]]
+        assert sorted(r["rank"] for r in ranks) == list(range(world))
+        assert run["ranks"] == world
+        assert run["wall_s"] == max(r["wall_s"] for r in ranks)
+        assert run["read_bytes"] == sum(r["read_bytes"] for r in ranks)
+    assert doc["options"]["processes"].startswith("one per rank")
+
+
+def assert_one_trace_per_run(out, world: int) -> None:
+    """Each rank wrote its own trace file; a run's spans (one per rank) share one trace
+    id, and the job's runs one run id."""
+    roots = [s for s in spans_in(out / "traces") if s["name"] == "ckpt.restore"]
+    by_trace: dict[str, list[int]] = {}
+    for root in roots:
+        by_trace.setdefault(root["context"]["trace_id"], []).append(root["attributes"]["ckpt.rank"])
+    assert by_trace and all(sorted(v) == list(range(world)) for v in by_trace.values())
+    assert len({r["attributes"]["ckpt.run_id"] for r in roots}) == 1
+    for root in roots:
+        assert root["attributes"]["ckpt.host"] == socket.gethostname()
+        assert root["attributes"]["ckpt.dist.backend"] == "gloo"
+        assert "ckpt.local_rank" in root["attributes"]
+
+
+def test_each_rank_reads_its_own_file_and_the_straggler_is_named(checkpoints, tmp_path):
+    """torch saved by 2, restored by 2 processes: each rank reads exactly its own file
+    and the small files (read amplification measured exactly); rank 1, slowed on purpose,
+    is the job's RTO and is named."""
+    path = checkpoints("torch", 2)
+    out = tmp_path / "out"
+    done = job(path, out, 2, "--cache", "cold,hot", env={"CKPTPROF_TEST_SLOW_RANK": "1:1.5"})
+    assert done.returncode == 0, done.stderr
+    doc = results(out)
+    assert_one_job(doc, 2)
+    size = sizes(path)
+    small = sum(n for p, n in size.items() if not p.startswith("checkpoint_rank"))
+    for run in doc["rank_runs"]:
+        assert run["read_bytes"] == size[f"checkpoint_rank{run['rank']}.pt"] + small
+    job_ = doc["job"]
+    assert job_["read_amplification"] == pytest.approx(
+        (sum(size.values()) + small) / sum(size.values())
+    )
+    assert job_["slowest_rank"] == 1 and job_["spread_s"] > 1.0
+    assert {r["rank"] for r in doc["runs"]} == {1}  # both runs: the straggler's time
+    assert_one_trace_per_run(out, 2)
+    assert {r["cache"] for r in doc["runs"]} == {"cold", "hot"}  # two runs, two traces
+    text = " ".join(done.stdout.split())
+    assert "job: 2 ranks on 1 node, one process each; RTO = the slowest rank's (rank 1" in text
+    assert "rank 1 on node 0" in text and "is the straggler" in text
+    assert done.stdout.count("results:") == 2  # one display for the job: rank 0's run lines
+    assert "OMP_NUM_THREADS" not in done.stderr  # no launcher noise
+
+
+@pytest.mark.parametrize("layout", ["safetensors", "deepspeed"])
+def test_two_ranks_restore_every_layout(layout, checkpoints, tmp_path):
+    ranks = 2 if layout == "deepspeed" else 1
+    path = checkpoints(layout, ranks)
+    out = tmp_path / "out"
+    done = job(path, out, 2, "--verify", "size")  # (full hashes would need whole files)
+    assert done.returncode == 0, done.stderr
+    doc = results(out)
+    assert_one_job(doc, 2)
+    whole = sum(sizes(path).values())
+    for run in doc["rank_runs"]:
+        assert 0 < run["read_bytes"] < whole  # a rank reads its share, not the checkpoint
+        assert set(run["phases"]) >= {"list", "fetch", "verify", "deserialize", "reshard"}
+    assert_one_trace_per_run(out, 2)
+
+
+@pytest.mark.parametrize("nproc", [2, 3, 4])
+def test_dcp_saved_by_four_restored_by_two_three_and_four(nproc, checkpoints, tmp_path):
+    """Each rank's dcp.load reads only the saved items its rows overlap (DCP reads an item
+    whole): with 4 ranks each reads exactly its own file and .metadata; with 2 or 3 the
+    items cut by a rank boundary are read twice, and read amplification says so."""
+    path = checkpoints("dcp", 4)
+    out = tmp_path / "out"
+    done = job(path, out, nproc, "--verify", "size")  # (full hashes need whole files)
+    assert done.returncode == 0, done.stderr
+    doc = results(out)
+    assert_one_job(doc, nproc)
+    assert doc["options"]["world_size"] == nproc and doc["spec"]["ranks"] == 4
+    size = sizes(path)
+    whole = sum(size.values())
+    for run in doc["rank_runs"]:
+        if nproc == 4:
+            assert run["read_bytes"] == size[f"__{run['rank']}_0.distcp"] + size[".metadata"]
+        else:
+            assert run["read_bytes"] < 0.75 * whole
+    amplification = doc["job"]["read_amplification"]
+    assert amplification == pytest.approx(sum(r["read_bytes"] for r in doc["rank_runs"]) / whole)
+    assert 1.0 < amplification < 1.6
+    states = [r["state_bytes"] for r in doc["rank_runs"]]
+    assert max(states) - min(states) <= 0.05 * max(states)  # an even split of the state
+
+
+def test_two_nodes_share_a_c10d_rendezvous(checkpoints, tmp_path):
+    """Two torchrun launches (the two "nodes") meet at one c10d endpoint on 127.0.0.1:
+    the multi-node command of the README, with one rank per node."""
+    path = checkpoints("torch", 2)
+    out = tmp_path / "out"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+        "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", "ckptprof-test", "-m", "ckptprof", "synth", "restore", str(path), *SWEEP,
+        "--out", str(out),
+    ]  # fmt: skip
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]  # fmt: skip
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    doc = results(out)
+    assert_one_job(doc, 2, nodes=2)
+    assert sorted(n["node"] for n in doc["job"]["per_node"]) == [0, 1]
+    assert_one_trace_per_run(out, 2)
+    assert "job: 2 ranks on 2 nodes" in " ".join("".join(o for o, _ in outputs).split())
+
+
+def test_a_rank_that_dies_mid_restore_is_one_line_and_no_hang(checkpoints, tmp_path):
+    path = checkpoints("torch", 2)
+    out = tmp_path / "out"
+    started = time.monotonic()
+    done = job(path, out, 2, env={"CKPTPROF_TEST_DIE_RANK": "1"})
+    assert time.monotonic() - started < 120  # torch's agent stops the other rank at once
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("ckptprof: error")]
+    assert errors == [
+        "ckptprof: error: rank 1 of 2 exited with code 70 during the restore (its output is "
+        "above); the other ranks were stopped."
+    ], done.stderr
+    assert not (out / "results.json").exists()
+
+
+def test_a_ranks_own_error_is_quoted_by_the_launcher(checkpoints, tmp_path):
+    """Options the launcher decides (--world-size) are refused by every rank in one line,
+    which the launcher quotes."""
+    path = checkpoints("torch", 2)
+    done = job(path, tmp_path / "out", 2, "--world-size", "4")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()  # the ranks leave it to the launcher
+    assert line.startswith("ckptprof: error: rank 0 of 2 exited with code 2 during the restore:")
+    assert line.endswith("drop --world-size/--rank, or launch another number of processes "
+                         "(--nproc-per-node); the other ranks were stopped.")  # fmt: skip
