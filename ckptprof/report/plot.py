@@ -1,7 +1,7 @@
 """``--plot``: phase bars per configuration and fetch GB/s against concurrency.
 
-matplotlib is optional (``pip install 'ckptprof[plot]'``) and imported only
-here, only when a plot is asked for; the figure is drawn on an Agg canvas
+matplotlib is a base dependency (the README's main job ends with a picture) but is
+imported only here, only when a plot is asked for; the figure is drawn on an Agg canvas
 without pyplot, so no global backend state is touched.
 """
 
@@ -136,7 +136,7 @@ def write_plot(report: Report, path: str | os.PathLike) -> Path:
         from matplotlib.figure import Figure
     except ImportError:
         raise CkptprofError(
-            f"--plot {path}: matplotlib is not installed — pip install 'ckptprof[plot]'"
+            f"--plot {path}: matplotlib is not installed — pip install matplotlib"
         ) from None
     if not target.parent.is_dir():
         raise CkptprofError(
