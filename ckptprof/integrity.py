@@ -100,13 +100,22 @@ def _json(path: str) -> Integrity:
 
 
 def _dcp(folder: str) -> Integrity:
-    method = "dcp metadata"
     try:
         from torch.distributed.checkpoint import FileSystemReader
 
         storage_data = FileSystemReader(folder).read_metadata().storage_data or {}
     except Exception as exc:  # noqa: BLE001 - any unreadable metadata is the finding
-        return Integrity(method, f".metadata is unreadable ({type(exc).__name__}: {exc})")
+        return Integrity(DCP_METHOD, f".metadata is unreadable ({type(exc).__name__}: {exc})")
+    return check_dcp(folder, storage_data)
+
+
+DCP_METHOD = "dcp metadata"
+
+
+def check_dcp(folder: str, storage_data: dict) -> Integrity:
+    """A DCP folder's data files against the byte ranges its metadata's ``storage_data``
+    (already read) says they hold."""
+    method = DCP_METHOD
     need: dict[str, int] = {}
     for info in storage_data.values():
         end = info.offset + info.length
@@ -121,4 +130,4 @@ def _dcp(folder: str) -> Integrity:
     return Integrity(method)
 
 
-__all__ = ["Integrity", "check"]
+__all__ = ["Integrity", "check", "check_dcp"]

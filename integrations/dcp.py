@@ -1,0 +1,434 @@
+"""torch.distributed.checkpoint (DCP), traced: wrappers for any ``StorageReader`` /
+``StorageWriter``, and a one-line :func:`instrument` for code that calls ``dcp.load`` /
+``dcp.save`` directly.
+
+DCP's loads are the largest restores (FSDP, torchtitan, Lightning's and accelerate's
+sharded paths) and, untraced, one fused interval. Wrapped, each rank's load is a
+``ckpt.restore`` with:
+
+* ``list``: ``read_metadata`` (the ``.metadata`` file);
+* ``reshard``: the planning (which saved items fill which of this rank's tensors, with a
+  world-size change) and, inside ``read_data``, each item from ``resolve_tensor`` to
+  ``commit_tensor`` (the copy into the state dict's tensor);
+* ``fetch``: the reads, per file, for readers that read through a ``fs`` with
+  ``create_stream`` (``FileSystemReader`` and the fsspec reader); other readers' reads
+  stay inside ``deserialize`` (``ckpt.fused`` says so);
+* ``deserialize``: the rest of ``read_data`` (``torch.load`` of each item's bytes).
+
+A save is a ``ckpt.save``: ``serialize`` (planning), ``write`` (``write_data``: DCP
+serializes while it writes, ``ckpt.fused``) and ``commit`` (``finish``: the metadata).
+The wrappers delegate every call to the wrapped object and return what it returns; the
+reader's ``fs`` is swapped only for the duration of one ``read_data`` and put back.
+
+    import torch.distributed.checkpoint as dcp
+    from ckptprof.integrations.dcp import instrument
+    instrument()                      # dcp.load / dcp.save / dcp.async_save are traced
+    dcp.load(state_dict, checkpoint_id="ckpt/step-100")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+from torch.distributed.checkpoint import StorageReader, StorageWriter
+
+from ckptprof.integrations.patching import Patcher
+from ckptprof.integrations.session import TracingSession, phase_or_nothing
+from ckptprof.phases import Attr, Phase
+from ckptprof.tracing.recorder import Operation, uncovered
+
+FRAMEWORK = "dcp"
+log = logging.getLogger("ckptprof")
+
+
+class _Call:
+    """One ``dcp.load`` / ``dcp.save``'s operation: begun by the first storage call (or by
+    :func:`instrument`'s wrapper around the whole call), ended by the last."""
+
+    def __init__(self, session: TracingSession, kind: str) -> None:
+        self.session, self.kind = session, kind
+        self.op: Operation | None = None
+        self.owned = False  # begun here (not by instrument's wrapper): ended here too
+
+    def begin(self, attributes: dict) -> None:
+        if self.op is not None and not self.op.finished:
+            return
+        begin = self.session.begin_restore if self.kind == "restore" else self.session.begin_save
+        self.op = begin({Attr.FRAMEWORK: FRAMEWORK, Attr.FORMAT: "dcp", **attributes})
+        self.owned = True
+
+    def end(self, error: BaseException | None = None) -> None:
+        if not self.owned:
+            return
+        self.owned = False
+        if self.kind == "restore":
+            self.session.end_restore(error)
+        else:
+            self.session.end_save(error)
+        self.op = None
+
+
+class _TimedStream:
+    """A file stream whose reads are ``fetch`` intervals with their bytes."""
+
+    def __init__(self, stream, record) -> None:
+        self._stream, self._record = stream, record
+
+    def read(self, size=-1):
+        start = time.time_ns()
+        data = self._stream.read(size)
+        self._record(start, time.time_ns(), len(data))
+        return data
+
+    def readinto(self, buffer):
+        start = time.time_ns()
+        n = self._stream.readinto(buffer)
+        self._record(start, time.time_ns(), n or 0)
+        return n
+
+    def __getattr__(self, name: str) -> Any:  # seek, tell, seekable, readable, close, …
+        return getattr(self._stream, name)
+
+
+class _TimedFileSystem:
+    """A reader's ``fs`` for one ``read_data``: the same, with timed streams."""
+
+    def __init__(self, fs, record) -> None:
+        self._fs, self._record = fs, record
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        with self._fs.create_stream(path, mode) as stream:
+            yield _TimedStream(stream, self._record) if "r" in mode else stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+
+class _TimedPlanner:
+    """The load planner of one ``read_data``: ``resolve_tensor`` → ``commit_tensor`` (the
+    copy into the target tensor) and ``load_bytes`` are ``reshard``."""
+
+    def __init__(self, planner, record) -> None:
+        self._planner, self._record = planner, record
+        self._open: dict[int, int] = {}  # thread -> start of its item's copy
+
+    def resolve_tensor(self, read_item):
+        self._open[threading.get_ident()] = time.time_ns()
+        return self._planner.resolve_tensor(read_item)
+
+    def commit_tensor(self, read_item, tensor):
+        try:
+            return self._planner.commit_tensor(read_item, tensor)
+        finally:
+            start = self._open.pop(threading.get_ident(), None)
+            if start is not None:
+                self._record(start, time.time_ns())
+
+    def load_bytes(self, read_item, value):
+        start = time.time_ns()
+        try:
+            return self._planner.load_bytes(read_item, value)
+        finally:
+            self._record(start, time.time_ns())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
+
+
+class TracedStorageReader(StorageReader):
+    """``reader``, traced as a ``ckpt.restore`` per load (see the module docstring)."""
+
+    def __init__(self, reader: StorageReader, session: TracingSession | None = None) -> None:
+        self.reader = reader
+        self._session = session or _default().session
+        self._call = _Call(self._session, "restore")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["reader"], name)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return False  # DCP never picks a wrapper from a checkpoint id: it is handed one
+
+    def reset(self, checkpoint_id=None) -> None:
+        self._call.begin(_where(self.reader, checkpoint_id))
+        return self.reader.reset(checkpoint_id)
+
+    def read_metadata(self, *args, **kwargs):
+        self._call.begin(_where(self.reader, None))
+        with phase_or_nothing(self._call.op, Phase.LIST):
+            metadata = self.reader.read_metadata(*args, **kwargs)
+        self._verify(metadata)
+        return metadata
+
+    def _verify(self, metadata) -> None:
+        """``verify``: a local folder's data files against the metadata just read (sizes,
+        no extra read); a problem is a warning on the span — DCP's own error follows."""
+        import os
+
+        op, folder = self._call.op, getattr(self.reader, "path", None)
+        if op is None or folder is None or not os.path.isdir(str(folder)):
+            return
+        try:
+            from ckptprof.integrity import check_dcp
+
+            with op.phase(Phase.VERIFY, **{"ckpt.verify.method": "dcp metadata"}) as stats:
+                found = check_dcp(str(folder), getattr(metadata, "storage_data", None) or {})
+                if found.problem is not None:
+                    stats.attributes["ckpt.verify.problem"] = found.problem
+                    log.warning("ckptprof: dcp %s: %s", folder, found.problem)
+        except Exception as exc:  # noqa: BLE001
+            self._session.warn_once("dcp.verify", exc)
+
+    def set_up_storage_reader(self, metadata, is_coordinator: bool, *args, **kwargs) -> None:
+        with phase_or_nothing(self._call.op, Phase.RESHARD):
+            return self.reader.set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+
+    def prepare_local_plan(self, plan):
+        with phase_or_nothing(self._call.op, Phase.RESHARD):
+            return self.reader.prepare_local_plan(plan)
+
+    def prepare_global_plan(self, plans):
+        with phase_or_nothing(self._call.op, Phase.RESHARD):
+            return self.reader.prepare_global_plan(plans)
+
+    def read_data(self, plan, planner):
+        op = self._call.op
+        if op is None:
+            return self.reader.read_data(plan, planner)
+        fetched: list[tuple[int, int]] = []
+        copies: list[tuple[int, int]] = []
+        lock = threading.Lock()
+        nbytes = [0]
+
+        def fetch(start: int, end: int, n: int) -> None:
+            with lock:
+                fetched.append((start, end))
+                nbytes[0] += n
+
+        def copy(start: int, end: int) -> None:
+            with lock:
+                copies.append((start, end))
+
+        fs = getattr(self.reader, "fs", None)
+        swapped = fs is not None and hasattr(fs, "create_stream")
+        start, error = time.time_ns(), None
+        try:
+            if swapped:
+                self.reader.fs = _TimedFileSystem(fs, fetch)
+            return self.reader.read_data(plan, _TimedPlanner(planner, copy))
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if swapped:
+                self.reader.fs = fs  # the user's reader as it was
+            self._record_read(op, start, fetched, copies, nbytes[0], swapped)
+            self._call.end(error)
+
+    def _record_read(self, op, start, fetched, copies, nbytes, timed_reads) -> None:
+        try:
+            end = time.time_ns()
+            for interval in fetched:
+                op.add_interval(Phase.FETCH, *interval)
+            for interval in copies:
+                op.add_interval(Phase.RESHARD, *interval)
+            for gap in uncovered(start, end, sorted(fetched + copies)):
+                op.add_interval(Phase.DESERIALIZE, *gap)
+            if timed_reads:
+                op.add_bytes(Phase.FETCH, nbytes)
+            else:
+                op.set_phase_attributes(
+                    Phase.DESERIALIZE, **{"ckpt.fused": "fetch+deserialize (the reader's own)"}
+                )
+        except Exception as exc:  # noqa: BLE001 - a guest's bookkeeping never fails a load
+            self._session.warn_once("dcp.read_data", exc)
+
+
+class TracedStorageWriter(StorageWriter):
+    """``writer``, traced as a ``ckpt.save`` per save (see the module docstring)."""
+
+    def __init__(self, writer: StorageWriter, session: TracingSession | None = None) -> None:
+        self.writer = writer
+        self._session = session or _default().session
+        self._call = _Call(self._session, "save")
+        self._coordinator = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["writer"], name)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return False  # DCP never picks a wrapper from a checkpoint id: it is handed one
+
+    def reset(self, checkpoint_id=None) -> None:
+        self._call.begin(_where(self.writer, checkpoint_id))
+        return self.writer.reset(checkpoint_id)
+
+    def storage_meta(self):
+        return self.writer.storage_meta()
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        self._call.begin(_where(self.writer, None))
+        self._coordinator = is_coordinator  # only the coordinator's save ends in finish()
+        with phase_or_nothing(self._call.op, Phase.SERIALIZE):
+            return self.writer.set_up_storage_writer(is_coordinator, *args, **kwargs)
+
+    def prepare_local_plan(self, plan):
+        with phase_or_nothing(self._call.op, Phase.SERIALIZE):
+            return self.writer.prepare_local_plan(plan)
+
+    def prepare_global_plan(self, plans):
+        with phase_or_nothing(self._call.op, Phase.SERIALIZE):
+            return self.writer.prepare_global_plan(plans)
+
+    def write_data(self, plan, planner):
+        op = self._call.op
+        if op is None:
+            return self.writer.write_data(plan, planner)
+        with op.phase(Phase.WRITE, **{"ckpt.fused": "serialize+write (write_data)"}):
+            future = self.writer.write_data(plan, planner)
+            results = future.wait() if hasattr(future, "wait") else None
+        try:
+            if results:
+                stored = [getattr(r, "storage_data", None) for r in _flat(results)]
+                op.add_bytes(Phase.WRITE, sum(getattr(s, "length", 0) or 0 for s in stored))
+                files = {getattr(s, "relative_path", None) for s in stored} - {None}
+                op.set_phase_attributes(Phase.WRITE, **{Attr.FILES: len(files)})
+        except Exception as exc:  # noqa: BLE001
+            self._session.warn_once("dcp.write_data", exc)
+        if not self._coordinator:  # this rank's part of the save is written
+            self._call.end()
+        return future
+
+    def finish(self, metadata, results) -> None:
+        error = None
+        try:
+            with phase_or_nothing(self._call.op, Phase.COMMIT):
+                return self.writer.finish(metadata, results)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._call.end(error)
+
+
+def _flat(results) -> list:
+    """A rank's WriteResults (``write_data`` gives a list; lists of lists are flattened)."""
+    out = []
+    for r in results:
+        out += _flat(r) if isinstance(r, list) else [r]
+    return out
+
+
+def _where(storage, checkpoint_id) -> dict:
+    path = checkpoint_id if checkpoint_id is not None else getattr(storage, "path", None)
+    attrs = {"ckpt.dcp.storage": type(storage).__name__}
+    if path is not None:
+        attrs[Attr.PATH] = str(path)
+    return attrs
+
+
+# ---------------------------------------------------------------------- instrument()
+class DCPInstrumentor:
+    """``dcp.load``, ``dcp.save`` and ``dcp.async_save`` traced in this process: their
+    storage readers and writers wrapped (the default ``FileSystemReader``/``Writer`` made
+    from ``checkpoint_id`` first, as DCP would): one operation per call."""
+
+    def __init__(self, **session_options) -> None:
+        self.session = TracingSession(FRAMEWORK, **session_options)
+        self.patcher = Patcher(FRAMEWORK, "torch", "2.5 to 2.13")
+
+    @property
+    def instrumented(self) -> bool:
+        return self.patcher.attached
+
+    def instrument(self) -> DCPInstrumentor:
+        import torch.distributed.checkpoint as dcp
+
+        if self.instrumented:
+            return self
+        self.session.start()
+        for name, kind in (("load", "reader"), ("save", "writer"), ("async_save", "writer")):
+            self.patcher.wrap(
+                dcp, name, lambda original, kind=kind: self._traced(original, kind),
+                label=f"torch.distributed.checkpoint.{name}", phase=f"dcp.{name}",
+            )  # fmt: skip
+        return self
+
+    def uninstrument(self) -> None:
+        self.patcher.unwrap_all()
+        self.session.close()
+
+    def _traced(self, original, kind: str):
+        option = "storage_reader" if kind == "reader" else "storage_writer"
+
+        def call(state_dict, *args, **kwargs):
+            storage = kwargs.get(option)
+            if isinstance(storage, (TracedStorageReader, TracedStorageWriter)):
+                return original(state_dict, *args, **kwargs)
+            try:
+                if storage is None:
+                    storage = _default_storage(kwargs.get("checkpoint_id"), kind)
+                traced = (TracedStorageReader if kind == "reader" else TracedStorageWriter)(
+                    storage, self.session
+                )
+            except Exception as exc:  # noqa: BLE001 - DCP decides; we only stand aside
+                self.session.warn_once(f"dcp.{kind}", exc)
+                return original(state_dict, *args, **kwargs)
+            return original(state_dict, *args, **{**kwargs, option: traced})
+
+        return call
+
+
+def _default_storage(checkpoint_id, kind: str):
+    """The reader or writer DCP would make for ``checkpoint_id`` (a path: FileSystem*)."""
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+    if checkpoint_id is None:
+        raise ValueError("no checkpoint_id and no storage: DCP's own error applies")
+    return FileSystemReader(checkpoint_id) if kind == "reader" else FileSystemWriter(checkpoint_id)
+
+
+_INSTANCE: DCPInstrumentor | None = None
+_LOCK = threading.Lock()
+
+
+def _default() -> DCPInstrumentor:
+    global _INSTANCE
+    with _LOCK:
+        if _INSTANCE is None:
+            _INSTANCE = DCPInstrumentor()
+        return _INSTANCE
+
+
+def instrument(**session_options) -> DCPInstrumentor:
+    """Trace every ``dcp.load`` / ``dcp.save`` / ``dcp.async_save`` called through the
+    ``torch.distributed.checkpoint`` module from now on (``trace_dir=``,
+    ``tracer_provider=``, ``rank=`` as for the other adapters); idempotent."""
+    global _INSTANCE
+    with _LOCK:
+        if _INSTANCE is None or (session_options and not _INSTANCE.instrumented):
+            _INSTANCE = DCPInstrumentor(**session_options)
+        instance = _INSTANCE
+    return instance.instrument()
+
+
+def uninstrument() -> None:
+    """Put ``dcp.load`` / ``save`` / ``async_save`` back and close the telemetry."""
+    if _INSTANCE is not None:
+        _INSTANCE.uninstrument()
+
+
+__all__ = [
+    "DCPInstrumentor",
+    "TracedStorageReader",
+    "TracedStorageWriter",
+    "instrument",
+    "uninstrument",
+]
