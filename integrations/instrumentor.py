@@ -35,7 +35,13 @@ from ckptprof.tracing.recorder import Operation, OperationSummary, uncovered
 
 log = logging.getLogger("ckptprof")
 
-GUARD_OPTIONS = ("sources", "metadata_url", "signal_grace_s", "cost_per_hour_usd")
+GUARD_OPTIONS = (
+    "sources",
+    "metadata_url",
+    "signal_grace_s",
+    "cost_per_hour_usd",
+    "agree_across_ranks",
+)
 
 
 class _Live:

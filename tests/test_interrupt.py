@@ -320,6 +320,10 @@ def test_report_tells_one_story_per_interruption_across_ranks():
     assert story.ranks == 2 and story.rto_s == 2.5  # the job's restore: its slowest rank
     text = render_stories([story])
     assert "2 ranks" in text and "RTO 2.500 s, slowest rank" in text
+    # rank 0 took rank 1's notice at the step boundary: the story names where it came
+    spans[0]["attributes"] = {**spans[0]["attributes"], "ckpt.interruption.source": "peer"}
+    (story,) = build_stories(spans)
+    assert story.source == "sigterm (one rank; the others agreed)"
     # times that are not times (hand-edited or foreign traces): the story, without them
     for bad in ("yesterday", 12345, None):
         spans[0]["start_time"] = bad
@@ -409,3 +413,31 @@ def test_a_noted_signal_is_handed_on_when_no_step_boundary_comes(tmp_path, caplo
         guard.close()
         signal.signal(signal.SIGUSR1, previous)
         session.close()
+
+
+# ---------------------------------------------------------------------- across ranks
+def test_a_notice_on_one_rank_saves_every_rank_at_the_same_step(tmp_path):
+    """Two real ranks (gloo): rank 1 alone gets the signal; at the next step boundary both
+    agree (one all-reduce) and both save at that step; rank 0 tells it as a peer's notice.
+    SIGUSR1's default action would end rank 1, so the job ignores it (the watcher notes it
+    first and hands it on to SIG_IGN)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    job = Path(__file__).with_name("agree_job.py")
+
+    def run(*flags):
+        out = tmp_path / ("agree" if not flags else "apart")
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", str(job), str(out), *flags]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+    agreed = run()
+    assert [r["saved"] for r in agreed] == [[3], [3]]
+    assert [r["source"] for r in agreed] == ["peer", "sigusr1"]
+    apart = run("--no-agree")  # without the agreement only the signalled rank saves
+    assert [r["saved"] for r in apart] == [[], [3]]

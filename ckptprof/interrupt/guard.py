@@ -49,6 +49,8 @@ COST_ENV = "CKPTPROF_COST_PER_HOUR"
 DEFAULT_COST_PER_HOUR = 32.77
 #: the shortest wait of a noted signal for a step boundary before it is handed on
 MIN_HANDOFF_S = 3.0
+#: the source of a notice another rank saw (agreed at a step boundary)
+PEER_SOURCE = "peer"
 NOTICE_SPAN, INTERRUPTION_SPAN, EMERGENCY_SAVE_SPAN = (
     "ckpt.notice",
     "ckpt.interruption",
@@ -107,6 +109,8 @@ class InterruptionGuard:
             the process (metadata notices); optional.
         sources, metadata_url, signal_grace_s: see :class:`NoticeWatcher`.
         cost_per_hour_usd: price of the instance for the cost estimate.
+        agree_across_ranks: in a multi-process job, agree at each step boundary whether
+            any rank saw a notice (one all-reduce of one flag), so all save at one step.
     """
 
     def __init__(
@@ -120,8 +124,10 @@ class InterruptionGuard:
         metadata_url: str | None = None,
         signal_grace_s: float | None = None,
         cost_per_hour_usd: float | None = None,
+        agree_across_ranks: bool = True,
     ) -> None:
         self.inst = inst
+        self.agree_across_ranks = agree_across_ranks
         self.location = location
         self.save = save
         self.stop_training = stop
@@ -286,17 +292,45 @@ class InterruptionGuard:
                 self.inst.warn_once("write_record", exc)
 
     def step_end(self, step: int) -> None:
-        """Call at every step boundary; runs the emergency save when a notice is pending."""
+        """Call at every step boundary; runs the emergency save when a notice is pending.
+        In a multi-process job the ranks first agree whether any of them saw one, so every
+        rank saves at the same step (a save needs all of them)."""
         self.last_step, self.last_step_ns = step, time.time_ns()
         self._step_times.append(self.last_step_ns)
         if self._handled and self.watcher.signum is not None:
             self.watcher.chain()  # a signal after the notice was already saved for
             return
+        if not self._handled:
+            self._agree_across_ranks()
         if self.watcher.notice is None:
             return
         self._open()
         if self._claim():
             self.emergency_save(step)
+
+    def _agree_across_ranks(self) -> None:
+        """One all-reduce of one flag per step while no notice is handled (every rank calls
+        step_end at the same steps): a notice seen by any rank is taken by all, as a notice
+        from a peer rank. Nothing in a one-process job or when turned off."""
+        group = _job_group() if self.agree_across_ranks else None
+        if group is None:
+            return
+        import torch
+        import torch.distributed as dist
+
+        seen = self.watcher.notice is not None
+        try:
+            device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+            flag = torch.tensor([int(seen)], dtype=torch.int32, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        except Exception as exc:  # noqa: BLE001 - the job's own collectives will tell
+            self.agree_across_ranks = False  # never again: a half-done agreement must not hang
+            self.inst.warn_once("interruption agreement", exc)
+            return
+        if flag.item() and not seen:
+            now = time.time_ns()
+            grace = int(self.watcher.signal_grace_s * 1e9)
+            self.watcher.inject(Notice(PEER_SOURCE, now, now + grace, True, "another rank's"))
 
     def emergency_save(self, step: int) -> None:
         """Save now under ``ckpt.emergency_save``, record the outcome, hand the signal on."""
@@ -410,6 +444,19 @@ class InterruptionGuard:
                 consume_record(location)
         except Exception as exc:  # noqa: BLE001
             self.inst.warn_once("resumed", exc)
+
+
+def _job_group():
+    """The default process group of a multi-process job (None: one process)."""
+    import sys
+
+    if "torch.distributed" not in sys.modules:  # a job that never imported it has none
+        return None
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    return dist.group.WORLD
 
 
 def _notice_attributes(notice: Notice, step: int) -> dict[str, Any]:

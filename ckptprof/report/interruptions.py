@@ -79,6 +79,10 @@ def build_stories(spans: list[dict[str, Any]]) -> list[Story]:
         slowest = max(resumed, key=_wall, default=None)
         story = _story(root, spans, slowest)
         story.ranks = max(len(group), len(resumed), 1)
+        # rank 0 may have taken another rank's notice ("peer"): the story is where it came
+        seen = [_attr(r, "source") for r in group if _attr(r, "source") not in (None, "peer")]
+        if story.source == "peer" and seen:
+            story.source = f"{seen[0]} (one rank; the others agreed)"
         stories.append(story)
     for restore in restores:  # resumed, but the interrupted process left no trace here
         if id(restore) not in paired:
