@@ -18,6 +18,7 @@ from ckptprof.report.aggregate import Breakdown, PhaseRow, SweepRow
 from ckptprof.report.load import Ceiling
 from ckptprof.tracing import CheckpointTracer, setup_telemetry
 from ckptprof.tracing import recorder as recorder_module
+from tests.conftest import run_cli
 
 MB = 1_000_000
 MiB = 1024 * 1024
@@ -618,3 +619,65 @@ def test_job_hints_name_read_amplification_and_the_straggler():
     )
     even = {**job, "read_amplification": 1.1, "per_rank": job["per_rank"][:3]}
     assert H.read_amplification(even) is None and H.straggler(even) is None
+
+
+# ---------------------------------------------------------------------- compare
+def slowed(doc: dict, factor: float, fetch_by: float = 1.0) -> dict:
+    """``doc`` with every run's RTO scaled (and its fetch phase by ``fetch_by``)."""
+    out = json.loads(json.dumps(doc))
+    for run in out["runs"]:
+        run["wall_s"] *= factor
+        run["phases"]["fetch"]["busy_s"] *= fetch_by
+    return out
+
+
+def write_results(folder: Path, doc: dict) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps(doc))
+    return folder
+
+
+def test_compare_ranks_like_settings_and_prices_them(tmp_path):
+    from ckptprof.report.compare import compare, render_text
+
+    base = write_results(tmp_path / "ext4", results_doc())
+    fast = write_results(tmp_path / "fsx", slowed(results_doc(), 0.5, 0.4))
+    result = compare([str(base), str(fast)], cost_per_hour=36.0, instances=2)
+    text = render_text(result)
+    block = text.split("\ncold c=1\n")[1].split("\n\n")[0].splitlines()
+    assert "fsx" in block[1] and "-50%" in block[1]  # ranked first: half the RTO
+    assert "ext4 (base)" in block[2]
+    # cost of one restore: 4.2 s at $36/h x 2 instances = $0.084
+    assert block[2].rstrip().endswith("0.0840")
+    assert result.regressions == []  # faster is never a regression
+
+
+def test_the_gate_fails_only_beyond_the_limit_and_the_spread(tmp_path):
+    base = write_results(tmp_path / "base", results_doc())
+    slower = write_results(tmp_path / "slower", slowed(results_doc(), 1.3, 1.3))
+    done = run_cli("compare", str(base), str(slower), "--fail-if-slower", "10%")
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("ckptprof: slower than the base: ")
+    assert "cold c=1 RTO 5.460 s vs 4.200 s (+30%, beyond the repeats' spread; limit 10%)" in line
+    assert "cold c=16" in done.stdout and "not judged" in done.stdout  # hot c=16: 1 repeat
+    # the same +30% within a 40% limit passes; so does noise within the repeats' spread
+    assert run_cli("compare", str(base), str(slower), "--fail-if-slower", "40%").returncode == 0
+    noisy = results_doc()
+    for run, wall in zip(noisy["runs"][:3], (6.0, 4.3, 4.5), strict=True):
+        run["wall_s"] = wall  # median +7%, but one repeat is as fast as the base's slowest
+    noise = write_results(tmp_path / "noise", noisy)
+    assert run_cli("compare", str(base), str(noise), "--fail-if-slower", "1%").returncode == 0
+
+
+def test_compare_json_has_a_schema_version(tmp_path):
+    base = write_results(tmp_path / "a", results_doc())
+    other = write_results(tmp_path / "b", slowed(results_doc(), 1.3))
+    done = run_cli("compare", str(base), str(other), "--format", "json", "--label", "old",
+                   "--label", "new", "--fail-if-slower", "0.1")  # fmt: skip
+    doc = json.loads(done.stdout)
+    assert doc["schema_version"] == 1 and doc["base"] == "old"
+    assert [e["source"] for e in doc["settings"]["cold c=1"]] == ["old", "new"]
+    assert {r["what"] for r in doc["regressions"]} >= {"RTO"}
+    bad = run_cli("compare", str(base), str(other), "--label", "only-one")
+    assert bad.returncode != 0 and "--label was given 1 times for 2 paths" in bad.stderr

@@ -1,0 +1,105 @@
+"""``ckptprof compare``: runs side by side, ranked, priced, and a regression gate for CI."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ckptprof import schema
+from ckptprof.cli.options import real, whole
+
+DESCRIPTION = """\
+Put several runs side by side — storage targets, ckptprof or framework versions,
+strategies — from what `ckptprof report` reads (results.json, traces, folders). Like
+settings are matched across them and ranked by median RTO, with each phase's median and
+what one restore costs. The first PATH is the base.
+
+With --fail-if-slower, exits 1 when a setting (or one of its phases) of a later PATH is
+slower than the base by more than the limit AND beyond the repeats' spread (every repeat
+slower than every base repeat; at least 2 repeats each): noise does not fail a build."""
+
+EPILOG = """\
+examples:
+  ckptprof compare runs/local/ runs/fsx/ runs/s3/
+  ckptprof compare base/results.json new/results.json --fail-if-slower 10%
+  ckptprof compare a/ b/ --label ext4 --label efs --format json > compare.json"""
+
+
+def percent(text: str) -> float:
+    """``10%`` or ``0.1`` → 0.1."""
+    value = text.strip()
+    scale = 100 if value.endswith("%") else 1
+    parse = real(schema.number(minimum=0, maximum=100 if scale == 100 else 1))
+    return parse(value.removesuffix("%")) / scale
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "compare",
+        help="several runs side by side, ranked, priced; a regression gate for CI",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="the base first, then others")
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=None,
+        help="a name per PATH, in order (default: each path's folder name)",
+    )
+    parser.add_argument(
+        "--fail-if-slower",
+        type=percent,
+        default=None,
+        metavar="LIMIT",
+        help="exit 1 when a later PATH is slower than the base by more than LIMIT (10%% or "
+        "0.1) beyond the repeats' spread",
+    )
+    parser.add_argument(
+        "--cost-per-hour",
+        type=real(schema.number(minimum=0)),
+        default=None,
+        metavar="USD",
+        help="price of one instance-hour (default $CKPTPROF_COST_PER_HOUR, else 32.77: "
+        "an 8-GPU p4d.24xlarge on demand)",
+    )
+    parser.add_argument(
+        "--instances",
+        type=whole(schema.integer(1)),
+        default=1,
+        help="instances waiting while the job restores (default 1)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="table for people (default), json for scripts (with a schema_version)",
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from ckptprof.errors import CkptprofError
+    from ckptprof.report.compare import compare, render_json, render_text
+
+    if args.label is not None and len(args.label) != len(args.paths):
+        raise CkptprofError(
+            f"--label was given {len(args.label)} times for {len(args.paths)} paths; give one "
+            "per PATH, in order, or none."
+        )
+    result = compare(
+        args.paths, args.label, args.fail_if_slower, args.cost_per_hour, args.instances
+    )
+    sys.stdout.write(render_json(result) if args.format == "json" else render_text(result))
+    if result.regressions:
+        first = result.regressions[0]
+        more = len(result.regressions) - 1
+        print(
+            f"ckptprof: slower than the base: {first.line(result.limit)}"
+            + (f" (and {more} more)" if more else ""),
+            file=sys.stderr,
+        )
+        return 1
+    return 0
