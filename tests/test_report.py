@@ -450,7 +450,8 @@ def test_plot_without_matplotlib_says_how_to_install(results_dir, tmp_path, monk
         if name == "matplotlib" or name.startswith("matplotlib."):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(CkptprofError, match=r"pip install 'ckptprof\[plot\]'"):
+    missing = "matplotlib is not installed — pip install matplotlib"
+    with pytest.raises(CkptprofError, match=missing):
         write_plot(aggregate(load([results_dir])), tmp_path / "x.png")
 
 
@@ -681,3 +682,16 @@ def test_compare_json_has_a_schema_version(tmp_path):
     assert {r["what"] for r in doc["regressions"]} >= {"RTO"}
     bad = run_cli("compare", str(base), str(other), "--label", "only-one")
     assert bad.returncode != 0 and "--label was given 1 times for 2 paths" in bad.stderr
+
+
+def test_reshard_first_step_and_noise_hints():
+    assert codes(breakdown(reshard=(4.0, None, None, False))) == []  # exactly 40%
+    assert "pinned" in H.reshard_dominates(breakdown(reshard=(4.1, None, None, False))).message
+    hint = H.first_step_dominates(breakdown(first_step=(5.1, None, None, False)))
+    assert hint is not None and "ignore_data_skip" in hint.message
+    steady = breakdown()
+    steady.wall_min_s, steady.wall_max_s = 8.0, 12.5  # ±25% of 10 s: still steady
+    assert "noisy" not in codes(steady)
+    steady.wall_max_s = 16.6
+    (noise,) = [h for h in H.breakdown_hints(steady) if h.code == "noisy"]
+    assert "RTO 8.00-16.60 s around a median of 10.00 s, ±66%" in noise.message

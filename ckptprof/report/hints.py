@@ -27,6 +27,12 @@ VERIFY_SHARE_MAX = 0.25
 """verify above this share of the RTO is worth cutting (sampled or size-only checks)."""
 DESERIALIZE_SHARE_MAX = 0.35
 """deserialize above this share of the RTO points at pickle copies without mmap."""
+RESHARD_SHARE_MAX = 0.40
+"""reshard above this share of the RTO: the copies into the state are the restore."""
+FIRST_STEP_SHARE_MAX = 0.50
+"""first_step above this share of the RTO: the step after the load is the restore."""
+NOISE_SPREAD = 0.25
+"""repeats spreading more than ±this around their median: the numbers are not steady."""
 LIST_SHARE_MAX = 0.10
 """list above this share of the RTO means too many objects to find."""
 SMALL_FILES_MIN_COUNT = 256
@@ -167,12 +173,59 @@ def not_really_cold(b: Breakdown) -> Hint | None:
     )
 
 
+def reshard_dominates(b: Breakdown) -> Hint | None:
+    """reshard busy above RESHARD_SHARE_MAX of the RTO."""
+    return _share_rule(
+        b,
+        Phase.RESHARD,
+        RESHARD_SHARE_MAX,
+        "reshard-dominates",
+        "load straight into the tensors that hold the state (dcp.load into existing "
+        "tensors, --strategy pipelined), avoid a world-size change at resume, and on a GPU "
+        "stage through pinned memory.",
+    )
+
+
+def first_step_dominates(b: Breakdown) -> Hint | None:
+    """first_step busy above FIRST_STEP_SHARE_MAX of the RTO (measured, not estimated)."""
+    return _share_rule(
+        b,
+        Phase.FIRST_STEP,
+        FIRST_STEP_SHARE_MAX,
+        "first-step-dominates",
+        "the step after the load is most of the recovery: look for a data fast-forward "
+        "(HF Trainer skips seen batches unless ignore_data_skip=True; a resumable "
+        "dataloader skips none), compilation and allocator warm-up.",
+    )
+
+
+def noisy_repeats(b: Breakdown) -> Hint | None:
+    """Repeats that disagree: min and max more than NOISE_SPREAD from the median."""
+    median = b.wall_median_s
+    if b.repeats < 2 or median <= 0:
+        return None
+    spread = max(median - b.wall_min_s, b.wall_max_s - median) / median
+    if spread <= NOISE_SPREAD:
+        return None
+    return Hint(
+        "noisy",
+        f"the repeats disagree (RTO {b.wall_min_s:.2f}-{b.wall_max_s:.2f} s around "
+        f"a median of {median:.2f} s, ±{spread:.0%}): the machine or the storage was not "
+        "steady; compare medians of more repeats (--repeat), and look for other load.",
+        severity=min(1.0, spread / 2),
+        where=b.label,
+    )
+
+
 BREAKDOWN_RULES: tuple[Callable[[Breakdown], Hint | None], ...] = (
     not_really_cold,
     verify_dominates,
     deserialize_dominates,
+    reshard_dominates,
+    first_step_dominates,
     many_small_files,
     emulated_phases,
+    noisy_repeats,
 )
 
 
