@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -13,7 +14,7 @@ import pytest
 
 from ckptprof import CheckpointTracer, Phase
 from ckptprof.tracing.export import setup_telemetry
-from tests.conftest import read_spans
+from tests.conftest import read_spans, run_cli
 
 
 def record_one_restore(telemetry):
@@ -232,3 +233,43 @@ def test_a_collector_that_never_answers_is_one_warning_not_silence(
     assert len(ours) == 1 and f"127.0.0.1:{port}" in ours[0].message
     assert waited < 30  # bounded: the request timeout and a margin, not minutes
     assert len(read_spans(telemetry.trace_file)) == 3  # the local file has everything
+
+
+def test_otel_sdk_disabled_exports_nothing_and_the_run_still_completes(
+    tmp_path, clean_otel_env, checkpoints
+):
+    """OTEL_SDK_DISABLED=true: no trace file, no network; a synthetic restore still writes
+    its results and says where the traces went (nowhere)."""
+    clean_otel_env.setenv("OTEL_SDK_DISABLED", "true")
+    telemetry = setup_telemetry(tmp_path / "traces")
+    record_one_restore(telemetry)
+    telemetry.shutdown()
+    assert telemetry.trace_file is None and not (tmp_path / "traces").exists()
+    assert telemetry.describe_trace() == "traces: none (OTEL_SDK_DISABLED=true)"
+    done = run_cli(
+        "synth", "restore", str(checkpoints("torch")), "--cache", "hot", "--concurrency", "1",
+        "--repeat", "1", "--ceiling-gbps", "1", "--no-first-step", "--no-report",
+        "--out", str(tmp_path / "out"), env={"OTEL_SDK_DISABLED": "true"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "traces: none (OTEL_SDK_DISABLED=true)" in done.stdout
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["trace_file"] is None
+    assert not (tmp_path / "out" / "traces").exists()
+
+
+def test_otel_traces_exporter_console_prints_the_spans(tmp_path, clean_otel_env, capfd):
+    clean_otel_env.setenv("OTEL_TRACES_EXPORTER", "console")
+    telemetry = setup_telemetry(tmp_path)
+    record_one_restore(telemetry)
+    telemetry.shutdown()
+    printed = capfd.readouterr().out
+    assert '"name": "ckpt.restore"' in printed and '"name": "ckpt.fetch"' in printed
+    assert len(read_spans(telemetry.trace_file)) == 3  # and the trace file as always
+
+
+def test_the_otlp_request_timeout_is_the_sdks_own(clean_otel_env):
+    from ckptprof.tracing.export import _otlp_timeout_s
+
+    assert _otlp_timeout_s() == 10.0  # a busy backend gets the SDK's time
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "25")
+    assert _otlp_timeout_s() == 25.0

@@ -243,7 +243,7 @@ class RestoreRunner:
             ) from None
         return Manifest.from_json(raw, self._where(MANIFEST_NAME))
 
-    def check_outputs(self, out_dir: Path, trace_dir: Path) -> None:
+    def check_outputs(self, out_dir: Path, trace_dir: Path | None) -> None:
         """Every folder the run writes takes a write and has room, before any timed work."""
         runs = len(self.options.concurrency) * self.options.repeat * len(self.caches)
         results = RESULTS_BASE_BYTES + runs * RESULTS_PER_RUN_BYTES
@@ -253,7 +253,8 @@ class RestoreRunner:
         per_run = TRACE_PER_RUN_BYTES
         if self.options.per_file_spans:
             per_run += len(self.paths) * TRACE_PER_FILE_SPAN_BYTES
-        check_output_dir(trace_dir, "--trace-dir", runs * per_run)
+        if trace_dir is not None:  # None: OpenTelemetry is off, no trace file
+            check_output_dir(trace_dir, "--trace-dir", runs * per_run)
         if self.options.stage_dir is not None:
             check_output_dir(
                 Path(self.options.stage_dir),
@@ -607,7 +608,8 @@ def run_restore(
         telemetry.shutdown()
         raise
     try:
-        runner.check_outputs(out_dir, telemetry.trace_file.parent)
+        trace_dir = telemetry.trace_file.parent if telemetry.trace_file else None
+        runner.check_outputs(out_dir, trace_dir)
         runner.check_memory()
         mode = runner.first_step.mode
         if mode == "estimated":

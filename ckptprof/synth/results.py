@@ -329,7 +329,7 @@ def payload(
             "retries": stats.retries,
             "errors": stats.errors,
         },
-        "trace_file": str(telemetry.trace_file),
+        "trace_file": str(telemetry.trace_file) if telemetry.trace_file else None,
         "partial": partial,
         **(
             {

@@ -35,7 +35,7 @@ log = logging.getLogger("ckptprof")
 
 TRACE_DIR_ENV = "CKPTPROF_TRACE_DIR"
 DEFAULT_TRACE_DIR = "ckptprof-traces"
-DEFAULT_OTLP_TIMEOUT_S = 3.0
+DEFAULT_OTLP_TIMEOUT_S = 10.0  # the SDK's own (OTEL_EXPORTER_OTLP_TIMEOUT's default)
 FILE_FLUSH_TIMEOUT_S = 5.0
 PROVIDER_SHUTDOWN_TIMEOUT_S = 2.0
 # shutdown waits for the collector this much longer than a request may take, so the
@@ -170,10 +170,22 @@ class WarnOnceExporter(SpanExporter):
             self.inner.shutdown()
 
 
+def _exporter_names() -> list[str]:
+    """``OTEL_TRACES_EXPORTER``: otlp, console, none (comma-separated; empty: not set)."""
+    return [n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")
+            if n.strip()]  # fmt: skip
+
+
+def sdk_disabled() -> bool:
+    """``OTEL_SDK_DISABLED=true``: the user turned OpenTelemetry off; ckptprof exports
+    nothing, not even its trace file."""
+    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
 def _otlp_requested() -> bool:
-    names = os.environ.get("OTEL_TRACES_EXPORTER", "")
+    names = _exporter_names()
     if names:
-        return "otlp" in [n.strip() for n in names.split(",")]
+        return "otlp" in names
     return bool(
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -203,9 +215,9 @@ def _otlp_exporter() -> WarnOnceExporter | None:
             protocol or "http",
         )
         return None
-    # The SDK reads endpoint, headers and compression from the OTEL_* variables. Its
-    # default timeout (10 s of retries) is shortened unless the user set one, so a
-    # collector that is down cannot hold the end of a training job for long.
+    # The SDK reads endpoint, headers, compression and its request timeout from the
+    # OTEL_* variables; a busy backend gets the SDK's own time (a shorter one reported
+    # batches as lost that arrived). Only the wait at shutdown is bounded, by it.
     timeout_s = _otlp_timeout_s()
     exporter = OTLPSpanExporter(timeout=timeout_s)
     return WarnOnceExporter(exporter, f"OTLP endpoint {_safe_endpoint(endpoint)}", timeout_s)
@@ -272,6 +284,8 @@ class Telemetry:
 
     def describe_trace(self) -> str:
         """Where the spans went, for a run's last line: never a path to an empty file."""
+        if self.trace_file is None:
+            return "traces: none (OTEL_SDK_DISABLED=true)"
         if self.trace_written:
             return f"traces: {self.trace_file}"
         return f"traces: not written to {self.trace_file} (see the warning above)"
@@ -381,6 +395,12 @@ def setup_telemetry(
     provider = TracerProvider(
         resource=build_resource(service_name), sampler=ALWAYS_ON, id_generator=OsRandomIdGenerator()
     )
+    if sdk_disabled():  # spans are made (the code paths stay the same) and go nowhere
+        return Telemetry(provider, None, run_id)
+    if "console" in _exporter_names():
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        provider.add_span_processor(_batch(ConsoleSpanExporter()))
     trace_file = resolve_trace_dir(trace_dir) / f"{run_id}-{os.getpid()}.jsonl"
     file_exporter = JsonLinesSpanExporter(trace_file)
     file_processor = _batch(file_exporter, schedule_delay_millis=500)
