@@ -257,12 +257,12 @@ def test_otel_sdk_disabled_exports_nothing_and_the_run_still_completes(
     assert not (tmp_path / "out" / "traces").exists()
 
 
-def test_otel_traces_exporter_console_prints_the_spans(tmp_path, clean_otel_env, capfd):
+def test_otel_traces_exporter_console_prints_the_spans(tmp_path, clean_otel_env, capsys):
     clean_otel_env.setenv("OTEL_TRACES_EXPORTER", "console")
     telemetry = setup_telemetry(tmp_path)
     record_one_restore(telemetry)
     telemetry.shutdown()
-    printed = capfd.readouterr().out
+    printed = capsys.readouterr().out
     assert '"name": "ckpt.restore"' in printed and '"name": "ckpt.fetch"' in printed
     assert len(read_spans(telemetry.trace_file)) == 3  # and the trace file as always
 

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -400,7 +401,8 @@ def setup_telemetry(
     if "console" in _exporter_names():
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        provider.add_span_processor(_batch(ConsoleSpanExporter()))
+        # the stdout of now (the SDK's default is the one of its import)
+        provider.add_span_processor(_batch(ConsoleSpanExporter(out=sys.stdout)))
     trace_file = resolve_trace_dir(trace_dir) / f"{run_id}-{os.getpid()}.jsonl"
     file_exporter = JsonLinesSpanExporter(trace_file)
     file_processor = _batch(file_exporter, schedule_delay_millis=500)
