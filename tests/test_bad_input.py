@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -311,25 +308,24 @@ def test_demo_checks_its_options_before_generating(tmp_path):
         assert not (tmp_path / "demo").exists()  # no checkpoint was written first
 
 
-def test_unexpected_errors_are_one_line_with_the_debug_hint(tmp_path):
-    """A failure nobody anticipated (here: a trace span whose start time is not a time,
-    in the interruption report) is one line, the hint and a non-zero exit; the traceback
-    only with CKPTPROF_DEBUG=1."""
-    span = {
-        "name": "ckpt.interruption",
-        "context": {"trace_id": "0x1", "span_id": "0x2"},
-        "parent_id": None,
-        "start_time": "not-a-time",
-        "attributes": {"ckpt.interruption.source": "spot"},
-    }
-    (tmp_path / "t.jsonl").write_text(json.dumps(span) + "\n")
-    result = run_cli("report", "--interruptions", str(tmp_path))
-    line = assert_one_line_error(result, "unexpected ValueError", "not-a-time")
-    assert line.endswith("re-run with CKPTPROF_DEBUG=1 for the traceback.")
-    debug = subprocess.run(  # run_cli drops CKPTPROF_DEBUG on purpose
-        [sys.executable, "-m", "ckptprof", "report", "--interruptions", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CKPTPROF_DEBUG": "1"},
-    )
-    assert debug.returncode != 0 and "Traceback" in debug.stderr
+def test_unexpected_errors_are_one_line_with_the_debug_hint(tmp_path, monkeypatch, capsys):
+    """A failure nobody anticipated (here: a bug planted in the interruption report's
+    story builder) is one line, the hint and a non-zero exit; the traceback only with
+    CKPTPROF_DEBUG=1. Run in-process: the planted bug cannot reach a subprocess."""
+    from ckptprof.cli import main
+    from ckptprof.report import interruptions
+
+    def planted(spans):
+        raise ValueError("planted: not-a-time")
+
+    monkeypatch.setattr(interruptions, "build_stories", planted)
+    monkeypatch.delenv("CKPTPROF_DEBUG", raising=False)
+    (tmp_path / "t.jsonl").write_text("")
+    code = main(["report", "--interruptions", str(tmp_path)])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code != 0 and len(err) == 1, err
+    assert "unexpected ValueError" in err[0] and "not-a-time" in err[0]
+    assert err[0].endswith("re-run with CKPTPROF_DEBUG=1 for the traceback.")
+    monkeypatch.setenv("CKPTPROF_DEBUG", "1")
+    with pytest.raises(ValueError, match="planted"):
+        main(["report", "--interruptions", str(tmp_path)])
