@@ -187,3 +187,18 @@ def test_a_ranks_own_error_is_quoted_by_the_launcher(checkpoints, tmp_path):
     assert line.startswith("ckptprof: error: rank 0 of 2 exited with code 2 during the restore:")
     assert line.endswith("drop --world-size/--rank, or launch another number of processes "
                          "(--nproc-per-node); the other ranks were stopped.")  # fmt: skip
+
+
+def test_only_torchruns_own_environment_makes_a_rank(monkeypatch):
+    """A batch script's RANK / MASTER_ADDR (for its own job) must not make a plain
+    `ckptprof synth restore` wait for a rendezvous."""
+    from ckptprof.synth.distributed import launched
+
+    for name in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert not launched()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    assert launched()

@@ -78,10 +78,10 @@ class Job:
 
 
 def launched() -> bool:
-    """Started by torch.distributed.run (torchrun) as one rank of a job."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or (
-        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-    )
+    """Started by torch.distributed.run (torchrun) as one rank of a job: its agent sets
+    ``TORCHELASTIC_RUN_ID``. (``RANK``/``MASTER_ADDR`` alone, as a batch script may export
+    for its own job, do not make ckptprof wait for a rendezvous.)"""
+    return bool(os.environ.get("TORCHELASTIC_RUN_ID")) and "RANK" in os.environ
 
 
 def join(device_type: str = "cpu") -> Job:
