@@ -127,17 +127,21 @@ def job_context(job: Job):
     return trace.set_span_in_context(NonRecordingSpan(context))
 
 
-def test_faults(job: Job | None) -> None:
-    """The test suite's injected faults (see the *_RANK_ENV names); nothing otherwise."""
+def test_faults(job: Job | None, op) -> None:
+    """The test suite's injected faults (see the *_RANK_ENV names); nothing otherwise. A
+    slowed rank's sleep counts as its fetch (as slow storage would)."""
     if job is None:
         return
+    from ckptprof.phases import Phase
+
     slow = os.environ.get(SLOW_RANK_ENV)
     if slow:
         rank, seconds = slow.split(":")
         if int(rank) == job.rank:
             import time
 
-            time.sleep(float(seconds))
+            with op.phase(Phase.FETCH):
+                time.sleep(float(seconds))
     die = os.environ.get(DIE_RANK_ENV)
     if die and int(die) == job.rank:
         sys.stderr.flush()

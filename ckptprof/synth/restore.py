@@ -406,9 +406,7 @@ class RestoreRunner:
             memory = MemoryWatch(reset_peak=True, cuda=self.device.type == "cuda").start()
             try:
                 self._list(op)
-                if self.job is not None:
-                    with op.phase(Phase.FETCH):
-                        test_faults(self.job)
+                test_faults(self.job, op)
                 context = RunContext(
                     self.storage,
                     self.layout,
