@@ -147,6 +147,10 @@ def checkpoints(tmp_path_factory):
     return get
 
 
+#: gloo's sockets on the loopback interface only (tests contact nothing but 127.0.0.1)
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+
+
 def run_cli(
     *args: str, env: dict | None = None, timeout: float = 600, **popen
 ) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
 from ckptprof.integrations import dcp as traced_dcp
-from tests.conftest import RESTORE_PHASES, children, spans_in
+from tests.conftest import LOOPBACK_ENV, RESTORE_PHASES, children, spans_in
 
 JOB = Path(__file__).with_name("dcp_job.py")
 SAVE_PHASES = {"ckpt.serialize", "ckpt.write", "ckpt.commit"}
@@ -141,7 +141,7 @@ def test_a_wrapped_reader_is_left_as_it_was(tmp_path):
 def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(nproc), str(JOB), *args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **LOOPBACK_ENV}
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 

@@ -5,6 +5,7 @@ torch.distributed.run (gloo on CPU), on one "node" or two sharing a c10d rendezv
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -14,7 +15,7 @@ import time
 import pytest
 
 from ckptprof.manifest import MANIFEST_NAME
-from tests.conftest import run_cli, spans_in
+from tests.conftest import LOOPBACK_ENV, run_cli, spans_in
 
 SWEEP = ["--cache", "cold", "--concurrency", "2", "--repeat", "1", "--ceiling-gbps", "1"]
 
@@ -22,7 +23,7 @@ SWEEP = ["--cache", "cold", "--concurrency", "2", "--repeat", "1", "--ceiling-gb
 def job(path, out, nproc, *extra, env=None):
     return run_cli(
         "synth", "restore", str(path), "--nproc-per-node", str(nproc), *SWEEP,
-        "--out", str(out), *extra, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=300,
+        "--out", str(out), *extra, env={**LOOPBACK_ENV, **(env or {})}, timeout=300,
     )  # fmt: skip
 
 
@@ -150,7 +151,7 @@ def test_two_nodes_share_a_c10d_rendezvous(checkpoints, tmp_path):
         "--rdzv-id", "ckptprof-test", "-m", "ckptprof", "synth", "restore", str(path), *SWEEP,
         "--out", str(out),
     ]  # fmt: skip
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **LOOPBACK_ENV}
     nodes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]  # fmt: skip
     outputs = [node.communicate(timeout=300) for node in nodes]

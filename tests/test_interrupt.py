@@ -18,7 +18,7 @@ from ckptprof.interrupt.record import (
     read_record,
     write_record,
 )
-from tests.conftest import read_spans
+from tests.conftest import LOOPBACK_ENV, read_spans
 from tests.metadata_server import MetadataServer
 
 
@@ -432,7 +432,7 @@ def test_a_notice_on_one_rank_saves_every_rank_at_the_same_step(tmp_path):
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", "2", str(job), str(out), *flags]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+                              env={**os.environ, **LOOPBACK_ENV})  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
