@@ -352,3 +352,23 @@ def test_fetched_files_are_loaded_in_place_without_descriptors(checkpoints):
     assert all(torch.equal(tensors[k], expected[k]) for k in expected)
     for b in [*buffers.values(), *st_buffers.values()]:
         b.close()
+
+
+def test_long_phases_show_progress(checkpoints, tmp_path, capsys):
+    """Bars for deserialize, reshard and the first step (not only fetch), and generation's
+    bar moves within a file, chunk by chunk."""
+    from ckptprof.synth.fill import RandomFiller
+
+    options = RestoreOptions(
+        strategies=("staged",), caches=("hot",), concurrency=(1,), repeat=1, verify="size",
+        ceiling_gbps=1.0, progress=True,
+    )  # fmt: skip
+    run_restore(str(checkpoints("torch")), options, tmp_path / "out", echo=lambda *_: None)
+    err = capsys.readouterr().err
+    for bar in ("fetch x1", "deserialize", "reshard", "first step (forward, backward, AdamW)"):
+        assert f"{bar}:" in err, bar
+    filler, chunks = RandomFiller(0, chunk=1 << 20), []
+    filler.on_chunk = chunks.append
+    with open(tmp_path / "f", "wb") as handle:
+        filler.fill_fd(handle.fileno(), 0, (5 << 20) + 7)
+    assert chunks == [1 << 20] * 5 + [7]
