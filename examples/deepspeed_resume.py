@@ -35,7 +35,9 @@ def single_process_env() -> None:
     )
 
 
-def make_engine(stage: int, hidden: int, layers: int, decoupled: bool = False):
+def make_engine(
+    stage: int, hidden: int, layers: int, decoupled: bool = False, config_extra: dict | None = None
+):
     import deepspeed
     import deepspeed.ops
 
@@ -63,6 +65,7 @@ def make_engine(stage: int, hidden: int, layers: int, decoupled: bool = False):
         }
         os.environ.setdefault("CROSS_SIZE", "1")  # set by the deepspeed launcher otherwise
         os.environ.setdefault("CROSS_RANK", "0")
+    config.update(config_extra or {})  # e.g. a monitor: {"csv_monitor": {...}}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     return engine

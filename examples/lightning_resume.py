@@ -69,7 +69,7 @@ def make_trainer(
         devices=devices,
         strategy=kwargs.pop("strategy", "ddp" if devices > 1 else "auto"),
         max_steps=max_steps,
-        logger=False,
+        logger=kwargs.pop("logger", False),
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=checkpoint_dir is not None,

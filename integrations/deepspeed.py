@@ -155,6 +155,13 @@ class DeepSpeedInstrumentor(Instrumentor):
         return destroy
 
     # ------------------------------------------------------------------ saving from outside
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Into DeepSpeed's own monitors (``tensorboard``, ``wandb``, ``csv_monitor`` in
+        the config), when the job enabled one; they write on rank zero."""
+        monitor = getattr(self.engine, "monitor", None)
+        if monitor is not None and monitor.enabled:
+            monitor.write_events([(name, value, step) for name, value in metrics.items()])
+
     def save(self, save_dir: str | None = None) -> str:
         """Save now through ``engine.save_checkpoint`` (traced); returns ``<dir>/<tag>``.
 
@@ -471,8 +478,10 @@ def instrument(engine, **options: Any) -> DeepSpeedInstrumentor:
     Options: ``trace_dir``, ``verify`` (``size``/``full``/``none``), ``strict``,
     ``state_dir``, ``tracer_provider``, ``universal='convert'`` (convert a checkpoint saved
     with another data-parallel world size to a universal one, timed, and load that),
-    ``save_dir`` (for :meth:`~DeepSpeedInstrumentor.save`), and ``interruptions``
-    (``True`` or guard options: save on a Spot/preemption notice).
+    ``save_dir`` (for :meth:`~DeepSpeedInstrumentor.save`), ``interruptions``
+    (``True`` or guard options: save on a Spot/preemption notice) and ``log_metrics``
+    (default True: RTO and phase seconds into the config's ``tensorboard`` /
+    ``wandb`` / ``csv_monitor`` when one is enabled).
     """
     existing = vars(engine).get(_ATTACHED)
     if existing is not None:

@@ -104,6 +104,8 @@ class Instrumentor:
             default a mismatch is a warning and the framework loads as usual).
         state_dir: where ckptprof keeps its records (:mod:`ckptprof.state`).
         interruptions: ``True`` or a dict of guard options to save on a notice.
+        log_metrics: also log each traced restore's RTO and phase seconds (and each save's)
+            through the framework's own loggers (default True).
         rank: ``ckpt.rank`` (default from ``RANK``).
         session: trace into another adapter's session (its operations are ours).
     """
@@ -125,6 +127,7 @@ class Instrumentor:
         strict: bool = False,
         state_dir=None,
         interruptions: bool | dict = False,
+        log_metrics: bool = True,
         rank: int | None = None,
         session: TracingSession | None = None,
     ) -> None:
@@ -142,6 +145,11 @@ class Instrumentor:
         self._records_dir_of: Callable[[], str | None] = lambda: None
         self._live = _Live(self.session, owns)
         self._finalizer: weakref.finalize | None = None
+        if owns and log_metrics:  # weakly: the session outlives nothing it should not
+            self.session.metrics_sink = _weakly(self.log_metrics)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Hand ``metrics`` to the traced framework's loggers (adapters override)."""
 
     # ------------------------------------------------------------------ lifecycle
     @property

@@ -141,6 +141,14 @@ class LightningInstrumentor(Instrumentor):
 
         return load_state
 
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Into every logger of the Trainer (TensorBoard, CSV, W&B, MLflow …), which log
+        on global rank zero; nothing goes through ``LightningModule.log``, so monitored
+        values and ``callback_metrics`` stay the job's own."""
+        trainer = self.trainer
+        for logger in trainer.loggers if trainer is not None else ():
+            logger.log_metrics(metrics, step=step)
+
     def first_step_done(self) -> None:
         trainer = self.trainer
         self.session.first_step_done(trainer.global_step, announce=trainer.is_global_zero)
@@ -280,6 +288,8 @@ class CkptProf(GuestCallback, Callback):
         state_dir: where ckptprof keeps its records (default ``$CKPTPROF_STATE_DIR`` or
             ``~/.local/state/ckptprof``; a shared path or ``s3://`` for jobs resumed on
             another machine; ``"beside"`` for records next to the checkpoints).
+        log_metrics: log the RTO and per-phase seconds of each resume (and each save's)
+            to the Trainer's loggers; ``False`` turns it off.
 
     Example::
 
@@ -295,6 +305,7 @@ class CkptProf(GuestCallback, Callback):
         interruptions: bool | dict = False,
         strict: bool = False,
         state_dir=None,
+        log_metrics: bool = True,
     ) -> None:
         self._options = {
             "trace_dir": trace_dir,
@@ -303,6 +314,7 @@ class CkptProf(GuestCallback, Callback):
             "interruptions": interruptions,
             "strict": strict,
             "state_dir": state_dir,
+            "log_metrics": log_metrics,
         }
         self._instrumentor = LightningInstrumentor(**self._options)
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ckptprof.memory import MemoryWatch
@@ -22,6 +23,21 @@ from ckptprof.tracing.recorder import CheckpointTracer, Operation, OperationSumm
 
 log = logging.getLogger("ckptprof")
 GUEST_SAMPLE_S = 0.01  # the memory sampler's period inside a training job
+MetricsSink = Callable[[dict[str, float], int], None]
+
+
+def show_info_lines() -> None:
+    """Let the one-line summaries (INFO) reach the console, as Lightning does for its own
+    logger: only when nothing is configured (no handler on ``ckptprof`` or the root), with
+    a handler on ``ckptprof``'s logger alone; a job that configures logging decides."""
+    if log.handlers or logging.getLogger().hasHandlers():
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def shared_run_id() -> str | None:
@@ -72,6 +88,8 @@ class TracingSession:
         self._warned: set[str] = set()
         self.save_parent = None  # an OpenTelemetry context: saves nest under it (emergency)
         self.interruptions = None  # the InterruptionGuard while one watches for notices
+        #: where finished restores and saves go as scalars (the framework's own loggers)
+        self.metrics_sink: MetricsSink | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -82,6 +100,7 @@ class TracingSession:
         """Create the tracer (lazily, in the process that trains); idempotent."""
         if self.tracer is not None:
             return
+        show_info_lines()
         provider = self._provider
         run_id = shared_run_id()
         if provider is None:
@@ -180,9 +199,20 @@ class TracingSession:
         except Exception as exc:  # noqa: BLE001
             self.warn_once("first_step", exc)
         summary = self.end_restore()
-        if summary is not None and announce:
-            log.warning("%s", summary.one_line())
+        if summary is not None:
+            if announce:
+                log.info("%s", summary.one_line())
+            self._send_metrics(summary, step)
         return summary
+
+    def _send_metrics(self, summary: OperationSummary, step: int | None) -> None:
+        """The RTO and phase seconds into the framework's loggers (``log_metrics=True``)."""
+        if self.metrics_sink is None or step is None:
+            return
+        try:
+            self.metrics_sink(summary.metrics(), int(step))
+        except Exception as exc:  # noqa: BLE001 - a logger's trouble is never the job's
+            self.warn_once("log_metrics", exc)
 
     # ------------------------------------------------------------------ save
     def begin_save(self, attributes: dict[str, Any]) -> Operation | None:
@@ -200,6 +230,8 @@ class TracingSession:
             return None
         try:
             self.last_save = op.finish(error)
+            if error is None:
+                self._send_metrics(self.last_save, op.attributes.get(Attr.STEP))
             return self.last_save
         except Exception as exc:  # noqa: BLE001
             self.warn_once("end_save", exc)

@@ -348,6 +348,15 @@ class TransformersInstrumentor(Instrumentor):
             if self.stop_requested:
                 control.should_training_stop = True
 
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """To the callbacks behind ``report_to`` (TensorBoard, W&B, MLflow …) through the
+        Trainer's ``on_log`` event, as ``Trainer.log`` does, but without adding them to
+        ``state.log_history``: the next checkpoint's ``trainer_state.json`` is unchanged."""
+        trainer = self.trainer
+        if trainer is None:
+            return
+        trainer.callback_handler.on_log(trainer.args, trainer.state, trainer.control, metrics)
+
     def _finish_restore(self, step: int) -> None:
         op = self.session.restore_op
         if op is None:
@@ -549,6 +558,8 @@ class CkptProfCallback(GuestCallback, TrainerCallback):
         state_dir: where ckptprof keeps its records (default ``$CKPTPROF_STATE_DIR`` or
             ``~/.local/state/ckptprof``; a shared path or ``s3://`` for jobs resumed on
             another machine; ``"beside"`` for records next to the checkpoints).
+        log_metrics: log the RTO and per-phase seconds of each resume (and each save's)
+            to ``report_to`` (TensorBoard, W&B, MLflow) via ``on_log``; ``False`` turns it off.
 
     Example::
 
@@ -564,6 +575,7 @@ class CkptProfCallback(GuestCallback, TrainerCallback):
         interruptions: bool | dict = False,
         strict: bool = False,
         state_dir=None,
+        log_metrics: bool = True,
     ) -> None:
         self._options = {
             "trace_dir": trace_dir,
@@ -572,6 +584,7 @@ class CkptProfCallback(GuestCallback, TrainerCallback):
             "interruptions": interruptions,
             "strict": strict,
             "state_dir": state_dir,
+            "log_metrics": log_metrics,
         }
         self._instrumentor = TransformersInstrumentor(**self._options)
 

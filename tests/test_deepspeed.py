@@ -148,6 +148,36 @@ def test_corrupt_optimizer_states_are_named_and_refused_only_when_strict(tmp_pat
     assert f"{path}: xxh3" in warned.stderr and "strict=True" in warned.stderr
 
 
+def test_rto_and_phases_reach_deepspeeds_own_monitor(tmp_path):
+    script = f"""
+import sys
+sys.path.insert(0, {str(EXAMPLE.parent)!r})
+from deepspeed_resume import make_engine, single_process_env, train
+single_process_env()
+from ckptprof.integrations.deepspeed import instrument
+monitor = {{"csv_monitor": {{"enabled": True, "output_path": {str(tmp_path)!r}, "job_name": "m"}}}}
+engine = make_engine(2, 32, 1, config_extra=monitor)
+instrument(engine, trace_dir={str(tmp_path / "t")!r})
+train(engine, 5, save_dir={str(tmp_path / "c")!r}, every=5)
+engine.load_checkpoint({str(tmp_path / "c")!r})
+train(engine, 6)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env()
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    def logged(name: str) -> list[list[str]]:
+        return (tmp_path / "m" / f"ckptprof_{name}.csv").read_text().splitlines()[1:]
+
+    assert [row.split(",")[0] for row in logged("save_s")] == ["5"]
+    (row,) = logged("restore_s")
+    step, rto = row.split(",")
+    assert step == "6" and float(rto) > 0
+    for phase in ("list", "fetch", "verify", "deserialize", "reshard", "first_step"):
+        assert len(logged(f"restore_{phase}_s")) == 1
+
+
 def test_instrument_touches_only_this_engine_and_undoes_everything(tmp_path):
     script = f"""
 import sys, torch

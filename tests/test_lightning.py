@@ -99,6 +99,47 @@ def test_resume_restores_the_same_state_and_adds_nothing_to_the_checkpoint(tmp_p
         assert torch.equal(resumed.state_dict()[key], value)
 
 
+def _logged(root: Path, run: str) -> list[dict[str, str]]:
+    import csv
+
+    with open(root / run / "version_0" / "metrics.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_rto_and_phases_reach_the_trainers_loggers(tmp_path, caplog):
+    from lightning.pytorch.loggers import CSVLogger
+
+    caplog.set_level(logging.INFO, logger="ckptprof")
+
+    def fit(steps: int, run: str, resume: bool, **options):
+        trainer = make_trainer(
+            tmp_path,
+            steps,
+            CkptProf(trace_dir=tmp_path / "t", **options),
+            logger=CSVLogger(tmp_path, name=run),
+        )
+        last = str(tmp_path / "ckpt" / "last.ckpt") if resume else None
+        trainer.fit(TinyModel(), data(), ckpt_path=last)
+        return trainer
+
+    fit(10, "first", resume=False)
+    saves = [row for row in _logged(tmp_path, "first") if row.get("ckptprof/save_s")]
+    assert [int(row["step"]) for row in saves][:2] == [5, 5]  # every-5 and last, at step 5
+    assert all(float(row["ckptprof/save/write_s"]) > 0 for row in saves)
+    trainer = fit(12, "resumed", resume=True)
+    rows = [row for row in _logged(tmp_path, "resumed") if row.get("ckptprof/restore_s")]
+    assert len(rows) == 1 and int(rows[0]["step"]) == 11  # logged after the first step
+    prefix = "ckptprof/restore/"
+    phases = {k.removeprefix(prefix) for k, v in rows[0].items() if k.startswith(prefix) and v}
+    assert {"fetch_s", "deserialize_s", "reshard_s", "first_step_s", "fetch_bytes"} <= phases
+    assert float(rows[0]["ckptprof/restore_s"]) >= float(rows[0]["ckptprof/restore/fetch_s"])
+    assert not any(key.startswith("ckptprof") for key in trainer.callback_metrics)
+    (summary,) = [r for r in caplog.records if r.getMessage().startswith("ckptprof: RTO")]
+    assert summary.levelno == logging.INFO  # a success is not a warning
+    fit(14, "quiet", resume=True, log_metrics=False)  # the tiny model logs nothing itself
+    assert not (tmp_path / "quiet" / "version_0" / "metrics.csv").exists()
+
+
 def test_a_corrupt_checkpoint_is_named_and_refused_only_when_strict(tmp_path, caplog):
     make_trainer(tmp_path, 5, CkptProf(trace_dir=tmp_path / "t", verify="full")).fit(
         TinyModel(), data()

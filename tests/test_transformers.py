@@ -122,6 +122,41 @@ def test_checkpoint_bytes_and_training_are_the_same_with_and_without_ckptprof(tm
         assert digests(tmp_path / "traced" / folder) == digests(tmp_path / "plain" / folder)
 
 
+def test_rto_and_phases_reach_report_to_without_changing_the_checkpoint(tmp_path):
+    from transformers import TrainerCallback
+
+    class Logged(TrainerCallback):  # what report_to's TensorBoard/W&B/MLflow callbacks see
+        def __init__(self) -> None:
+            self.logs: list[tuple[int, dict]] = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logs.append((state.global_step, dict(logs or {})))
+
+    first = Logged()
+    make_trainer(tmp_path, 10, [CkptProfCallback(trace_dir=tmp_path / "t"), first]).train()
+    saves = [(step, logs) for step, logs in first.logs if "ckptprof/save_s" in logs]
+    assert [step for step, _ in saves] == [5, 10]
+    assert all(logs["ckptprof/save/write_s"] > 0 for _, logs in saves)
+    resumed = Logged()
+    trainer = make_trainer(tmp_path, 12, [CkptProfCallback(trace_dir=tmp_path / "t"), resumed])
+    trainer.train(resume_from_checkpoint=True)
+    restores = [(step, logs) for step, logs in resumed.logs if "ckptprof/restore_s" in logs]
+    assert [step for step, _ in restores] == [11]
+    logged = restores[0][1]
+    for phase in ("list", "fetch", "verify", "deserialize", "reshard", "first_step"):
+        assert logged[f"ckptprof/restore/{phase}_s"] >= 0
+    assert logged["ckptprof/restore/fetch_bytes"] > 0
+    # the Trainer's own history, saved in trainer_state.json, holds none of it
+    assert not any(k.startswith("ckptprof") for entry in trainer.state.log_history for k in entry)
+    saved = tmp_path / "checkpoints" / "checkpoint-12" / "trainer_state.json"
+    state = json.loads(saved.read_text())
+    assert not any(k.startswith("ckptprof") for entry in state["log_history"] for k in entry)
+    quiet = Logged()
+    callbacks = [CkptProfCallback(trace_dir=tmp_path / "t", log_metrics=False), quiet]
+    make_trainer(tmp_path, 14, callbacks).train(resume_from_checkpoint=True)
+    assert not any(k.startswith("ckptprof") for _, logs in quiet.logs for k in logs)
+
+
 def test_resume_explicit_path_splits_deserialize_and_reshard(tmp_path):
     trainer, _ = traced(tmp_path, 10)
     trainer.train()

@@ -144,6 +144,17 @@ class OperationSummary:
         name, stats = max(self.phases.items(), key=lambda kv: kv[1].busy_s)
         return name, stats.busy_s
 
+    def metrics(self, prefix: str = "ckptprof") -> dict[str, float]:
+        """Seconds and bytes as flat scalars for a framework's logger (TensorBoard, W&B,
+        MLflow, CSV): ``ckptprof/restore_s`` (the RTO), ``ckptprof/restore/fetch_s`` …"""
+        out = {f"{prefix}/{self.kind}_s": round(self.wall_s, 6)}
+        for name, stats in self.phases.items():
+            out[f"{prefix}/{self.kind}/{name}_s"] = round(stats.busy_s, 6)
+        moved = "fetch" if self.kind == "restore" else "write"
+        if moved in self.phases and self.phases[moved].nbytes:
+            out[f"{prefix}/{self.kind}/{moved}_bytes"] = float(self.phases[moved].nbytes)
+        return out
+
     def one_line(self) -> str:
         label = "RTO" if self.kind == "restore" else "save"
         parts = [f"ckptprof: {label} {self.wall_s:.3f}s"]
