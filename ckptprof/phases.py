@@ -62,6 +62,7 @@ class Attr:
     STORAGE_KIND = "ckpt.storage.kind"
     STORAGE_URI = "ckpt.storage.uri"
     FORMAT = "ckpt.format"
+    STRATEGY = "ckpt.strategy"  # how the state was restored (synthetic) or parallelised
     CACHE = "ckpt.cache"
     CACHE_RESIDENT_FRACTION = "ckpt.cache.resident_fraction"
     CACHE_METHOD = "ckpt.cache.method"

@@ -189,7 +189,7 @@ class DeepSpeedInstrumentor(Instrumentor):
                     Attr.PATH: load_dir,
                     Attr.WORLD_SIZE: engine.world_size,
                     Attr.STORAGE_KIND: "posix",
-                    "ckpt.strategy": f"zero{engine.zero_optimization_stage()}",
+                    Attr.STRATEGY: f"zero{engine.zero_optimization_stage()}",
                 }
             )  # fmt: skip
             self._reads = {}
@@ -389,7 +389,7 @@ class DeepSpeedInstrumentor(Instrumentor):
                 Attr.PATH: folder,
                 Attr.STEP: engine.global_steps,
                 Attr.WORLD_SIZE: engine.world_size,
-                "ckpt.strategy": f"zero{engine.zero_optimization_stage()}",
+                Attr.STRATEGY: f"zero{engine.zero_optimization_stage()}",
             }
             nested = self._nested and session.save_op is not None  # inside the host's save
             self._written = []

@@ -88,7 +88,7 @@ class LightningInstrumentor(Instrumentor):
             Attr.PATH: str(path),
             Attr.WORLD_SIZE: trainer.world_size,
             Attr.STORAGE_KIND: "s3" if str(path).startswith("s3://") else "posix",
-            "ckpt.strategy": type(trainer.strategy).__name__,
+            Attr.STRATEGY: type(trainer.strategy).__name__,
         }
 
     def _traced_load(self, original):

@@ -177,7 +177,7 @@ class TransformersInstrumentor(Instrumentor):
                 Attr.PATH: str(requested),
                 Attr.WORLD_SIZE: trainer.args.world_size,
                 Attr.STORAGE_KIND: "posix",
-                "ckpt.strategy": _strategy(trainer),
+                Attr.STRATEGY: _strategy(trainer),
             }
         )
         if op is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -145,6 +146,39 @@ def checkpoints(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+CHROMIUM = "/usr/bin/chromium"
+#: how Chromium starts on a closed network, as root, with nothing of the user's profile
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """A real headless Chromium (Debian's package, installed here when missing) driven by
+    Playwright; the HTML report is checked the way a person opens it."""
+    if not os.path.exists(CHROMIUM) and os.geteuid() == 0 and shutil.which("apt-get"):
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "timeout": 900}
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False, **quiet)
+        install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"]
+        done = subprocess.run(install, env=env, check=False, **quiet)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (as root) for the HTML tests")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        chromium = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
 
 
 #: gloo's sockets on the loopback interface only (tests contact nothing but 127.0.0.1)

@@ -22,6 +22,7 @@ EPILOG = """\
 examples:
   ckptprof report ckptprof-traces/
   ckptprof report runs/llama2-7b/results.json --plot restore.png
+  ckptprof report runs/ --html report.html      # one page, opens offline
   ckptprof report ckptprof-traces/ --by run
   ckptprof report runs/ --format json > report.json
   ckptprof report --interruptions ckptprof-traces/
@@ -63,6 +64,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="also draw phase bars (and GB/s vs concurrency) to this image; needs matplotlib",
     )
     parser.add_argument(
+        "--html",
+        metavar="FILE.html",
+        help="also write one self-contained page (charts inline, opens offline): phase "
+        "breakdown, GB/s vs concurrency, cold vs hot, per-rank spread, a restore's "
+        "timeline, interruptions, environment and hints",
+    )
+    parser.add_argument(
         "--interruptions",
         action="store_true",
         help="tell each interruption's story: notice, emergency save and its margin, "
@@ -77,6 +85,7 @@ def print_report(
     plot: str | None = None,
     by: str = "phase",
     fmt: str = "table",
+    html: str | None = None,
 ) -> None:
     """Print the report for ``paths``; other commands call this after writing results.
 
@@ -94,6 +103,20 @@ def print_report(
     if plot:
         written = write_plot(report, plot)
         print(f"ckptprof: plot written to {written}", file=sys.stderr)
+    if html:
+        written = _write_html(paths, report, data.sources, html)
+        print(f"ckptprof: HTML report written to {written}", file=sys.stderr)
+
+
+def _write_html(paths: list[str], report, sources: list[str], target: str):
+    from ckptprof.report.html import write_html
+    from ckptprof.report.interruptions import build_stories
+    from ckptprof.report.load import read_trace_spans
+    from ckptprof.report.timeline import representative, timelines
+
+    spans = read_trace_spans(paths, beside_results=True)
+    stories = build_stories(spans)
+    return write_html(report, target, representative(timelines(spans)), stories, sources)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,5 +138,6 @@ def run(args: argparse.Namespace) -> int:
         plot=getattr(args, "plot", None),
         by=getattr(args, "by", "phase"),
         fmt=getattr(args, "format", "table"),
+        html=getattr(args, "html", None),
     )
     return 0

@@ -35,7 +35,7 @@ CONFIG_ATTRS: tuple[tuple[str, str], ...] = (
     (Attr.LAYOUT, "layout"),
     (Attr.STORAGE_KIND, "storage"),
     (Attr.VERIFY_MODE, "verify"),
-    ("ckpt.strategy", "strategy"),
+    (Attr.STRATEGY, "strategy"),
     (Attr.CACHE, "cache"),
     (Attr.CONCURRENCY, "concurrency"),
     (Attr.WORLD_SIZE, "world_size"),

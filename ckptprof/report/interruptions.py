@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from ckptprof.errors import CkptprofError
+from ckptprof.report.timeline import span_ns
 
 PREFIX = "ckpt.interruption."
 
@@ -37,19 +37,6 @@ class Story:
     downtime_cost: float | None = None
     restore_cost: float | None = None
     ranks: int = 1
-
-
-def _ns(text: Any) -> int | None:
-    """An ISO time as ns since the epoch; None where a span's time is missing or not one."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return int(when.timestamp() * 1e9)
 
 
 def _attr(span: dict | None, name: str) -> Any:
@@ -99,7 +86,7 @@ def _story(root, spans, restore) -> Story:
     source_span = root or restore
     story = Story(source=_attr(source_span, "source") or "?")
     if root is not None:
-        notice_ns = _ns(root.get("start_time"))
+        notice_ns = span_ns(root.get("start_time"))
         story.notice_at = root.get("start_time") if notice_ns is not None else None
         story.run_id = (root.get("attributes") or {}).get("ckpt.run_id")
         story.deadline_s = _attr(root, "deadline_s")
@@ -110,7 +97,7 @@ def _story(root, spans, restore) -> Story:
             story.step_at_notice = _attr(notice, "step")
         save = next((s for s in kids if s["name"] == "ckpt.emergency_save"), None)
         if save is not None:
-            start, end = _ns(save.get("start_time")), _ns(save.get("end_time"))
+            start, end = span_ns(save.get("start_time")), span_ns(save.get("end_time"))
             if start is not None and notice_ns is not None:
                 story.save_after_notice_s = round((start - notice_ns) / 1e9, 3)
             if start is not None and end is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from ckptprof.atomic import atomic_open
 from ckptprof.errors import CkptprofError
 from ckptprof.report.aggregate import Breakdown, Report, phase_order
+from ckptprof.report.timeline import Timeline
 
 _COLORS = {
     "list": "#8c564b",
@@ -63,9 +64,11 @@ def _draw_bars(ax, bars: list[tuple[str, Breakdown]]) -> None:
     for i, (_, b) in enumerate(bars):
         word = "RTO" if b.kind == "restore" else "save"
         ax.plot([b.wall_median_s] * 2, [i - 0.45, i + 0.45], color="black", linewidth=1.5)
+        if b.repeats > 1 and b.wall_max_s > b.wall_min_s:  # the repeats' spread, min to max
+            ax.plot([b.wall_min_s, b.wall_max_s], [i, i], color="black", linewidth=0.8)
         ax.annotate(
             f"{word} {b.wall_median_s:.3g} s",
-            (max(b.wall_median_s, left[i]), i),
+            (max(b.wall_median_s, b.wall_max_s, left[i]), i),
             xytext=(4, 0),
             textcoords="offset points",
             va="center",
@@ -73,9 +76,9 @@ def _draw_bars(ax, bars: list[tuple[str, Breakdown]]) -> None:
         )
     ax.set_yticks(y, [label for label, _ in bars], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("median seconds (black tick: wall time = critical path)")
+    ax.set_xlabel("median seconds (black tick: wall time = critical path; line: min–max)")
     ax.set_title("Where the time goes, per configuration")
-    ax.set_xlim(0, max(max(left), max(b.wall_median_s for _, b in bars)) * 1.22 or 1.0)
+    ax.set_xlim(0, max(max(left), max(b.wall_max_s for _, b in bars)) * 1.22 or 1.0)
     ax.legend(
         fontsize=8,
         loc="upper left",
@@ -89,10 +92,14 @@ def _draw_concurrency(ax, report: Report) -> None:
     levels: set[int] = set()
     for index, sweep in enumerate(report.sweeps):
         series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        strategies = len({row.breakdown.strategy for row in sweep.rows}) > 1
         for row in sweep.rows:
             b = row.breakdown
             if b.concurrency is not None and row.fetch_gbps is not None:
-                series[str(b.cache or "runs")].append((b.concurrency, row.fetch_gbps))
+                name = str(b.cache or "runs")
+                if strategies:
+                    name = f"{b.strategy} {name}"
+                series[name].append((b.concurrency, row.fetch_gbps))
         prefix = f"#{index + 1} " if len(report.sweeps) > 1 else ""
         for cache, points in sorted(series.items()):
             points.sort()
@@ -111,6 +118,7 @@ def _draw_concurrency(ax, report: Report) -> None:
     ax.set_xticks(sorted(levels), [str(c) for c in sorted(levels)])
     ax.minorticks_off()
     ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylim(bottom=0)
     ax.set_ylabel("fetch GB/s (median)")
     ax.set_title("Fetch throughput vs concurrency")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -123,6 +131,113 @@ def _has_concurrency_sweep(report: Report) -> bool:
     )
 
 
+def _figure(height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(10, height), layout="constrained")
+
+
+def require_matplotlib(path: str | os.PathLike, option: str = "--plot") -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CkptprofError(
+            f"{option} {path}: matplotlib is not installed — pip install matplotlib"
+        ) from None
+
+
+def summary_figure(report: Report):
+    """Phase bars per configuration, and fetch GB/s vs concurrency where a sweep varied
+    it (what ``--plot`` draws); None when nothing succeeded."""
+    bars = _bars(report)
+    if not bars:
+        return None
+    sweep_panel = _has_concurrency_sweep(report)
+    fig = _figure(1.2 + 0.45 * len(bars) + (4 if sweep_panel else 0))
+    if sweep_panel:
+        top, bottom = fig.subplots(2, 1, height_ratios=[max(len(bars), 2), 4])
+        _draw_bars(top, bars)
+        _draw_concurrency(bottom, report)
+    else:
+        _draw_bars(fig.subplots(), bars)
+    return fig
+
+
+def bars_figure(report: Report):
+    bars = _bars(report)
+    if not bars:
+        return None
+    fig = _figure(1.2 + 0.45 * len(bars))
+    _draw_bars(fig.subplots(), bars)
+    return fig
+
+
+def concurrency_figure(report: Report):
+    if not _has_concurrency_sweep(report):
+        return None
+    fig = _figure(4)
+    _draw_concurrency(fig.subplots(), report)
+    return fig
+
+
+def ranks_figure(per_rank: list[dict]):
+    """Each rank's RTO with its fetch part: the slowest rank sets the job's RTO."""
+    rows = sorted(
+        (r for r in per_rank if isinstance(r.get("wall_s"), (int, float))),
+        key=lambda r: r.get("rank") or 0,
+    )
+    if len(rows) < 2:
+        return None
+    fig = _figure(1.2 + 0.3 * len(rows))
+    ax = fig.subplots()
+    y = list(range(len(rows)))
+    walls = [float(r["wall_s"]) for r in rows]
+    fetch = [float(r.get("fetch_s") or 0.0) for r in rows]
+    ax.barh(y, walls, color="#c7c7c7", label="RTO")
+    ax.barh(y, fetch, color=_COLORS["fetch"], label="fetch")
+    slowest = walls.index(max(walls))
+    ax.barh(slowest, walls[slowest], fill=False, edgecolor="black", linewidth=1.2)
+    ax.set_yticks(y, [f"rank {r.get('rank')} (node {r.get('node', '?')})" for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(walls) * 1.1)
+    ax.set_xlabel("seconds (outlined: the slowest rank, the job's RTO)")
+    ax.set_title("Per-rank spread")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def timeline_figure(line: Timeline):
+    """One operation in time: a row of phases, then one row per concurrent file read."""
+    lanes = line.lanes()
+    fig = _figure(1.6 + 0.22 * (len(lanes) + 1))
+    ax = fig.subplots()
+    t0 = line.start_ns
+    for phase in line.phases:
+        ax.broken_barh(
+            [((phase.start_ns - t0) / 1e9, phase.seconds)],
+            (-0.4, 0.8),
+            color=_COLORS.get(phase.name, "#999999"),
+            label=phase.name,
+        )
+    row_of = {lane: i + 1 for i, lane in enumerate(lanes)}
+    for item in line.files:
+        ax.broken_barh(
+            [((item.start_ns - t0) / 1e9, item.seconds)],
+            (row_of[(item.phase, item.lane)] - 0.35, 0.7),
+            color=_COLORS.get(item.phase, "#999999"),
+            edgecolor="white",
+            linewidth=0.3,
+        )
+    ax.set_yticks(range(len(lanes) + 1), ["phases"] + [f"{phase} {lane}" for phase, lane in lanes])
+    ax.tick_params(axis="y", labelsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, line.wall_s * 1.02 or 1.0)
+    ax.set_xlabel("seconds since the operation began (rows below: each file read)")
+    ax.set_title(f"Timeline of one {line.kind}: {line.label()}, {line.wall_s:.3f} s")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
 def write_plot(report: Report, path: str | os.PathLike) -> Path:
     """Draw the report to ``path`` (format from its suffix, PNG by default), atomically.
 
@@ -131,34 +246,33 @@ def write_plot(report: Report, path: str | os.PathLike) -> Path:
             does not exist, or there is nothing to plot.
     """
     target = Path(path).expanduser()
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise CkptprofError(
-            f"--plot {path}: matplotlib is not installed — pip install matplotlib"
-        ) from None
+    require_matplotlib(path)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     if not target.parent.is_dir():
         raise CkptprofError(
             f"--plot {path}: folder {target.parent} does not exist — create it first"
         )
-    bars = _bars(report)
-    if not bars:
+    fig = summary_figure(report)
+    if fig is None:
         raise CkptprofError(f"--plot {path}: no successful operations to plot")
     fmt = target.suffix.lstrip(".").lower() or "png"
-    sweep_panel = _has_concurrency_sweep(report)
-    fig = Figure(
-        figsize=(10, 1.2 + 0.45 * len(bars) + (4 if sweep_panel else 0)), layout="constrained"
-    )
     canvas = FigureCanvasAgg(fig)
     if fmt not in canvas.get_supported_filetypes():
         raise CkptprofError(f"--plot {path}: unknown image format '.{fmt}' — use a .png file name")
-    if sweep_panel:
-        top, bottom = fig.subplots(2, 1, height_ratios=[max(len(bars), 2), 4])
-        _draw_bars(top, bars)
-        _draw_concurrency(bottom, report)
-    else:
-        _draw_bars(fig.subplots(), bars)
     with atomic_open(target, "wb") as handle:
         fig.savefig(handle, format=fmt, dpi=110)
     return target
+
+
+def svg(fig) -> str:
+    """The figure as an inline ``<svg>`` element (for the HTML report)."""
+    import io
+
+    from matplotlib.backends.backend_svg import FigureCanvasSVG
+
+    FigureCanvasSVG(fig)
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg")
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]

@@ -384,7 +384,7 @@ class RestoreRunner:
             Attr.SAVED_WORLD_SIZE: self.spec.ranks,
             Attr.VERIFY_MODE: self.options.verify,
             Attr.STEP: self.spec.step,
-            "ckpt.strategy": strategy,
+            Attr.STRATEGY: strategy,
             "ckpt.ranks": ",".join(map(str, self.ranks)),
             "ckpt.state_bytes": self.state.nbytes,
             "ckpt.fetch.direct_io": bool(getattr(self.storage, "direct_io", False)),

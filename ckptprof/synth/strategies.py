@@ -121,7 +121,7 @@ class Strategy:
         if not ctx.state.on_host:  # the device copies end when they have landed
             with ctx.op.phase(Phase.RESHARD):
                 synchronize(ctx.state.tensors[0].device)
-        ctx.op.set_attributes({"ckpt.strategy": self.name})
+        ctx.op.set_attributes({Attr.STRATEGY: self.name})
 
     def generic(self, ctx: RunContext) -> None:
         raise NotImplementedError

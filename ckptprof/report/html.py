@@ -1,0 +1,261 @@
+"""``ckptprof report --html``: one self-contained page that opens offline.
+
+Charts are matplotlib figures inlined as SVG (no script, no network, nothing to host);
+tables and prose come from the same :class:`~ckptprof.report.aggregate.Report` the
+terminal report prints, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ckptprof import __version__
+from ckptprof.atomic import atomic_open
+from ckptprof.errors import CkptprofError
+from ckptprof.report import plot
+from ckptprof.report.aggregate import Report, Sweep, phase_order
+from ckptprof.report.hints import Hint
+from ckptprof.report.interruptions import Story, render_stories
+from ckptprof.report.text import (
+    env_highlights,
+    fmt_bytes,
+    fmt_gbps,
+    fmt_s,
+    render_text,
+)
+from ckptprof.report.timeline import Timeline
+
+STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px;
+       color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; }
+h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+.meta { color: #666; }
+table { border-collapse: collapse; margin: 0.6em 0; font-variant-numeric: tabular-nums; }
+th, td { padding: 3px 9px; border-bottom: 1px solid #eee; text-align: right; }
+th { background: #f6f6f6; }
+td.l, th.l { text-align: left; }
+figure { margin: 1em 0; }
+figure svg { max-width: 100%; height: auto; }
+.hint { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.4em 0.8em;
+        margin: 0.4em 0; }
+.hint code { color: #7a5c00; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 12px; }
+.emulated { color: #a33; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], left: int = 1) -> str:
+    """An HTML table; the first ``left`` columns are text (left-aligned)."""
+    head = "".join(
+        f'<th class="{"l" if i < left else ""}">{_e(h)}</th>' for i, h in enumerate(headers)
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="{"l" if i < left else ""}">{_e(c)}</td>' for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _figure(fig, caption: str, name: str, salt: str = "") -> str:
+    if fig is None:
+        return ""
+    import matplotlib
+
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name + salt}):
+        image = plot.svg(fig)
+    return f'<figure data-chart="{_e(name)}">{image}<figcaption>{_e(caption)}</figcaption></figure>'
+
+
+def _hints(hints: Sequence[Hint]) -> str:
+    return "".join(
+        f'<div class="hint"><code>{_e(h.code)}</code> {_e(h.message)}</div>' for h in hints
+    )
+
+
+def _sweep_section(index: int, sweep: Sweep) -> str:
+    names = phase_order("restore", {r.phase for row in sweep.rows for r in row.breakdown.phases})
+    rows = []
+    for row in sweep.rows:
+        b = row.breakdown
+        phases = []
+        for name in names:
+            phase = b.phase(name)
+            phases.append("-" if phase is None else fmt_s(phase.busy_s) + ("*" * phase.emulated))
+        frac = row.fraction_of_ceiling
+        rows.append(
+            [
+                b.strategy or "-",
+                b.cache or "-",
+                "-" if b.concurrency is None else b.concurrency,
+                b.repeats,
+                f"{fmt_s(b.wall_median_s)} ({fmt_s(b.wall_min_s)}–{fmt_s(b.wall_max_s)})",
+                *phases,
+                fmt_gbps(row.fetch_gbps),
+                "-" if frac is None else f"{frac:.0%}",
+                "-" if b.resident_fraction is None else f"{b.resident_fraction:.0%}",
+                fmt_bytes(b.peak_rss_bytes),
+            ]
+        )
+    headers = ["strategy", "cache", "concurrency", "runs", "RTO s (min–max)", *names]
+    headers += ["fetch GB/s", "of ceiling", "resident before", "peak RSS"]
+    parts = [f"<h2>Results #{index + 1}: {_e(sweep.path)}</h2>"]
+    spec = ", ".join(f"{k}={v}" for k, v in sweep.spec.items() if isinstance(v, (str, int, float)))
+    if spec:
+        parts.append(f'<p class="meta">{_e(spec)}</p>')
+    if sweep.ceiling and sweep.ceiling.read_gbps:
+        source = f" ({sweep.ceiling.source})" if sweep.ceiling.source else ""
+        parts.append(f"<p>Ceiling: {fmt_gbps(sweep.ceiling.read_gbps)} GB/s{_e(source)}.</p>")
+    parts.append("<h3>Cold vs hot, per concurrency</h3>")
+    parts.append(_table(headers, rows, left=2))
+    if any("*" in str(c) for r in rows for c in r):
+        parts.append('<p class="emulated">* emulated: an estimate, not a measurement</p>')
+    per_rank = [r for r in (sweep.job.get("per_rank") or []) if isinstance(r, dict)]
+    if per_rank:
+        parts.append("<h3>Per-rank spread</h3>")
+        parts.append(_figure(plot.ranks_figure(per_rank), "each rank's RTO", "ranks", str(index)))
+        parts.append(
+            _table(
+                ["rank", "node", "host", "read", "RTO s", "fetch s"],
+                (
+                    [
+                        r.get("rank"),
+                        r.get("node"),
+                        r.get("host") or "",
+                        fmt_bytes(r.get("read_bytes")),
+                        fmt_s(r.get("wall_s")),
+                        fmt_s(r.get("fetch_s")),
+                    ]
+                    for r in sorted(per_rank, key=lambda r: r.get("rank") or 0)
+                ),
+                left=3,
+            )
+        )
+    env = sweep.environment
+    if env:
+        parts.append("<h3>Environment</h3>")
+        parts.append(f"<p>{_e('; '.join(env_highlights(env)))}</p>")
+        parts.append(
+            "<details><summary>everything recorded</summary>"
+            + _table(["key", "value"], sorted((k, v) for k, v in env.items()), left=2)
+            + "</details>"
+        )
+    return "".join(parts)
+
+
+def _groups_section(report: Report) -> str:
+    if not report.groups:
+        return ""
+    rows = []
+    for group in report.groups:
+        b = group.breakdown
+        if b is None:
+            continue
+        spread = group.ranks
+        rows.append(
+            [
+                group.kind,
+                b.label,
+                b.repeats,
+                f"{fmt_s(b.wall_median_s)} ({fmt_s(b.wall_min_s)}–{fmt_s(b.wall_max_s)})",
+                ", ".join(f"{p.phase} {fmt_s(p.busy_s)}" for p in b.phases),
+                "-"
+                if spread is None
+                else f"slowest rank {spread.slowest_rank} {fmt_s(spread.slowest_wall_s)} s",
+            ]
+        )
+    parts = ["<h2>Traced operations</h2>"]
+    parts.append(
+        _table(["kind", "configuration", "n", "wall s (min–max)", "phases", "ranks"], rows, 2)
+    )
+    return "".join(parts)
+
+
+def render_html(
+    report: Report,
+    timeline: Timeline | None = None,
+    stories: Sequence[Story] = (),
+    sources: Sequence[str] = (),
+) -> str:
+    """The whole page as a string (see :func:`write_html`)."""
+    made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        "<title>ckptprof report</title>",
+        f"<style>{STYLE}</style></head><body>",
+        "<h1>Where checkpoint restore time goes</h1>",
+        f'<p class="meta">ckptprof {_e(__version__)}, {made}; from {_e(", ".join(sources))}</p>',
+    ]
+    hints = [h for s in report.sweeps for h in s.hints] + [
+        h for g in report.groups for h in g.hints
+    ]
+    if hints:  # every hint once, first: what a reader came for
+        parts.append("<h2>What to look at</h2>" + _hints(hints))
+    parts.append("<h2>Phase breakdown</h2>")
+    parts.append(
+        _figure(
+            plot.bars_figure(report),
+            "median seconds per phase; hatched phases are emulated; the line is the "
+            "repeats' min–max",
+            "phases",
+        )
+    )
+    concurrency = plot.concurrency_figure(report)
+    if concurrency is not None:
+        parts.append("<h2>Fetch throughput vs concurrency</h2>")
+        parts.append(_figure(concurrency, "median fetch GB/s, cold and hot", "concurrency"))
+    if timeline is not None:
+        parts.append("<h2>Timeline of one restore</h2>")
+        parts.append(
+            _figure(plot.timeline_figure(timeline), "phases, then each file read", "timeline")
+        )
+    parts += [_sweep_section(i, sweep) for i, sweep in enumerate(report.sweeps)]
+    parts.append(_groups_section(report))
+    if stories:
+        parts.append("<h2>Interruptions</h2>")
+        parts.append(f"<pre>{_e(render_stories(list(stories)))}</pre>")
+    parts.append("<h2>The terminal report</h2>")
+    parts.append(f"<pre>{_e(render_text(report))}</pre>")
+    parts.append("</body></html>\n")
+    return "\n".join(p for p in parts if p)
+
+
+def write_html(
+    report: Report,
+    path: str | os.PathLike,
+    timeline: Timeline | None = None,
+    stories: Sequence[Story] = (),
+    sources: Sequence[str] = (),
+) -> Path:
+    """Write the page atomically to ``path``.
+
+    Raises:
+        CkptprofError: the folder does not exist, nothing succeeded, or matplotlib is
+            missing.
+    """
+    target = Path(path).expanduser()
+    if not target.parent.is_dir():
+        raise CkptprofError(
+            f"--html {path}: folder {target.parent} does not exist — create it first"
+        )
+    plot.require_matplotlib(path, "--html")
+    if not report.sweeps and not any(g.breakdown for g in report.groups):
+        raise CkptprofError(f"--html {path}: no successful operations to show")
+    page = render_html(report, timeline, stories, sources)
+    with atomic_open(target, "w", encoding="utf-8") as handle:
+        handle.write(page)
+    return target
+
+
+__all__ = ["render_html", "write_html"]

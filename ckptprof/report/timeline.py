@@ -1,0 +1,181 @@
+"""One save or restore as a timeline: its phases and, where recorded, each file's read,
+packed into lanes (the fetch streams in flight at once). The HTML report draws it and
+``ckptprof export --format perfetto`` writes it as tracks.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from ckptprof.phases import Attr
+
+ROOTS = {"ckpt.restore": "restore", "ckpt.save": "save"}
+FILE_SPAN = "ckpt.file"
+
+
+def span_ns(text: Any) -> int | None:
+    """An ISO time of a span as ns since the epoch; None where missing or not a time."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return int(when.timestamp() * 1e6) * 1000  # the trace files keep microseconds
+
+
+@dataclass
+class Slice:
+    """A named interval of a timeline (a phase, or one file's read on a lane)."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    lane: int = 0
+    attributes: dict[str, Any] = field(default_factory=dict)
+    phase: str = ""  # a file's read: the phase it belongs to (fetch, verify, deserialize)
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass
+class Timeline:
+    """One operation (a root ``ckpt.restore`` / ``ckpt.save`` span) laid out in time."""
+
+    kind: str
+    trace_id: str
+    span_id: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+    phases: list[Slice] = field(default_factory=list)
+    files: list[Slice] = field(default_factory=list)
+
+    @property
+    def wall_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def rank(self) -> int:
+        value = self.attributes.get(Attr.RANK)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    @property
+    def host(self) -> str:
+        return str(self.resource.get("host.name") or "host")
+
+    def lanes(self) -> list[tuple[str, int]]:
+        """(phase, lane) of the file reads, in phase order: one row each on a chart."""
+        order = {p.name: i for i, p in enumerate(self.phases)}
+        found = {(f.phase, f.lane) for f in self.files}
+        return sorted(found, key=lambda key: (order.get(key[0], len(order)), key))
+
+    def label(self) -> str:
+        a = self.attributes
+        parts = [self.kind]
+        for key, fmt in (
+            (Attr.STRATEGY, "{}"),
+            (Attr.CACHE, "{}"),
+            (Attr.CONCURRENCY, "x{}"),
+            (Attr.REPEAT, "#{}"),
+        ):
+            if a.get(key) is not None:
+                parts.append(fmt.format(a[key]))
+        parts.append(f"rank {self.rank}")
+        return " ".join(parts)
+
+
+def _pack(files: list[Slice]) -> None:
+    """Give each read the first lane of its phase free at its start (lanes = reads in
+    flight at once)."""
+    by_phase: dict[str, list[Slice]] = defaultdict(list)
+    for item in files:
+        by_phase[item.phase].append(item)
+    for group in by_phase.values():
+        _pack_one(group)
+
+
+def _pack_one(files: list[Slice]) -> None:
+    ends: list[int] = []
+    for item in sorted(files, key=lambda f: (f.start_ns, f.end_ns)):
+        lane = next((i for i, end in enumerate(ends) if end <= item.start_ns), len(ends))
+        if lane == len(ends):
+            ends.append(item.end_ns)
+        else:
+            ends[lane] = item.end_ns
+        item.lane = lane
+
+
+def timelines(spans: Iterable[dict[str, Any]]) -> list[Timeline]:
+    """Every save and restore in ``spans`` (span dicts as the trace files hold them)."""
+    spans = list(spans)
+    children: dict[str, list[dict]] = defaultdict(list)
+    for span in spans:
+        if span.get("parent_id"):
+            children[str(span["parent_id"])].append(span)
+    found = []
+    for root in spans:
+        kind = ROOTS.get(root.get("name", ""))
+        start, end = span_ns(root.get("start_time")), span_ns(root.get("end_time"))
+        context = root.get("context") or {}
+        if kind is None or start is None or end is None:
+            continue
+        line = Timeline(
+            kind=kind,
+            trace_id=str(context.get("trace_id", "")),
+            span_id=str(context.get("span_id", "")),
+            start_ns=start,
+            end_ns=end,
+            attributes=dict(root.get("attributes") or {}),
+            resource=dict((root.get("resource") or {}).get("attributes") or {}),
+        )
+        stack = [(span, None) for span in children.get(line.span_id, ())]
+        while stack:
+            span, phase = stack.pop()
+            s, e = span_ns(span.get("start_time")), span_ns(span.get("end_time"))
+            name = str(span.get("name", ""))
+            inner = phase if name == FILE_SPAN else name.removeprefix("ckpt.")
+            own_id = str((span.get("context") or {}).get("span_id"))
+            stack.extend((child, inner) for child in children.get(own_id, ()))
+            if s is None or e is None:
+                continue
+            attrs = dict(span.get("attributes") or {})
+            if name == FILE_SPAN:
+                path = str(attrs.get(Attr.PATH, "file"))
+                line.files.append(Slice(path, s, e, 0, attrs, phase=phase or "file"))
+            elif name.startswith("ckpt."):
+                line.phases.append(Slice(inner, s, e, 0, attrs))
+        line.phases.sort(key=lambda p: p.start_ns)
+        _pack(line.files)
+        found.append(line)
+    found.sort(key=lambda t: t.start_ns)
+    return found
+
+
+def representative(found: list[Timeline]) -> Timeline | None:
+    """The restore to show: the median-length cold one, preferring those with per-file
+    reads (``--per-file-spans``), else any restore, else any save."""
+    for pick in (
+        lambda t: t.kind == "restore" and t.files and t.attributes.get(Attr.CACHE) == "cold",
+        lambda t: t.kind == "restore" and t.files,
+        lambda t: t.kind == "restore",
+        lambda t: True,
+    ):
+        chosen = [t for t in found if pick(t)]
+        if chosen:
+            middle = statistics.median_low(t.wall_s for t in chosen)
+            return next(t for t in chosen if t.wall_s == middle)
+    return None
+
+
+__all__ = ["Slice", "Timeline", "representative", "span_ns", "timelines"]
