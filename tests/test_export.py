@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -105,19 +106,23 @@ def test_unreachable_collector_is_one_warning_and_no_hang(tmp_path, clean_otel_e
     assert len(read_spans(telemetry.trace_file)) == 15  # the local file still has everything
 
 
-def test_otlp_export_reaches_a_collector(tmp_path, clean_otel_env):
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
-
-    received: list[bytes] = []
+@contextlib.contextmanager
+def collector(status: int = 200, answer: bytes = b""):
+    """A real OTLP/HTTP receiver on 127.0.0.1: yields its endpoint and the bodies it got,
+    answering every request with ``status`` and ``answer``."""
+    received: list[tuple[str, bytes]] = []
 
     class Collector(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server's naming
-            received.append(self.rfile.read(int(self.headers["Content-Length"])))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.headers.get("Content-Type", ""), body))
+            self.send_response(status)
+            self.send_header(
+                "Content-Type", "application/json" if answer else "application/x-protobuf"
+            )
+            self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
+            self.wfile.write(answer)
 
         def log_message(self, *args):
             pass
@@ -125,21 +130,46 @@ def test_otlp_export_reaches_a_collector(tmp_path, clean_otel_env):
     server = HTTPServer(("127.0.0.1", 0), Collector)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        clean_otel_env.setenv(
-            "OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}"
-        )
-        telemetry = setup_telemetry(tmp_path)
-        record_one_restore(telemetry)
-        telemetry.shutdown()
+        yield f"http://127.0.0.1:{server.server_port}", received
     finally:
         server.shutdown()
+
+
+def span_names(bodies) -> set[str]:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
     names = set()
-    for body in received:
+    for _, body in bodies:
         request = ExportTraceServiceRequest.FromString(body)
         for rs in request.resource_spans:
             for ss in rs.scope_spans:
                 names.update(span.name for span in ss.spans)
-    assert names == {"ckpt.restore", "ckpt.list", "ckpt.fetch"}
+    return names
+
+
+def test_otlp_export_reaches_a_collector(tmp_path, clean_otel_env):
+    with collector() as (endpoint, received):
+        clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        telemetry = setup_telemetry(tmp_path)
+        record_one_restore(telemetry)
+        telemetry.shutdown()
+    assert span_names(received) == {"ckpt.restore", "ckpt.list", "ckpt.fetch"}
+
+
+def test_a_refused_batch_shows_the_backends_reason(tmp_path, clean_otel_env, caplog):
+    said = json.dumps({"error_code": "BAD", "message": "Missing header x-mlflow-experiment-id"})
+    with collector(422, said.encode()) as (endpoint, received):
+        clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        telemetry = setup_telemetry(tmp_path)
+        with caplog.at_level(logging.WARNING):
+            record_one_restore(telemetry)
+            telemetry.shutdown()
+    assert received  # the batch reached the backend, which refused it
+    (warning,) = [r.message for r in caplog.records if "could not export" in r.message]
+    assert "code: 422" in warning
+    assert "the backend said: Missing header x-mlflow-experiment-id" in warning
 
 
 def test_otel_traces_exporter_none_disables_otlp(tmp_path, clean_otel_env):

@@ -125,7 +125,27 @@ class WarnOnceExporter(SpanExporter):
         #: how long one export may take (the SDK's own retries included)
         self.timeout_s = timeout_s
         self._warned = False
+        self._backend_said: str | None = None
         self._gate_logs()
+        self._keep_refusals()
+
+    def _keep_refusals(self) -> None:
+        """Keep what the backend answered to a refused batch (a 4xx/5xx body, e.g.
+        MLflow's missing ``x-mlflow-experiment-id``), for the one warning. Best effort on
+        the SDK's private HTTP transport, on this exporter instance only."""
+        transport = getattr(getattr(self.inner, "_client", None), "_transport", None)
+        request = getattr(transport, "request", None)
+        if request is None:
+            return
+
+        def kept(*args, **kwargs):
+            result = request(*args, **kwargs)
+            with contextlib.suppress(Exception):
+                if result.status_code is not None and result.status_code >= 400:
+                    self._backend_said = _backend_reason(result.text())
+            return result
+
+        transport.request = kept
 
     def _gate_logs(self) -> None:
         """Route the exporter's own retry warnings into our single warning.
@@ -142,7 +162,10 @@ class WarnOnceExporter(SpanExporter):
 
     def _gate(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING:
-            self._warn(_strip_url_secrets(record.getMessage())[:300])
+            reason = record.getMessage()
+            if self._backend_said:
+                reason += f"; the backend said: {self._backend_said}"
+            self._warn(_strip_url_secrets(reason)[:500])
         return False
 
     def _warn(self, reason: str) -> None:
@@ -169,6 +192,20 @@ class WarnOnceExporter(SpanExporter):
     def shutdown(self) -> None:
         with contextlib.suppress(Exception):
             self.inner.shutdown()
+
+
+def _backend_reason(body: str) -> str | None:
+    """A refusal's body on one short line: a JSON error's message, else the text."""
+    text = body.strip()
+    if not text:
+        return None
+    with contextlib.suppress(ValueError, AttributeError):
+        doc = json.loads(text)
+        for key in ("message", "error", "detail", "reason"):
+            if isinstance(doc.get(key), str):
+                text = doc[key]
+                break
+    return " ".join(text.split())[:200]
 
 
 def _exporter_names() -> list[str]:
