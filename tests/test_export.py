@@ -298,8 +298,8 @@ def test_otel_traces_exporter_console_prints_the_spans(tmp_path, clean_otel_env,
 
 
 def test_the_otlp_request_timeout_is_the_sdks_own(clean_otel_env):
-    from ckptprof.tracing.export import _otlp_timeout_s
+    from ckptprof.tracing.export import otlp_timeout_s
 
-    assert _otlp_timeout_s() == 10.0  # a busy backend gets the SDK's time
+    assert otlp_timeout_s() == 10.0  # a busy backend gets the SDK's time
     clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "25")
-    assert _otlp_timeout_s() == 25.0
+    assert otlp_timeout_s() == 25.0

@@ -39,7 +39,7 @@ _ONE_LINE: tuple[tuple[type[BaseException], str, int], ...] = (
 
 def build_parser() -> Parser:
     from ckptprof import __version__
-    from ckptprof.cli import compare, demo, report, synth
+    from ckptprof.cli import compare, demo, export, report, synth
 
     parser = Parser(
         prog="ckptprof",
@@ -56,6 +56,7 @@ def build_parser() -> Parser:
     synth.add_parser(commands)
     report.add_parser(commands)
     compare.add_parser(commands)
+    export.add_parser(commands)
     demo.add_parser(commands)
     return parser
 

@@ -142,7 +142,7 @@ class WarnOnceExporter(SpanExporter):
             result = request(*args, **kwargs)
             with contextlib.suppress(Exception):
                 if result.status_code is not None and result.status_code >= 400:
-                    self._backend_said = _backend_reason(result.text())
+                    self._backend_said = backend_reason(result.text())
             return result
 
         transport.request = kept
@@ -194,7 +194,7 @@ class WarnOnceExporter(SpanExporter):
             self.inner.shutdown()
 
 
-def _backend_reason(body: str) -> str | None:
+def backend_reason(body: str) -> str | None:
     """A refusal's body on one short line: a JSON error's message, else the text."""
     text = body.strip()
     if not text:
@@ -256,12 +256,12 @@ def _otlp_exporter() -> WarnOnceExporter | None:
     # The SDK reads endpoint, headers, compression and its request timeout from the
     # OTEL_* variables; a busy backend gets the SDK's own time (a shorter one reported
     # batches as lost that arrived). Only the wait at shutdown is bounded, by it.
-    timeout_s = _otlp_timeout_s()
+    timeout_s = otlp_timeout_s()
     exporter = OTLPSpanExporter(timeout=timeout_s)
-    return WarnOnceExporter(exporter, f"OTLP endpoint {_safe_endpoint(endpoint)}", timeout_s)
+    return WarnOnceExporter(exporter, f"OTLP endpoint {safe_endpoint(endpoint)}", timeout_s)
 
 
-def _otlp_timeout_s() -> float:
+def otlp_timeout_s() -> float:
     """The request timeout the OTLP exporter works with: the user's (in seconds, as the
     Python SDK reads it), else ckptprof's short default."""
     for name in _OTLP_TIMEOUT_ENVS:
@@ -284,7 +284,7 @@ def _strip_url_secrets(text: str) -> str:
     return re.sub(r"//[^/\s:@]+(:[^/\s@]*)?@", "//", text)
 
 
-def _safe_endpoint(url: str) -> str:
+def safe_endpoint(url: str) -> str:
     """The endpoint without credentials or query string."""
     from urllib.parse import urlsplit
 

@@ -1,0 +1,147 @@
+"""``ckptprof export``: trace files as a Perfetto timeline or OTLP JSON, or replayed into
+an OTLP backend later (training nodes often have no collector)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ckptprof.errors import CkptprofError
+
+DESCRIPTION = """\
+Convert ckptprof trace files (*.jsonl, written by every traced run) for other tools:
+
+  perfetto    a native Perfetto trace: open it at ui.perfetto.dev (offline: the file
+              stays on your machine) — each rank a process, each phase and each stream
+              of file reads a thread, with the ckpt.* attributes as slice arguments
+  otlp-json   OTLP JSON lines (the OpenTelemetry file-exporter format: one
+              ExportTraceServiceRequest per line), readable by OTLP tools and by
+              `ckptprof export --otlp` later
+
+--otlp sends the spans (from trace files or OTLP JSON lines) to the OTLP/HTTP endpoint
+named by OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT), with
+OTEL_EXPORTER_OTLP_HEADERS, waiting at most OTEL_EXPORTER_OTLP_TIMEOUT seconds (10) for
+each request."""
+
+EPILOG = """\
+examples:
+  ckptprof export --format perfetto ckptprof-traces/ -o restore.perfetto-trace
+  ckptprof export --format otlp-json ckptprof-traces/ -o spans.otlp.jsonl
+  OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 ckptprof export --otlp spans.otlp.jsonl"""
+
+FORMATS = ("perfetto", "otlp-json")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "export",
+        help="write traces as a Perfetto timeline or OTLP JSON, or replay them over OTLP",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="trace files (*.jsonl), OTLP JSON lines (for --otlp), or folders holding them",
+    )
+    parser.add_argument(
+        "--format", choices=FORMATS, help="what to write to -o: perfetto or otlp-json"
+    )
+    parser.add_argument("-o", "--output", metavar="FILE", help="the file to write")
+    parser.add_argument(
+        "--otlp",
+        action="store_true",
+        help="send the spans to the OTLP/HTTP endpoint of the OTEL_* variables instead",
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _files(paths: list[str]) -> list[Path]:
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*.jsonl") if p.is_file())
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise CkptprofError(
+                f"{raw}: no such file or directory — pass trace files (*.jsonl) or the "
+                "folder holding them (ckptprof-traces/ by default)"
+            )
+    if not found:
+        raise CkptprofError(f"{', '.join(paths)}: no *.jsonl files under it")
+    return found
+
+
+def _read(paths: list[str]) -> tuple[list[dict], list[dict]]:
+    """(spans of trace files, OTLP/JSON requests of OTLP JSON-lines files)."""
+    from ckptprof.tracing.otlp_json import is_otlp_json
+
+    spans, requests = [], []
+    for path in _files(paths):
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    raise CkptprofError(
+                        f"{path} line {number}: not JSON — is it a ckptprof trace file?"
+                    ) from None
+                (requests if is_otlp_json(line) else spans).append(doc)
+    if not spans and not requests:
+        raise CkptprofError(f"{', '.join(paths)}: no spans in these files")
+    return spans, requests
+
+
+def run(args: argparse.Namespace) -> int:
+    from ckptprof.atomic import atomic_open
+
+    if args.otlp == bool(args.format):
+        raise CkptprofError(
+            "export: give either --format perfetto|otlp-json with -o FILE, or --otlp"
+        )
+    if args.format and not args.output:
+        raise CkptprofError(f"export --format {args.format}: name the file to write with -o FILE")
+    folder = Path(args.output or ".").expanduser().parent
+    if not folder.is_dir():
+        raise CkptprofError(f"-o {args.output}: folder {folder} does not exist — create it first")
+    spans, requests = _read(args.paths)
+    if args.otlp:
+        from ckptprof.tracing.export import otlp_timeout_s
+        from ckptprof.tracing.otlp_json import replay, requests_of
+
+        sent, count = replay([*requests, *requests_of(spans)], otlp_timeout_s())
+        print(f"ckptprof: sent {count} spans in {sent} requests", file=sys.stderr)
+        return 0
+    if requests and not spans:
+        raise CkptprofError(
+            "export: these are OTLP JSON lines already; --otlp replays them, and --format "
+            "needs ckptprof's own trace files"
+        )
+    if args.format == "perfetto":
+        from ckptprof.report.perfetto import perfetto_trace
+        from ckptprof.report.timeline import timelines
+
+        lines = timelines(spans)
+        if not lines:
+            raise CkptprofError(f"{', '.join(args.paths)}: no ckpt.restore or ckpt.save spans")
+        with atomic_open(args.output, "wb") as handle:
+            handle.write(perfetto_trace(lines))
+        what = f"{len(lines)} operations"
+    else:
+        from ckptprof.tracing.otlp_json import requests_of
+
+        with atomic_open(args.output, "w", encoding="utf-8") as handle:
+            for document in requests_of(spans):
+                handle.write(json.dumps(document, separators=(",", ":")) + "\n")
+        what = f"{len(spans)} spans"
+    print(f"ckptprof: wrote {what} to {args.output} ({args.format})", file=sys.stderr)
+    return 0
