@@ -58,6 +58,9 @@ class SaveRecord:
     rank: int = 0
     step: int | None = None
     saved_ns: int = field(default_factory=time.time_ns)
+    #: the save's span (hex ids), so the restore of these files links back to it
+    trace_id: str = ""
+    span_id: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -70,6 +73,8 @@ class SaveRecord:
                 "rank": self.rank,
                 "step": self.step,
                 "saved_ns": self.saved_ns,
+                "trace_id": self.trace_id,
+                "span_id": self.span_id,
                 "files": {n: vars(e) for n, e in sorted(self.files.items())},
             },
             indent=1,
@@ -92,6 +97,8 @@ class SaveRecord:
             int(data.get("rank", 0)),
             None if step is None else int(step),
             int(data.get("saved_ns", 0)),
+            str(data.get("trace_id", "")),
+            str(data.get("span_id", "")),
         )
 
 
@@ -113,6 +120,26 @@ class _Tally:
 
     methods: set[str] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
+
+
+def merge(records: Iterable[SaveRecord]) -> dict[str, Recorded] | None:
+    """The files of several ranks' records as one mapping (None: no record)."""
+    merged: dict[str, Recorded] = {}
+    found = False
+    for record in records:
+        found = True
+        merged.update(record.files)
+    return merged if found else None
+
+
+def link_to_saves(op: Operation, records: Iterable[SaveRecord]) -> None:
+    """Link a restore to the saves (one per rank) that wrote what it reads: a backend
+    then shows save → restore as one story, across processes and days."""
+    seen = set()
+    for record in records:
+        if record.span_id and record.span_id not in seen:
+            seen.add(record.span_id)
+            op.link_to(record.trace_id, record.span_id, **{"ckpt.link": "saved_by"})
 
 
 def hash_file(path: str) -> str:
@@ -157,6 +184,7 @@ class CheckpointFiles:
             size = os.path.getsize(path)
             record = self._read_record(parent, name + FILE_RECORD_SUFFIX)
         recorded = record.files.get(name) if record is not None else None
+        link_to_saves(op, [record] if record is not None else [])
         self._fetch(path, size, op)
         self._check(path, size, recorded, op)
 
@@ -210,8 +238,9 @@ class CheckpointFiles:
                         sizes[entry.name] = entry.stat().st_size
                 except OSError:
                     continue  # a dangling link or a file removed while listing
-            recorded = self.read_folder_records(folder)
-        return FolderListing(folder, sizes, recorded)
+            records = self.folder_records(folder)
+        link_to_saves(op, records)
+        return FolderListing(folder, sizes, merge(records))
 
     def missing(self, listing: FolderListing | None, expected: set[str] | None = None) -> list[str]:
         """Files the save recorded that the folder lacks (``expected`` narrows the check)."""
@@ -255,7 +284,11 @@ class CheckpointFiles:
                 self._check(path, listing.sizes[name], recorded, op)
 
     def read_folder_records(self, folder: str) -> dict[str, Recorded] | None:
-        """Every rank's record of the last save into ``folder``, merged (None: none).
+        """Every rank's record of the last save into ``folder``, merged (None: none)."""
+        return merge(self.folder_records(folder))
+
+    def folder_records(self, folder: str) -> list[SaveRecord]:
+        """The ranks' records of the last save into ``folder``.
 
         Records of an older run into the same folder (other ranks of a larger job,
         say) are left out: only the run of the newest record counts.
@@ -271,13 +304,9 @@ class CheckpointFiles:
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("ckptprof: ignoring unreadable record %s (%s)", record_name, exc)
         if not records:
-            return None
+            return []
         newest_run = max(records, key=lambda r: r.saved_ns).run_id
-        merged: dict[str, Recorded] = {}
-        for record in records:
-            if record.run_id == newest_run:
-                merged.update(record.files)
-        return merged
+        return [record for record in records if record.run_id == newest_run]
 
     def commit_folder(
         self, folder: str, names: Iterable[str], op: Operation | None, step: int | None = None
@@ -413,12 +442,15 @@ class CheckpointFiles:
                     digest = hash_file(path) if self.verify == "full" else ""
                     files[name] = Recorded(os.path.getsize(path), digest)
                 tracer = self.session.tracer
+                context = op.span_context if op is not None else None
                 record = SaveRecord(
                     files,
                     self.verify,
                     run_id=(tracer.run_id or "") if tracer is not None else "",
                     rank=self.session.rank,
                     step=step,
+                    trace_id=f"{context.trace_id:032x}" if context else "",
+                    span_id=f"{context.span_id:016x}" if context else "",
                 )
                 self.state.write(parent, record_name, record.to_json())
         except Exception as exc:  # noqa: BLE001 - a record is ckptprof's, never the job's problem

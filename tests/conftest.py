@@ -108,6 +108,15 @@ def sigterm_when(command: list[str], ready: Path, **popen) -> tuple[int, str]:
     return proc.returncode, stderr
 
 
+def saved_by(restore: dict) -> list[str]:
+    """The span ids of the saves a restore links back to (``ckpt.link=saved_by``)."""
+    return [
+        link["context"]["span_id"]
+        for link in restore.get("links") or []
+        if (link.get("attributes") or {}).get("ckpt.link") == "saved_by"
+    ]
+
+
 def linked_story(spans: list[dict]) -> tuple[dict, dict]:
     """The one ``ckpt.interruption`` root and the one restore, which links back to it."""
     (story,) = [s for s in spans if s["name"] == "ckpt.interruption"]

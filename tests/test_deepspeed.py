@@ -22,6 +22,7 @@ from tests.conftest import (
     linked_story,
     ours_in,
     run_cli,
+    saved_by,
     sigterm_when,
     spans_in,
 )
@@ -94,6 +95,7 @@ def test_save_then_load_in_a_fresh_process(tmp_path, stage):
     assert phases["ckpt.verify"]["attributes"]["ckpt.verify.mode"] == "size"
     saves = [s for s in spans if s["name"] == "ckpt.save"]
     (save,) = [s for s in saves if s["attributes"]["ckpt.path"] == str(folder)]
+    assert saved_by(restore) == [save["context"]["span_id"]]
     save_phases = children(spans, save)
     assert {"ckpt.serialize", "ckpt.write", "ckpt.commit"} <= set(save_phases)
     written = {p.name: p.stat().st_size for p in folder.iterdir()}

@@ -22,6 +22,7 @@ from tests.conftest import (
     interruption_record_path,
     linked_story,
     ours_in,
+    saved_by,
     sigterm_when,
     spans_in,
 )
@@ -75,6 +76,10 @@ def test_save_then_resume_last_in_a_fresh_process(tmp_path):
     assert set(phases) >= RESTORE_PHASES
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert restores[0]["attributes"]["ckpt.path"] == str(last)
+    before = [s for s in saves if s["start_time"] < restores[0]["start_time"]]
+    wrote_last = [s for s in before if s["attributes"]["ckpt.path"] == str(last)]
+    newest = max(wrote_last, key=lambda s: s["start_time"])  # the save the resume reads
+    assert saved_by(restores[0]) == [newest["context"]["span_id"]]
     # the file is brought into the page cache once, then torch.load reads it from there
     size = last.stat().st_size
     assert phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] == size

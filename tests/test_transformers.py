@@ -26,6 +26,7 @@ from tests.conftest import (
     linked_story,
     ours_in,
     run_cli,
+    saved_by,
     sigterm_when,
     spans_in,
 )
@@ -91,6 +92,7 @@ def test_save_then_resume_last_in_a_fresh_process(tmp_path):
     saves = [s for s in spans if s["name"] == "ckpt.save"]
     assert len(saves) == 3  # steps 5 and 10, then 15
     (save,) = [s for s in saves if s["attributes"]["ckpt.path"] == str(folder)]
+    assert saved_by(restore) == [save["context"]["span_id"]]  # save → restore, one story
     save_phases = children(spans, save)
     assert {"ckpt.serialize", "ckpt.write", "ckpt.commit"} <= set(save_phases)
     write = save_phases["ckpt.write"]["attributes"]

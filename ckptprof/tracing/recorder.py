@@ -232,6 +232,20 @@ class Operation:
     def span_context(self):
         return self._span.get_span_context() if self._span is not None else None
 
+    @_guest
+    def link_to(self, trace_id: str, span_id: str, **attributes: AttrValue) -> None:
+        """Link this operation to another span by its hex ids (e.g. the save that wrote
+        the checkpoint being restored), while it is still open."""
+        from opentelemetry.trace import SpanContext, TraceFlags
+
+        if self._span is None or not trace_id or not span_id:
+            return
+        context = SpanContext(
+            int(trace_id, 16), int(span_id, 16), is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )  # fmt: skip
+        self._span.add_link(context, attributes or None)
+
     def _stats(self, phase: Phase | str) -> PhaseStats:
         name = phase.value if isinstance(phase, Phase) else str(phase)
         with self._lock:
