@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ckptprof.atomic import named
 from ckptprof.errors import CkptprofError
+from ckptprof.units import fmt_bytes
 
 PROBE_BYTES = 4096
 
@@ -35,8 +36,8 @@ def check_output_dir(path: Path, option: str, need_bytes: int, need_files: int =
     free = stats.f_bavail * stats.f_frsize
     if free < need_bytes:
         raise CkptprofError(
-            f"{option} {path}: the run will write about {_mib(need_bytes)} there but only "
-            f"{_mib(free)} is free; free space or choose another folder."
+            f"{option} {path}: the run will write about {fmt_bytes(need_bytes)} there but only "
+            f"{fmt_bytes(free)} is free; free space or choose another folder."
         )
     if stats.f_files and stats.f_favail < need_files:
         raise CkptprofError(
@@ -61,7 +62,3 @@ def _probe_write(folder: Path) -> None:
     finally:
         os.close(fd)
         os.unlink(name)
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"

@@ -127,7 +127,7 @@ def test_bad_generate_options(tmp_path, args, needles):
 def test_not_enough_disk_is_checked_before_writing(tmp_path):
     dest = tmp_path / "huge"
     result = run_cli("synth", "generate", str(dest), "--model", "llama3-405b", "--layout", "dcp")
-    assert_one_line_error(result, str(dest), "GiB is free", "--scale")
+    assert_one_line_error(result, str(dest), "GB is free", "--scale")
     assert not dest.exists() or not any(dest.iterdir())
 
 

@@ -13,11 +13,39 @@ def test_help_reads_well():
         ["synth", "generate", "--help"],
         ["synth", "restore", "--help"],
         ["report", "--help"],
+        ["compare", "--help"],
+        ["export", "--help"],
         ["demo", "--help"],
     ):
         result = run_cli(*args)
         assert result.returncode == 0 and "usage: ckptprof" in result.stdout
     assert "examples:" in run_cli("synth", "restore", "--help").stdout
+
+
+def _commands(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from (((name, *path), p) for path, p in _commands(sub))
+    yield (), parser
+
+
+def test_every_option_with_a_default_shows_it_in_help():
+    from ckptprof.cli import build_parser
+
+    for path, parser in _commands(build_parser()):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if not action.option_strings or action.help == "==SUPPRESS==":
+                continue
+            if action.default is None or action.default is False or action.nargs == 0 and \
+                    action.default is not True:  # fmt: skip
+                continue
+            shown = formatter._get_help_string(action)
+            where = f"ckptprof {' '.join(path)} {action.option_strings[0]}"
+            assert "default" in shown, f"{where}: help does not show its default"
 
 
 def test_dry_run_plans_without_writing(tmp_path):

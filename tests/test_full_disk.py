@@ -74,7 +74,7 @@ def test_a_read_only_out_is_refused_before_the_sweep(checkpoints, tmp_path):
 def test_an_out_without_room_for_the_results_is_refused(checkpoints, tmp_path):
     with small_fs(tmp_path / "tight", "64k") as tight:
         result = restore_cli(checkpoints("torch"), "--out", str(tight))
-        assert_refused_before_any_run(result, "--out", "MiB is free")
+        assert_refused_before_any_run(result, "--out", "kB is free")
 
 
 def test_results_that_do_not_fit_name_the_file_and_leave_no_partial(tmp_path):
@@ -125,7 +125,7 @@ def test_a_trace_file_that_fills_up_warns_once_and_is_not_reported_as_written(
 def test_a_stage_dir_without_room_is_refused_before_the_sweep(checkpoints, tmp_path):
     with small_fs(tmp_path / "stage", "1m") as stage:
         result = restore_cli(checkpoints("torch"), "--strategy", "staged", "--stage", str(stage))
-        assert_refused_before_any_run(result, "--stage", str(stage), "MiB is free")
+        assert_refused_before_any_run(result, "--stage", str(stage), "MB is free")
 
 
 def test_enospc_while_writing_a_checkpoint_file_names_it(tmp_path):

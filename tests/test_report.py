@@ -366,13 +366,13 @@ def test_results_sweep_table(results_dir):
     assert ceiling < table
     assert "read 1.50 GB/s (probe)" in text
     assert "lower-bound fetch 0.800 s" in text
-    assert "Little's Law: 6.2 requests of 16 MiB in flight" in text
+    assert "Little's Law: 6.2 requests of 16.78 MB in flight" in text
     first = next(i for i, line in enumerate(lines) if line.startswith("  env: "))
     env = " ".join(line.strip() for line in lines[first : first + 2])
     assert env.startswith("env: storage posix at /data/ckpt, fs ext4 (rw,relatime), 16 CPUs")
-    assert "119 GiB RAM" in env and "python 3.11.7, torch 2.13.0" in env
+    assert "128.00 GB RAM" in env and "python 3.11.7, torch 2.13.0" in env
     assert hot16.fraction_of_ceiling is None  # page cache is not bounded by the storage ceiling
-    assert re.search(r"cold\s+1\s+3\s+4\.200 \(4\.00-4\.40\)\s+0\.010\s+3\.200", text)
+    assert re.search(r"cold\s+1\s+3\s+4\.200 \(4\.000-4\.400\)\s+0\.010\s+3\.200", text)
     assert re.search(r"cold\s+16\s+2\s+1\.600 .*\s1\.10\s+73%$", text, flags=re.M)
     assert all(len(line) <= 100 for line in lines)
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ckptprof import schema
-from ckptprof.cli.options import real, whole
+from ckptprof.cli.options import HelpFormatter, real, whole
 
 DESCRIPTION = """\
 Put several runs side by side — storage targets, ckptprof or framework versions,
@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="several runs side by side, ranked, priced; a regression gate for CI",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="the base first, then others")
     parser.add_argument(

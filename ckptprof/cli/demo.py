@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ckptprof.cli.options import (
+    HelpFormatter,
     add_device_option,
     choice_list,
     directory,
@@ -33,7 +34,7 @@ def add_parser(commands) -> None:
         description="The main job in one command: synth generate + synth restore + report on "
         "the local disk.",
         epilog=DEMO_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     demo.add_argument(
         "--dir",

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from ckptprof.cli.options import HelpFormatter
 from ckptprof.errors import CkptprofError
 
 DESCRIPTION = """\
@@ -40,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="write traces as a Perfetto timeline or OTLP JSON, or replay them over OTLP",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "paths",

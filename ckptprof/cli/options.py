@@ -15,6 +15,25 @@ from typing import Any, NoReturn
 from ckptprof import schema
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written, and each option's default shown where its help does not
+    already say it (a flag's False and an unset None say nothing)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        quiet = default is None or default is False or default == argparse.SUPPRESS
+        if quiet or "default" in text or action.option_strings == []:
+            return text
+        if default is True:
+            shown = "on"
+        elif isinstance(default, (list, tuple)):
+            shown = ",".join(map(str, default))
+        else:
+            shown = default
+        return f"{text} (default {shown})".replace("%", "%%")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors that name the option and point at its help."""
 

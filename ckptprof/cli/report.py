@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ckptprof.cli.options import HelpFormatter
+
 DESCRIPTION = """\
 Read ckptprof trace files (*.jsonl, one OpenTelemetry span per line) and/or results.json
 files from the synthetic restore, and print where the time went.
@@ -38,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="show where checkpoint restore/save time went (from traces or results.json)",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "paths",

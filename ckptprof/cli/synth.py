@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ckptprof.cli.options import (
+    HelpFormatter,
     add_device_option,
     choice_list,
     directory,
@@ -55,7 +56,7 @@ def add_parser(commands) -> None:
         description="Write a realistic checkpoint of random, incompressible bytes, with a "
         "manifest of sizes and xxh3 hashes beside it.",
         epilog=GENERATE_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     gen.add_argument(
         "dest", metavar="DEST", type=location, help="target directory (created if missing)"
@@ -121,7 +122,7 @@ def add_parser(commands) -> None:
         description="Restore a synthetic checkpoint phase by phase, cold and hot, across "
         "concurrency levels, repeated; writes results.json, results.csv and traces.",
         epilog=RESTORE_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     res.add_argument(
         "dest", metavar="DEST", type=location, help="checkpoint written by `synth generate`"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckptprof.phases import Phase
+from ckptprof.units import fmt_bytes
 
 if TYPE_CHECKING:
     from ckptprof.report.aggregate import Breakdown, OperationGroup, Sweep, SweepRow
@@ -122,7 +123,7 @@ def many_small_files(b: Breakdown) -> Hint | None:
         return None
     facts = []
     if busiest is not None and busiest.files:
-        size = f" averaging {mean / MiB:.2f} MiB" if mean is not None else ""
+        size = f" averaging {fmt_bytes(mean)}" if mean is not None else ""
         facts.append(f"{busiest.files} files{size}")
     if slow_list:
         facts.append(f"list takes {listing.share:.0%} of {_wall_word(b)}")

@@ -21,14 +21,9 @@ from ckptprof.report import plot
 from ckptprof.report.aggregate import Report, Sweep, phase_order
 from ckptprof.report.hints import Hint
 from ckptprof.report.interruptions import Story, render_stories
-from ckptprof.report.text import (
-    env_highlights,
-    fmt_bytes,
-    fmt_gbps,
-    fmt_s,
-    render_text,
-)
+from ckptprof.report.text import env_highlights, render_text
 from ckptprof.report.timeline import Timeline
+from ckptprof.units import fmt_bytes, fmt_gbps, fmt_s
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px;

@@ -1,4 +1,4 @@
-"""Plain-text tables for a terminal (at most ``WIDTH`` columns), built by hand."""
+"""Plain-text tables for a terminal (as wide as it is, 60-160 columns), built by hand."""
 
 from __future__ import annotations
 
@@ -21,46 +21,13 @@ from ckptprof.report.aggregate import (
 )
 from ckptprof.report.hints import Hint
 from ckptprof.report.load import ReportData
+from ckptprof.units import UNITS_NOTE, fmt_bytes, fmt_gbps, fmt_pct, fmt_s, terminal_width
 
-WIDTH = 100
 INDENT = "  "
 _SHORT_PHASE = {Phase.DESERIALIZE.value: "deser", Phase.FIRST_STEP.value: "1st_step"}
 
 
 # --------------------------------------------------------------------- formatting
-def fmt_s(seconds: float | None) -> str:
-    """Seconds: three decimals below 10 s, fewer above (a column stays narrow)."""
-    if seconds is None:
-        return "-"
-    if seconds < 10:
-        return f"{seconds:.3f}"
-    if seconds < 100:
-        return f"{seconds:.2f}"
-    return f"{seconds:.1f}"
-
-
-def fmt_bytes(nbytes: int | None) -> str:
-    """Decimal units, matching GB/s (1 GB = 1e9 bytes)."""
-    if not nbytes:
-        return "-"
-    value = float(nbytes)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if value < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1000
-    return f"{value:.2f} PB"  # pragma: no cover - unreachable
-
-
-def fmt_gbps(gbps: float | None) -> str:
-    if gbps is None:
-        return "-"
-    return f"{gbps:.2f}" if gbps >= 0.01 else f"{gbps:.2g}"
-
-
-def fmt_pct(fraction: float | None) -> str:
-    return "-" if fraction is None else f"{fraction * 100:.1f}%"
-
-
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], align: str) -> list[str]:
     """Fixed-width columns separated by two spaces; ``align`` has one l/r per column."""
     rows = [list(r) for r in rows]
@@ -79,7 +46,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], align: str) -> 
 def _wrap(text: str, first: str, rest: str | None = None) -> list[str]:
     return textwrap.wrap(
         text,
-        WIDTH,
+        terminal_width(),
         initial_indent=first,
         subsequent_indent=rest if rest is not None else " " * len(first),
         break_on_hyphens=False,
@@ -95,7 +62,7 @@ def _pack(items: Sequence[str], first: str, rest: str, max_lines: int) -> list[s
         last = index == len(items) - 1
         piece = item + ("" if last else ",")
         fresh = current in (first, rest)
-        if not fresh and len(current) + 1 + len(piece) > WIDTH:
+        if not fresh and len(current) + 1 + len(piece) > terminal_width():
             if len(lines) + 1 == max_lines:
                 return [*lines, current + " …"]
             lines.append(current)
@@ -123,8 +90,8 @@ def _verify_lines(c: VerifyCoverage | None) -> list[str]:
         share = f" ({c.checked_bytes / c.total_bytes:.1%})" if c.total_bytes else ""
         text = (
             f"{fmt_bytes(c.checked_bytes)}{of_total} hashed{share}: a file over "
-            f"{SAMPLE_BLOCKS * SAMPLE_BLOCK >> 20} MiB only in {SAMPLE_BLOCKS} ranges of "
-            f"{SAMPLE_BLOCK >> 20} MiB, so a corrupt byte outside them passes (--verify full "
+            f"{fmt_bytes(SAMPLE_BLOCKS * SAMPLE_BLOCK)} only in {SAMPLE_BLOCKS} ranges of "
+            f"{fmt_bytes(SAMPLE_BLOCK)}, so a corrupt byte outside them passes (--verify full "
             "checks every byte)"
         )
     elif c.mode == "size":
@@ -272,7 +239,7 @@ def env_highlights(env: Mapping[str, Any]) -> list[str]:
         picks.append(f"{cpus} CPUs")
     memory = _env_get(env, "memory.total_bytes", "memory_bytes")
     if isinstance(memory, int) and not isinstance(memory, bool):
-        picks.append(f"{memory / 2**30:.0f} GiB RAM")
+        picks.append(f"{fmt_bytes(memory)} RAM")
     kernel = _env_get(env, "os.kernel", "kernel")
     if kernel:
         picks.append(f"kernel {_short(kernel, 20)}")
@@ -297,15 +264,6 @@ def _short(value: Any, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _fmt_2(seconds: float) -> str:
-    return f"{seconds:.2f}" if seconds < 100 else f"{seconds:.0f}"
-
-
-def _fmt_part(nbytes: int) -> str:
-    mib = 1024 * 1024
-    return f"{nbytes // mib} MiB" if nbytes % mib == 0 else fmt_bytes(nbytes)
-
-
 def _ceiling_line(sweep: Sweep) -> str | None:
     c = sweep.ceiling
     if c is None:
@@ -317,7 +275,7 @@ def _ceiling_line(sweep: Sweep) -> str | None:
         size = f" for {fmt_bytes(c.nbytes)}" if c.nbytes else ""
         parts.append(f"lower-bound fetch {fmt_s(c.lower_bound_fetch_s)} s{size}")
     if c.littles_law_inflight is not None:
-        part = f" of {_fmt_part(c.part_size)}" if c.part_size else ""
+        part = f" of {fmt_bytes(c.part_size)}" if c.part_size else ""
         parts.append(f"Little's Law: {c.littles_law_inflight:.1f} requests{part} in flight")
     return "ceiling: " + "; ".join(parts)
 
@@ -341,7 +299,7 @@ def _sweep_table(sweep: Sweep) -> list[str]:
             b = row.breakdown
             rto = fmt_s(b.wall_median_s)
             if not short:
-                rto += f" ({_fmt_2(b.wall_min_s)}-{_fmt_2(b.wall_max_s)})"
+                rto += f" ({fmt_s(b.wall_min_s)}-{fmt_s(b.wall_max_s)})"
             cells = [
                 *([b.strategy or "-"] if strategies else []),
                 str(b.cache or "-"),
@@ -367,7 +325,7 @@ def _sweep_table(sweep: Sweep) -> list[str]:
     peaks = any(row.breakdown.peak_rss_bytes for row in sweep.rows)
     for level in range(3):
         lines = build(level)
-        if max(len(x) for x in lines) <= WIDTH:
+        if max(len(x) for x in lines) <= terminal_width():
             break
     if any_emulated:
         lines.append(f"{INDENT}* emulated: an estimate, not a measurement")
@@ -509,4 +467,5 @@ def render_text(report: Report | ReportData, by: str = "phase") -> str:
         report = aggregate(report)
     blocks = [render_sweep(s, by) for s in report.sweeps]
     blocks += [render_group(g, by) for g in report.groups]
+    blocks.append([UNITS_NOTE])  # said once, for every number above
     return "\n\n".join("\n".join(block) for block in blocks) + "\n"

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 from ckptprof.fetch import HostBuffer, plan_reads
 from ckptprof.storage.base import ObjectInfo, Storage
+from ckptprof.units import fmt_bytes
 
 PROBE_BYTES = 512 << 20
 LATENCY_SAMPLES = 5
@@ -49,11 +50,11 @@ class Ceiling:
     def describe(self) -> str:
         text = (
             f"ceiling {self.read_gbps:.2f} GB/s ({self.source}); lower bound for fetching "
-            f"{self.bytes / 1e9:.2f} GB: {self.lower_bound_fetch_s:.2f} s"
+            f"{fmt_bytes(self.bytes)}: {self.lower_bound_fetch_s:.3f} s"
         )
         if self.littles_law_inflight is not None:
             text += (
-                f"; one {self.part_size >> 20} MiB request takes "
+                f"; one {fmt_bytes(self.part_size)} request takes "
                 f"{self.request_latency_s * 1e3:.1f} ms, so Little's Law needs "
                 f"≈{self.littles_law_inflight:.1f} requests in flight"
             )
@@ -103,7 +104,7 @@ def probe(
     nbytes = sum(r.length for r in reqs)
     return Ceiling(
         read_gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0,
-        source=f"probe: best of {PROBE_PASSES} cold reads of {nbytes >> 20} MiB at "
+        source=f"probe: best of {PROBE_PASSES} cold reads of {fmt_bytes(nbytes)} at "
         f"{concurrency} in flight",
         part_size=part_size,
         bytes=sum(f.size for f in files),

@@ -32,6 +32,7 @@ from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.synth.fill import RandomFiller
 from ckptprof.synth.layouts import Layout, get_layout
 from ckptprof.synth.plan import CheckpointPlan, FilePlan, SynthSpec
+from ckptprof.units import fmt_bytes
 
 BLOCK = 4096  # allocation unit: every file takes whole blocks
 SMALL_FILE_BYTES = 8 << 10  # config, RNG state, `latest`…: each under this (measured)
@@ -215,8 +216,8 @@ def _check_space(storage: Storage, plan: CheckpointPlan, replaced: list[ObjectIn
         free += sum(i.size for i in replaced)
         if free < needed:
             raise CkptprofError(
-                f"{storage.uri}: needs about {needed / 2**30:.2f} GiB but only "
-                f"{free / 2**30:.2f} GiB is free; free space or use a smaller --scale."
+                f"{storage.uri}: needs about {fmt_bytes(needed)} but only "
+                f"{fmt_bytes(free)} is free; free space or use a smaller --scale."
             )
     inodes = storage.free_inodes()
     if inodes is not None:
@@ -242,7 +243,7 @@ def _check_staging_space(plan: CheckpointPlan) -> None:
     if free < need:
         raise CkptprofError(
             f"{tmp}: each file is staged here before upload and the largest needs about "
-            f"{need / 2**30:.2f} GiB, but {free / 2**30:.2f} GiB is free; set TMPDIR to a "
+            f"{fmt_bytes(need)}, but {fmt_bytes(free)} is free; set TMPDIR to a "
             "larger disk or use more --ranks/--files."
         )
 

@@ -46,6 +46,7 @@ from ckptprof.synth.results import (
 from ckptprof.synth.strategies import RunContext, get_strategy, needed_files
 from ckptprof.synth.targets import TargetState, plan_targets
 from ckptprof.tracing.recorder import CheckpointTracer, Operation
+from ckptprof.units import fmt_bytes, wrap
 
 COLD_RESIDENCY_LIMIT = 0.05
 # failures worth counting and moving past in a sweep; anything else (an UnreachableError
@@ -274,8 +275,8 @@ class RestoreRunner:
             free = torch.cuda.mem_get_info(self.device)[0]
             if self.state.nbytes > free * MEMORY_HEADROOM:
                 raise CkptprofError(
-                    f"the restored state ({self.state.nbytes / 2**30:.1f} GiB) does not fit in "
-                    f"the {free / 2**30:.1f} GiB free on {self.device}; restore one rank of a "
+                    f"the restored state ({fmt_bytes(self.state.nbytes)}) does not fit in "
+                    f"the {fmt_bytes(free)} free on {self.device}; restore one rank of a "
                     "larger job (--world-size W --rank R), --device cpu, or a smaller --scale."
                 )
         state_on_host = 0 if on_device else self.state.nbytes
@@ -286,9 +287,9 @@ class RestoreRunner:
         if need > avail * MEMORY_HEADROOM:
             what = " and ".join(self.options.strategies)
             raise CkptprofError(
-                f"restoring {self.storage.uri} ({what}) needs about {need / 2**30:.1f} GiB "
-                f"of memory (the restored state, {self.state.nbytes / 2**30:.1f} GiB, plus what "
-                f"the strategy holds) but {avail / 2**30:.1f} GiB is available; restore one "
+                f"restoring {self.storage.uri} ({what}) needs about {fmt_bytes(need)} "
+                f"of memory (the restored state, {fmt_bytes(self.state.nbytes)}, plus what "
+                f"the strategy holds) but {fmt_bytes(avail)} is available; restore one "
                 "rank of a larger job (--world-size W --rank R), use --strategy pipelined "
                 "with a smaller --memory-budget, or a smaller --scale."
             )
@@ -636,7 +637,9 @@ def run_restore(
                 "(use --stage DIR to restore from a local copy)"
             )
         try:
-            runs, failures = runner.sweep(lambda run: echo(run_line(run, ceiling)), echo)
+            runs, failures = runner.sweep(
+                lambda run: echo(wrap(run_line(run, ceiling), rest="      ")), echo
+            )
         except BaseException:
             if runner.runs and job is None:  # keep what was measured before the interruption
                 partial = payload(runner, options, ceiling, telemetry, partial=True)

@@ -105,9 +105,7 @@ def requests_of(spans: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
                 "resourceSpans": [
                     {
                         "resource": {"attributes": _attributes(resource)},
-                        "scopeSpans": [
-                            {"scope": SCOPE, "spans": converted[start : start + BATCH]}
-                        ],
+                        "scopeSpans": [{"scope": SCOPE, "spans": converted[start : start + BATCH]}],
                     }
                 ]
             }
