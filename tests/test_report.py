@@ -695,3 +695,28 @@ def test_reshard_first_step_and_noise_hints():
     steady.wall_max_s = 16.6
     (noise,) = [h for h in H.breakdown_hints(steady) if h.code == "noisy"]
     assert "RTO 8.00-16.60 s around a median of 10.00 s, ±66%" in noise.message
+
+
+def test_the_runner_writes_what_the_report_reads_with_one_summary_rule(checkpoints, tmp_path):
+    """results.json as the restore writes it passes the schema the report reads, and a
+    file without its summary reports the same medians: both come from results_schema."""
+    from ckptprof import schema
+    from ckptprof.results_schema import RESULTS_SCHEMA, fraction_of_ceiling, summarize
+
+    out = tmp_path / "run"
+    done = run_cli("synth", "restore", str(checkpoints("torch")), "--out", str(out),
+                   "--cache", "cold,hot", "--concurrency", "1,2", "--repeat", "2",
+                   "--ceiling-gbps", "1", "--no-report")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((out / "results.json").read_text())
+    schema.require(doc, RESULTS_SCHEMA, "results.json", "")
+    assert doc["summary"] == summarize(doc["runs"], doc["ceiling"]["read_gbps"])
+    hot = [e for e in doc["summary"] if e["cache"] == "hot"]
+    assert hot and all("fraction_of_ceiling" not in e for e in hot)  # page cache: unbounded
+    assert fraction_of_ceiling(2.0, 1.0, "mixed") is None
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "results.json").write_text(json.dumps({**doc, "summary": []}))
+    with_summary = render_text(aggregate(load([str(out / "results.json")])))
+    without = render_text(aggregate(load([str(bare / "results.json")])))
+    assert without.replace(str(bare), str(out)) == with_summary

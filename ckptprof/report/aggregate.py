@@ -26,6 +26,7 @@ from ckptprof.report.load import (
     ResultsRun,
     TraceOperation,
 )
+from ckptprof.results_schema import fraction_of_ceiling
 
 # (attribute, short label) that make two operations "the same configuration".
 CONFIG_ATTRS: tuple[tuple[str, str], ...] = (
@@ -518,10 +519,7 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
             fetch_gbps = fetch.gbps if fetch else None
         fraction = entry.get("fraction_of_ceiling") if entry else None
         if not isinstance(fraction, (int, float)):
-            # A hot run reads page cache: the storage ceiling does not bound it.
-            fraction = None
-            if fetch_gbps is not None and ceiling and ceiling.read_gbps and cache != "hot":
-                fraction = fetch_gbps / ceiling.read_gbps
+            fraction = fraction_of_ceiling(fetch_gbps, ceiling and ceiling.read_gbps, cache)
         rows.append(SweepRow(b, fetch_gbps, fraction))
     sweep = Sweep(
         path=results.path,

@@ -19,99 +19,11 @@ from typing import Any
 from ckptprof import schema
 from ckptprof.errors import CkptprofError
 from ckptprof.phases import FILE_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr
+from ckptprof.results_schema import RESULTS_NAME, RESULTS_SCHEMA, summarize
 
-RESULTS_NAME = "results.json"
 TRACE_SUFFIX = ".jsonl"
 _ROOT_KINDS = {RESTORE_SPAN: "restore", SAVE_SPAN: "save"}
 _PHASE_PREFIX = "ckpt."
-
-
-_COUNT = schema.integer(0)
-_SECONDS = schema.number(minimum=0)
-_PHASE = schema.record(
-    {
-        "busy_s": _SECONDS,
-        "bytes": schema.optional(_COUNT),
-        "files": schema.optional(_COUNT),
-        "gbps": schema.optional(_SECONDS),
-        "emulated": schema.boolean(),
-        "emulation_reason": schema.optional(schema.text()),
-    },
-    required=("busy_s",),
-)
-_RUN = schema.record(
-    {
-        "strategy": schema.optional(schema.text()),
-        "peak_rss_bytes": schema.optional(_COUNT),
-        "read_bytes": schema.optional(_COUNT),
-        "first_step": schema.optional(schema.text()),
-        "first_step_estimate_s": schema.optional(_SECONDS),
-        "cache": schema.optional(schema.text()),
-        "concurrency": schema.optional(schema.integer(1)),
-        "repeat": schema.optional(_COUNT),
-        "wall_s": _SECONDS,
-        "bytes": schema.optional(_COUNT),
-        "resident_fraction": schema.optional(schema.number(0, 1)),
-        "cache_method": schema.optional(schema.text()),
-        "trace_id": schema.optional(schema.text()),
-        "phases": schema.mapping(schema.text(), _PHASE),
-        "retries": _COUNT,
-        "errors": _COUNT,
-    },
-    required=("wall_s",),
-)
-_SPREAD = schema.record(
-    {k: _SECONDS for k in ("min", "median", "max", "min_s", "median_s", "max_s")}
-)
-_SUMMARY = schema.record(
-    {
-        "cache": schema.optional(schema.text()),
-        "concurrency": schema.optional(schema.integer(1)),
-        "repeats": _COUNT,
-        "rto_s": _SPREAD,
-        "phases": schema.mapping(schema.text(), _SPREAD),
-        "fetch_gbps_median": _SECONDS,
-        "fraction_of_ceiling": _SECONDS,
-    }
-)
-_CEILING = schema.record(
-    {
-        "read_gbps": schema.optional(_SECONDS),
-        "source": schema.optional(schema.text()),
-        "request_latency_s": schema.optional(_SECONDS),
-        "part_size": schema.optional(schema.integer(1)),
-        "littles_law_inflight": schema.optional(_SECONDS),
-        "lower_bound_fetch_s": schema.optional(_SECONDS),
-        "bytes": schema.optional(_COUNT),
-    }
-)
-#: what a results.json written by ``ckptprof synth restore`` holds (unknown keys allowed)
-RESULTS_SCHEMA = schema.record(
-    {
-        "ckptprof_version": schema.text(),
-        "created": schema.text(),
-        "spec": schema.record({}),
-        "options": schema.record({}),
-        "environment": schema.record({}),
-        "ceiling": schema.optional(_CEILING),
-        "runs": schema.items(_RUN),
-        "summary": schema.items(_SUMMARY),
-        "success_rate": schema.number(0, 1),
-        "failures": schema.items(schema.record({"error": schema.text()})),
-        "requests": schema.record(dict.fromkeys(("requests", "retries", "errors"), _COUNT)),
-        "partial": schema.boolean(),
-        "job": schema.record(
-            {
-                "world_size": _COUNT,
-                "nodes": _COUNT,
-                "read_amplification": schema.optional(_SECONDS),
-                "per_rank": schema.items(schema.record({})),
-                "per_node": schema.items(schema.record({})),
-            }
-        ),
-    },
-    required=("runs",),
-)
 
 
 # --------------------------------------------------------------------- records
@@ -482,6 +394,8 @@ def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFi
             )
         )
     summary = [s for s in doc.get("summary") or [] if isinstance(s, dict)]
+    if not summary:  # an older or hand-made file: the same medians the runner writes
+        summary = summarize(doc["runs"], ceiling.read_gbps if ceiling else None)
     return ResultsFile(
         path=path,
         version=doc.get("ckptprof_version"),

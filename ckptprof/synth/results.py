@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ckptprof.atomic import atomic_write
 from ckptprof.phases import RESTORE_PHASES, Attr
+from ckptprof.results_schema import fraction_of_ceiling, summarize
 
 #: where the first step's time came from
 STEP_REAL, STEP_ESTIMATE, STEP_USER, STEP_SKIPPED = "measured", "estimated", "user", "skipped"
@@ -176,46 +177,6 @@ def job_summary(rank_runs: list[RunRecord], checkpoint_bytes: int) -> dict:
     }
 
 
-def summarize(runs: list[RunRecord], ceiling) -> list[dict]:
-    """Medians (and min/max) per strategy, cache state and concurrency."""
-    groups: dict[tuple[str, str, int], list[RunRecord]] = {}
-    for run in runs:
-        groups.setdefault((run.strategy, run.cache, run.concurrency), []).append(run)
-    out = []
-    for (strategy, cache, conc), items in groups.items():
-        walls = [r.wall_s for r in items]
-        phases = {}
-        for phase in RESTORE_PHASES:
-            values = [r.phases[phase.value]["busy_s"] for r in items if phase.value in r.phases]
-            if values:
-                phases[phase.value] = {
-                    "min_s": min(values),
-                    "median_s": statistics.median(values),
-                    "max_s": max(values),
-                }
-        gbps = [r.phases["fetch"]["gbps"] for r in items if "gbps" in r.phases.get("fetch", {})]
-        entry = {
-            "strategy": strategy,
-            "cache": cache,
-            "concurrency": conc,
-            "repeats": len(items),
-            "rto_s": {"min": min(walls), "median": statistics.median(walls), "max": max(walls)},
-            "phases": phases,
-            "peak_rss_bytes": max(r.peak_rss_bytes for r in items),
-            "read_bytes": statistics.median(r.read_bytes for r in items),
-            "first_step": items[0].first_step,
-        }
-        estimates = [r.first_step_estimate_s for r in items if r.first_step_estimate_s]
-        if estimates:
-            entry["first_step_estimate_s"] = statistics.median(estimates)
-        if gbps:
-            entry["fetch_gbps_median"] = statistics.median(gbps)
-            if ceiling and ceiling.read_gbps and cache == "cold":
-                entry["fraction_of_ceiling"] = entry["fetch_gbps_median"] / ceiling.read_gbps
-        out.append(entry)
-    return out
-
-
 CSV_COLUMNS = (
     "strategy",
     "cache",
@@ -321,7 +282,7 @@ def payload(
         "state_bytes": runs[0].state_bytes if rank_runs and runs else runner.state.nbytes,
         "read_files": len(runner.files),
         "runs": [r.to_dict() for r in runs],
-        "summary": summarize(runs, ceiling),
+        "summary": summarize([r.to_dict() for r in runs], ceiling.read_gbps),
         "success_rate": len(runs) / attempted if attempted else 0.0,
         "failures": failures,
         "requests": {
@@ -345,9 +306,8 @@ def payload(
 def run_line(run: RunRecord, ceiling) -> str:
     """One finished run, as the sweep prints it."""
     fetch = run.phases.get("fetch", {})
-    frac = ""
-    if fetch.get("gbps") and ceiling.read_gbps and run.cache == "cold":
-        frac = f" ({fetch['gbps'] / ceiling.read_gbps:.0%} of ceiling)"
+    fraction = fraction_of_ceiling(fetch.get("gbps"), ceiling.read_gbps, run.cache)
+    frac = "" if fraction is None else f" ({fraction:.0%} of ceiling)"
     resident = "" if run.resident_fraction is None else f" resident={run.resident_fraction:.1%}"
     phases = " ".join(f"{k}={v['busy_s']:.3f}" for k, v in run.phases.items())
     step = (
@@ -362,4 +322,4 @@ def run_line(run: RunRecord, ceiling) -> str:
     )
 
 
-__all__ = ["RunRecord", "payload", "phases_of", "run_line", "summarize", "write_results"]
+__all__ = ["RunRecord", "payload", "phases_of", "run_line", "write_results"]

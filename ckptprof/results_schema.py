@@ -1,0 +1,174 @@
+"""The shape of ``results.json`` and the arithmetic on it, in one place: the synthetic
+restore writes its ``summary`` with :func:`summarize` and the report reads files through
+:data:`RESULTS_SCHEMA` (and summarizes a file that lacks a summary the same way), so the
+medians and the fraction of the ceiling have one definition.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ckptprof import schema
+from ckptprof.phases import RESTORE_PHASES
+
+RESULTS_NAME = "results.json"
+
+_COUNT = schema.integer(0)
+_SECONDS = schema.number(minimum=0)
+_PHASE = schema.record(
+    {
+        "busy_s": _SECONDS,
+        "bytes": schema.optional(_COUNT),
+        "files": schema.optional(_COUNT),
+        "gbps": schema.optional(_SECONDS),
+        "emulated": schema.boolean(),
+        "emulation_reason": schema.optional(schema.text()),
+    },
+    required=("busy_s",),
+)
+_RUN = schema.record(
+    {
+        "strategy": schema.optional(schema.text()),
+        "peak_rss_bytes": schema.optional(_COUNT),
+        "read_bytes": schema.optional(_COUNT),
+        "first_step": schema.optional(schema.text()),
+        "first_step_estimate_s": schema.optional(_SECONDS),
+        "cache": schema.optional(schema.text()),
+        "concurrency": schema.optional(schema.integer(1)),
+        "repeat": schema.optional(_COUNT),
+        "wall_s": _SECONDS,
+        "bytes": schema.optional(_COUNT),
+        "resident_fraction": schema.optional(schema.number(0, 1)),
+        "cache_method": schema.optional(schema.text()),
+        "trace_id": schema.optional(schema.text()),
+        "phases": schema.mapping(schema.text(), _PHASE),
+        "retries": _COUNT,
+        "errors": _COUNT,
+    },
+    required=("wall_s",),
+)
+_SPREAD = schema.record(
+    {k: _SECONDS for k in ("min", "median", "max", "min_s", "median_s", "max_s")}
+)
+_SUMMARY = schema.record(
+    {
+        "cache": schema.optional(schema.text()),
+        "concurrency": schema.optional(schema.integer(1)),
+        "repeats": _COUNT,
+        "rto_s": _SPREAD,
+        "phases": schema.mapping(schema.text(), _SPREAD),
+        "fetch_gbps_median": _SECONDS,
+        "fraction_of_ceiling": _SECONDS,
+    }
+)
+_CEILING = schema.record(
+    {
+        "read_gbps": schema.optional(_SECONDS),
+        "source": schema.optional(schema.text()),
+        "request_latency_s": schema.optional(_SECONDS),
+        "part_size": schema.optional(schema.integer(1)),
+        "littles_law_inflight": schema.optional(_SECONDS),
+        "lower_bound_fetch_s": schema.optional(_SECONDS),
+        "bytes": schema.optional(_COUNT),
+    }
+)
+#: what a results.json written by ``ckptprof synth restore`` holds (unknown keys allowed)
+RESULTS_SCHEMA = schema.record(
+    {
+        "ckptprof_version": schema.text(),
+        "created": schema.text(),
+        "spec": schema.record({}),
+        "options": schema.record({}),
+        "environment": schema.record({}),
+        "ceiling": schema.optional(_CEILING),
+        "runs": schema.items(_RUN),
+        "summary": schema.items(_SUMMARY),
+        "success_rate": schema.number(0, 1),
+        "failures": schema.items(schema.record({"error": schema.text()})),
+        "requests": schema.record(dict.fromkeys(("requests", "retries", "errors"), _COUNT)),
+        "partial": schema.boolean(),
+        "job": schema.record(
+            {
+                "world_size": _COUNT,
+                "nodes": _COUNT,
+                "read_amplification": schema.optional(_SECONDS),
+                "per_rank": schema.items(schema.record({})),
+                "per_node": schema.items(schema.record({})),
+            }
+        ),
+    },
+    required=("runs",),
+)
+
+
+def spread(values: Iterable[float]) -> dict[str, float]:
+    """min, median and max of the repeats (what the report's ranges and hints read)."""
+    present = sorted(values)
+    return {"min": present[0], "median": statistics.median(present), "max": present[-1]}
+
+
+def fraction_of_ceiling(gbps: float | None, ceiling_gbps: float | None, cache: Any) -> float | None:
+    """Fetch GB/s as a share of the storage ceiling, for cold reads only: a hot or mixed
+    read comes (partly) from the page cache, which the storage ceiling does not bound."""
+    if gbps is None or not ceiling_gbps or cache != "cold":
+        return None
+    return gbps / ceiling_gbps
+
+
+def summarize(runs: Sequence[Mapping[str, Any]], ceiling_gbps: float | None) -> list[dict]:
+    """``summary`` of results.json: per strategy × cache state × concurrency, the RTO and
+    each phase's min/median/max, the median fetch GB/s and its fraction of the ceiling.
+    ``runs`` are the run entries as results.json holds them."""
+    cells: dict[tuple, list[Mapping[str, Any]]] = {}
+    for run in runs:
+        if isinstance(run, Mapping) and isinstance(run.get("wall_s"), (int, float)):
+            key = (run.get("strategy"), run.get("cache"), run.get("concurrency"))
+            cells.setdefault(key, []).append(run)
+    out = []
+    for (strategy, cache, concurrency), items in cells.items():
+        phases = {}
+        for phase in RESTORE_PHASES:
+            values = [
+                r["phases"][phase.value]["busy_s"]
+                for r in items
+                if phase.value in (r.get("phases") or {})
+            ]
+            if values:
+                phases[phase.value] = {f"{k}_s": v for k, v in spread(values).items()}
+        entry: dict[str, Any] = {
+            "strategy": strategy,
+            "cache": cache,
+            "concurrency": concurrency,
+            "repeats": len(items),
+            "rto_s": spread(r["wall_s"] for r in items),
+            "phases": phases,
+            "peak_rss_bytes": max((r.get("peak_rss_bytes") or 0 for r in items), default=0),
+            "read_bytes": statistics.median(r.get("read_bytes") or 0 for r in items),
+            "first_step": items[0].get("first_step"),
+        }
+        estimates = [r["first_step_estimate_s"] for r in items if r.get("first_step_estimate_s")]
+        if estimates:
+            entry["first_step_estimate_s"] = statistics.median(estimates)
+        gbps = [
+            r["phases"]["fetch"]["gbps"]
+            for r in items
+            if "gbps" in ((r.get("phases") or {}).get("fetch") or {})
+        ]
+        if gbps:
+            entry["fetch_gbps_median"] = statistics.median(gbps)
+            fraction = fraction_of_ceiling(entry["fetch_gbps_median"], ceiling_gbps, cache)
+            if fraction is not None:
+                entry["fraction_of_ceiling"] = fraction
+        out.append(entry)
+    return out
+
+
+__all__ = [
+    "RESULTS_NAME",
+    "RESULTS_SCHEMA",
+    "fraction_of_ceiling",
+    "spread",
+    "summarize",
+]
