@@ -44,6 +44,8 @@ RESTORE_PHASES: tuple[Phase, ...] = (
 SAVE_PHASES: tuple[Phase, ...] = (Phase.SERIALIZE, Phase.WRITE, Phase.UPLOAD, Phase.COMMIT)
 
 RESTORE_SPAN = "ckpt.restore"
+#: the steps after a resume compared with those before its save (linked to the restore)
+AFTER_RESUME_SPAN = "ckpt.after_resume"
 SAVE_SPAN = "ckpt.save"
 FILE_SPAN = "ckpt.file"
 

@@ -100,8 +100,9 @@ def make_trainer(
         dataloader_num_workers=0,
         seed=0,
     )
+    dataset = arguments.pop("train_dataset", None) or TokenDataset()
     args = TrainingArguments(**{**defaults, **arguments})
-    return Trainer(model=model, args=args, train_dataset=TokenDataset(), callbacks=callbacks)
+    return Trainer(model=model, args=args, train_dataset=dataset, callbacks=callbacks)
 
 
 def deepspeed_arguments(stage: int) -> dict:

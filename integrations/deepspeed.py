@@ -109,6 +109,7 @@ class DeepSpeedInstrumentor(Instrumentor):
         self._listing: FolderListing | None = None
         self._reads: dict[str, int] = {}
         self._restored_step: int | None = None
+        self._ticked_at: int | None = None  # the global step last timed
         self._written: list[str] = []
         self._pending: tuple | None = None  # a decoupled save waiting for its commit
 
@@ -364,6 +365,9 @@ class DeepSpeedInstrumentor(Instrumentor):
         def step(*args, **kwargs):
             result = original(*args, **kwargs)
             engine, session = self.engine, self.session
+            if not self._nested and engine.global_steps != self._ticked_at:
+                self._ticked_at = engine.global_steps  # an optimizer step, not a micro-step
+                session.step_ended(engine.global_steps)
             restored = self._restored_step
             advanced = restored is not None and engine.global_steps > restored
             if session.restore_op is not None and advanced:

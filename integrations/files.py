@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import statistics
 import time
 import weakref
 from collections.abc import Iterable
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from ckptprof import integrity
 from ckptprof.errors import CkptprofError, VerifyError
+from ckptprof.integrations.health import BEFORE_SAVE
 from ckptprof.phases import Attr, Phase
 from ckptprof.state import StateStore
 from ckptprof.tracing.recorder import Operation
@@ -61,6 +63,8 @@ class SaveRecord:
     #: the save's span (hex ids), so the restore of these files links back to it
     trace_id: str = ""
     span_id: str = ""
+    #: median seconds per training step before the save (the after-resume baseline)
+    step_median_s: float | None = None
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -75,6 +79,7 @@ class SaveRecord:
                 "saved_ns": self.saved_ns,
                 "trace_id": self.trace_id,
                 "span_id": self.span_id,
+                "step_median_s": self.step_median_s,
                 "files": {n: vars(e) for n, e in sorted(self.files.items())},
             },
             indent=1,
@@ -99,6 +104,7 @@ class SaveRecord:
             int(data.get("saved_ns", 0)),
             str(data.get("trace_id", "")),
             str(data.get("span_id", "")),
+            float(data["step_median_s"]) if data.get("step_median_s") is not None else None,
         )
 
 
@@ -136,10 +142,15 @@ def link_to_saves(op: Operation, records: Iterable[SaveRecord]) -> None:
     """Link a restore to the saves (one per rank) that wrote what it reads: a backend
     then shows save → restore as one story, across processes and days."""
     seen = set()
+    paces = []
     for record in records:
+        if record.step_median_s:
+            paces.append(record.step_median_s)
         if record.span_id and record.span_id not in seen:
             seen.add(record.span_id)
             op.link_to(record.trace_id, record.span_id, **{"ckpt.link": "saved_by"})
+    if paces:  # what the steps after the resume are compared with
+        op.set_attributes({BEFORE_SAVE: round(statistics.median(paces), 6)})
 
 
 def hash_file(path: str) -> str:
@@ -451,6 +462,7 @@ class CheckpointFiles:
                     step=step,
                     trace_id=f"{context.trace_id:032x}" if context else "",
                     span_id=f"{context.span_id:016x}" if context else "",
+                    step_median_s=self.session.steps.median(),
                 )
                 self.state.write(parent, record_name, record.to_json())
         except Exception as exc:  # noqa: BLE001 - a record is ckptprof's, never the job's problem

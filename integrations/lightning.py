@@ -75,6 +75,7 @@ class LightningInstrumentor(Instrumentor):
         super().__init__(**options)
         self._save_start_ns: int | None = None
         self._queued: dict[str, Any] = {}  # async saves: path -> span context of its save
+        self._first_batch: tuple[int, int] | None = None  # after a resume: up to its fetch
 
     @property
     def trainer(self):
@@ -149,9 +150,25 @@ class LightningInstrumentor(Instrumentor):
         for logger in trainer.loggers if trainer is not None else ():
             logger.log_metrics(metrics, step=step)
 
+    def batch_fetched(self, batch_idx: int) -> None:
+        """The first batch after a resume reached the step (``on_train_batch_start``):
+        from the last load until now is the loop's start-up and that batch's fetch."""
+        op = self.session.restore_op
+        if op is not None and self._first_batch is None:
+            now = time.time_ns()
+            self._first_batch = (op.latest_end_before(now), now)
+            op.set_phase_attributes(
+                Phase.FIRST_STEP,
+                **{"ckpt.first_step.batch_idx": batch_idx, "ckpt.first_step.batch_includes":
+                   "the fit loop's start-up (Lightning shows no fetch start)"},
+            )  # fmt: skip
+
     def first_step_done(self) -> None:
         trainer = self.trainer
-        self.session.first_step_done(trainer.global_step, announce=trainer.is_global_zero)
+        batch, self._first_batch = self._first_batch, None
+        self.session.first_step_done(
+            trainer.global_step, announce=trainer.is_global_zero, batch=batch
+        )
 
     # ------------------------------------------------------------------ save
     def _traced_save(self, original):
@@ -339,8 +356,14 @@ class CkptProf(GuestCallback, Callback):
         self._instrumentor.watch()
 
     @override
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._instrumentor.session.restore_op is not None:
+            self._instrumentor.batch_fetched(batch_idx)
+
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         instrumentor = self._instrumentor
+        instrumentor.session.step_ended(trainer.global_step)
         if instrumentor.session.restore_op is not None:
             instrumentor.first_step_done()
         if instrumentor.interruptions is not None:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ckptprof.integrations.health import AFTER_RESUME_SPAN, BEFORE_SAVE, AfterResume, StepClock
 from ckptprof.memory import MemoryWatch
 from ckptprof.phases import Attr, Phase
 from ckptprof.tracing.export import Telemetry, setup_telemetry
@@ -90,6 +91,8 @@ class TracingSession:
         self.interruptions = None  # the InterruptionGuard while one watches for notices
         #: where finished restores and saves go as scalars (the framework's own loggers)
         self.metrics_sink: MetricsSink | None = None
+        self.steps = StepClock()  # step times: before a save, and after a resume
+        self.after_resume: AfterResume | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -111,6 +114,7 @@ class TracingSession:
 
     def close(self) -> None:
         """End open operations, flush and stop exporting; a later :meth:`start` begins anew."""
+        self._report_after_resume()  # the job ended before all the steps were timed
         self._stop_memory_watch()
         for op in (self.restore_op, self.save_op):
             if op is not None and not op.finished:
@@ -185,25 +189,84 @@ class TracingSession:
         return watch
 
     def first_step_done(
-        self, step: int, since_ns: int | None = None, announce: bool = True, **attributes: Any
+        self,
+        step: int,
+        since_ns: int | None = None,
+        announce: bool = True,
+        batch: tuple[int, int] | None = None,
+        skipped_batches: int | None = None,
+        **attributes: Any,
     ) -> OperationSummary | None:
         """End the restore at the end of the first training step after it: ``first_step``
         from ``since_ns`` (default: the end of the last restore phase), the step reached,
-        and the one-line summary logged where ``announce`` (rank zero)."""
+        and the one-line summary logged where ``announce`` (rank zero).
+
+        ``batch`` (start, end ns) is when the first batch was fetched, where the adapter
+        saw it: ``first_step`` is then split into ``setup_s`` (before the fetch),
+        ``batch_s`` (the fetch, with the data fast-forward of ``skipped_batches`` inside)
+        and ``compute_s`` (the step itself), as ``ckpt.first_step.*`` attributes."""
         op = self.restore_op
         if op is None:
             return None
         try:
-            op.add_interval(Phase.FIRST_STEP, since_ns or op.latest_end_ns, time.time_ns())
+            end = time.time_ns()
+            if batch is None:
+                start = since_ns or op.latest_end_ns
+                op.add_interval(Phase.FIRST_STEP, start, end)
+            else:  # from the last load before the first batch: the fetch is the step's
+                start = since_ns or op.latest_end_before(batch[0])
+                op.add_interval_around(Phase.FIRST_STEP, start, end)
+                parts = first_step_parts(start, batch, end, op.phase_busy_s(Phase.FIRST_STEP))
+                op.set_phase_attributes(Phase.FIRST_STEP, **parts)
+            if skipped_batches is not None:
+                op.set_phase_attributes(
+                    Phase.FIRST_STEP, **{"ckpt.first_step.skipped_batches": skipped_batches}
+                )
             op.set_attributes({Attr.STEP: step, **attributes})
         except Exception as exc:  # noqa: BLE001
             self.warn_once("first_step", exc)
+        context, before = op.span_context, op.attributes.get(BEFORE_SAVE)
         summary = self.end_restore()
         if summary is not None:
             if announce:
                 log.info("%s", summary.one_line())
             self._send_metrics(summary, step)
+            self.steps.restart()
+            self.after_resume = AfterResume(context, before)
         return summary
+
+    def step_ended(self, step: int) -> None:
+        """A training step ended (every step): time it; after a resume, once enough steps
+        are timed, say how they compare with the steps before the save."""
+        try:
+            seconds = self.steps.tick()
+            watch = self.after_resume
+            if watch is not None and seconds is not None and watch.add(seconds):
+                self._report_after_resume()
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("step_ended", exc)
+
+    def _report_after_resume(self) -> None:
+        """``ckpt.after_resume``: a span linked to the restore, from its first step's end
+        over the steps timed since (at least 3 of them)."""
+        watch, self.after_resume = self.after_resume, None
+        if watch is None or len(watch.times) < 3 or self.tracer is None:
+            return
+        try:
+            from opentelemetry.trace import Link
+
+            links = [Link(watch.restore_context)] if watch.restore_context else None
+            span = self.tracer.start_span(
+                AFTER_RESUME_SPAN,
+                {Attr.RANK: self.rank, **watch.attributes()},
+                start_ns=watch.start_ns,
+                links=links,
+            )
+            span.end()
+            if self.rank == 0:
+                watch.warn_if_slower()
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once("after_resume", exc)
 
     def _send_metrics(self, summary: OperationSummary, step: int | None) -> None:
         """The RTO and phase seconds into the framework's loggers (``log_metrics=True``)."""
@@ -218,6 +281,9 @@ class TracingSession:
     def begin_save(self, attributes: dict[str, Any]) -> Operation | None:
         try:
             self.start()
+            recent = self.steps.median()
+            if recent is not None:  # the pace the resume will be compared with
+                attributes = {**attributes, "ckpt.save.step_median_s": round(recent, 6)}
             self.save_op = self.tracer.save(self._attrs(attributes), parent=self.save_parent)
             return self.save_op
         except Exception as exc:  # noqa: BLE001
@@ -266,6 +332,21 @@ class TracingSession:
 
     def _attrs(self, attributes: dict[str, Any]) -> dict[str, Any]:
         return {Attr.RANK: self.rank, **attributes}
+
+
+def first_step_parts(
+    start_ns: int, batch: tuple[int, int], end_ns: int, busy_s: float
+) -> dict[str, float]:
+    """first_step split at the first batch's fetch (see ``first_step_done``); the step
+    itself is what is left of its busy time."""
+    fetched_from, fetched_to = max(batch[0], start_ns), min(max(batch[1], start_ns), end_ns)
+    setup_s = (fetched_from - start_ns) / 1e9
+    batch_s = (fetched_to - fetched_from) / 1e9
+    return {
+        "ckpt.first_step.setup_s": round(setup_s, 6),
+        "ckpt.first_step.batch_s": round(batch_s, 6),
+        "ckpt.first_step.compute_s": round(max(busy_s - setup_s - batch_s, 0.0), 6),
+    }
 
 
 def timed(op: Operation | None, phase: Phase | str, fn, *args, **kwargs):

@@ -93,6 +93,12 @@ class TransformersInstrumentor(Instrumentor):
         Target("", "_load_scaler", "_traced_load_scaler", "the scaler load", ("checkpoint",)),
         Target("", "_load_rng_state", "_traced_load_rng", "the RNG state load", ("checkpoint",)),
         Target("", "_init_training_state", "_traced_load_state", "the trainer-state load"),
+        Target(
+            "",
+            "get_batch_samples",
+            "_traced_batches",
+            "the first batch after a resume (first_step's split)",
+        ),
         Target("", "_save_checkpoint", "_traced_save", "the save", ("model", "trial")),
         Target(
             "accelerator",
@@ -108,6 +114,8 @@ class TransformersInstrumentor(Instrumentor):
         self._options = options
         self._listing: FolderListing | None = None
         self._awaiting_first_step = False
+        self._first_batch: tuple[int, int] | None = None  # (start, end) ns of its fetch
+        self._skipped_batches: int | None = None  # the Trainer's data fast-forward
         self.stop_requested = False
         self._deepspeed = None  # the engine's tracing on the Trainer's DeepSpeed path
         self._trainer: weakref.ref[Trainer] | None = None
@@ -172,6 +180,7 @@ class TransformersInstrumentor(Instrumentor):
         from transformers.trainer_utils import get_last_checkpoint
 
         trainer = self.trainer
+        self._first_batch = self._skipped_batches = None
         op = self.session.begin_restore(
             {
                 Attr.PATH: str(requested),
@@ -306,7 +315,31 @@ class TransformersInstrumentor(Instrumentor):
         return rng(original)
 
     def _traced_load_state(self, original):
-        return self._loader(lambda t: [], lambda t: [])(original)
+        load = self._loader(lambda t: [], lambda t: [])(original)
+
+        def _init_training_state(*args, **kwargs):
+            result = load(*args, **kwargs)
+            # (epochs_trained, steps_trained_in_current_epoch): the batches the Trainer
+            # will skip to resume the data where the checkpoint left it
+            if self.session.restore_op is not None and isinstance(result, tuple):
+                skipped = result[1] if len(result) == 2 else None
+                if isinstance(skipped, int):
+                    self._skipped_batches = skipped
+            return result
+
+        return _init_training_state
+
+    def _traced_batches(self, original):
+        def get_batch_samples(*args, **kwargs):
+            if not self._awaiting_first_step or self._first_batch is not None:
+                return original(*args, **kwargs)
+            start = time.time_ns()
+            try:  # a fast-forward over skipped batches happens inside this first fetch
+                return original(*args, **kwargs)
+            finally:
+                self._first_batch = (start, time.time_ns())
+
+        return get_batch_samples
 
     def _traced_prepare(self, original):
         def prepare(*args, **kwargs):
@@ -339,6 +372,7 @@ class TransformersInstrumentor(Instrumentor):
             deepspeed.uninstrument()
 
     def step_end(self, step: int, control) -> None:
+        self.session.step_ended(step)
         if self._awaiting_first_step:
             self._awaiting_first_step = False
             self._finish_restore(step)
@@ -365,7 +399,11 @@ class TransformersInstrumentor(Instrumentor):
         extra = {Attr.RESTORED_STEP: int(restored)} if restored.isdigit() else {}  # checkpoint-N
         trainer = self.trainer
         announce = trainer is not None and trainer.is_world_process_zero()
-        self.session.first_step_done(step, announce=announce, **extra)
+        batch, self._first_batch = self._first_batch, None
+        skipped, self._skipped_batches = self._skipped_batches, None
+        self.session.first_step_done(
+            step, announce=announce, batch=batch, skipped_batches=skipped, **extra
+        )
 
     # ------------------------------------------------------------------ save
     def save(self) -> str:

@@ -121,9 +121,14 @@ def linked_story(spans: list[dict]) -> tuple[dict, dict]:
     """The one ``ckpt.interruption`` root and the one restore, which links back to it."""
     (story,) = [s for s in spans if s["name"] == "ckpt.interruption"]
     (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
-    assert [link["context"]["span_id"] for link in restore["links"]] == [
-        story["context"]["span_id"]
-    ]
+    to_story = [link for link in restore["links"] if link["context"]["trace_id"]
+                == story["context"]["trace_id"] and not saved_by({"links": [link]})]  # fmt: skip
+    assert [link["context"]["span_id"] for link in to_story] == [story["context"]["span_id"]]
+    # and to the emergency save that wrote what it read, inside that story
+    (emergency,) = [s for s in spans if s["name"] == "ckpt.save"
+                    and s["context"]["span_id"] in saved_by(restore)] or [None]  # fmt: skip
+    if emergency is not None:
+        assert emergency["context"]["trace_id"] == story["context"]["trace_id"]
     return story, restore
 
 

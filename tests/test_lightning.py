@@ -80,6 +80,11 @@ def test_save_then_resume_last_in_a_fresh_process(tmp_path):
     wrote_last = [s for s in before if s["attributes"]["ckpt.path"] == str(last)]
     newest = max(wrote_last, key=lambda s: s["start_time"])  # the save the resume reads
     assert saved_by(restores[0]) == [newest["context"]["span_id"]]
+    step = children(spans, restores[0])["ckpt.first_step"]["attributes"]
+    parts = [step[f"ckpt.first_step.{p}_s"] for p in ("setup", "batch", "compute")]
+    assert all(p >= 0 for p in parts) and step["ckpt.first_step.batch_s"] > 0
+    assert sum(parts) == pytest.approx(step["ckpt.busy_s"], abs=0.005)
+    assert step["ckpt.first_step.batch_idx"] == 10  # Lightning resumed mid-epoch
     # the file is brought into the page cache once, then torch.load reads it from there
     size = last.stat().st_size
     assert phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] == size

@@ -9,9 +9,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import Trainer
 
 from ckptprof.errors import VerifyError
@@ -157,6 +159,69 @@ def test_rto_and_phases_reach_report_to_without_changing_the_checkpoint(tmp_path
     callbacks = [CkptProfCallback(trace_dir=tmp_path / "t", log_metrics=False), quiet]
     make_trainer(tmp_path, 14, callbacks).train(resume_from_checkpoint=True)
     assert not any(k.startswith("ckptprof") for _, logs in quiet.logs for k in logs)
+
+
+class SlowStream(torch.utils.data.IterableDataset):
+    """A streamed dataset (as with `datasets` streaming): every example costs read time,
+    so the Trainer's fast-forward over already-seen batches costs it too."""
+
+    def __iter__(self):
+        from hf_trainer_resume import TokenDataset
+
+        ids, i = TokenDataset().ids, 0
+        while True:
+            time.sleep(0.02)
+            yield {"input_ids": ids[i % len(ids)], "labels": ids[i % len(ids)]}
+            i += 1
+
+
+def test_first_step_is_split_and_the_data_fast_forward_named(tmp_path):
+    def resume(**arguments):
+        callback = CkptProfCallback(trace_dir=tmp_path / "traces")
+        trainer = make_trainer(tmp_path, 12, [callback], train_dataset=SlowStream(), **arguments)
+        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoints" / "checkpoint-10"))
+        step = [s for s in spans_in(tmp_path / "traces") if s["name"] == "ckpt.first_step"]
+        return step[-1]["attributes"]
+
+    make_trainer(tmp_path, 10, [], train_dataset=SlowStream()).train()
+    skipping = resume()
+    assert skipping["ckpt.first_step.skipped_batches"] == 10  # the Trainer's own count
+    assert skipping["ckpt.first_step.batch_s"] >= 10 * 4 * 0.02  # read and thrown away
+    assert skipping["ckpt.first_step.batch_s"] > skipping["ckpt.first_step.compute_s"]
+    parts = sum(skipping[f"ckpt.first_step.{p}_s"] for p in ("setup", "batch", "compute"))
+    assert parts == pytest.approx(skipping["ckpt.busy_s"], abs=0.01)
+    report = run_cli("report", str(tmp_path / "traces")).stdout
+    assert "data-fast-forward" in report or "fast-forwarding 10" in report
+    assert "ignore_data_skip=True" in report
+    direct = resume(ignore_data_skip=True)
+    assert direct["ckpt.first_step.skipped_batches"] == 0
+    assert direct["ckpt.first_step.batch_s"] < skipping["ckpt.first_step.batch_s"] / 3
+
+
+def test_training_slower_after_the_resume_is_measured_and_named(tmp_path, caplog):
+    from hf_trainer_resume import SlowSteps
+
+    def resume(delay: float, steps: int):
+        callbacks = [CkptProfCallback(trace_dir=tmp_path / "traces"), SlowSteps(delay)]
+        make_trainer(tmp_path, steps, callbacks).train(resume_from_checkpoint=True)
+        after = [s for s in spans_in(tmp_path / "traces") if s["name"] == "ckpt.after_resume"]
+        return after[-1]
+
+    callbacks = [CkptProfCallback(trace_dir=tmp_path / "traces"), SlowSteps(0.05)]
+    make_trainer(tmp_path, 10, callbacks).train()
+    steady = resume(0.05, 21)["attributes"]  # resumed at 10; steps 12..21 are timed
+    assert steady["ckpt.after_resume.steps"] == 10
+    assert steady["ckpt.after_resume.before_save_step_median_s"] >= 0.05
+    assert steady["ckpt.after_resume.slowdown"] < 1.25
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        slow = resume(0.25, 32)  # resumed at 21, the first run's last save
+    (restore,) = [s for s in restores(tmp_path) if s["attributes"]["ckpt.restored_step"] == 21]
+    assert slow["links"][0]["context"]["span_id"] == restore["context"]["span_id"]
+    assert slow["attributes"]["ckpt.after_resume.slowdown"] > 2
+    assert any("slower after the resume" in r.getMessage() for r in caplog.records)
+    report = run_cli("report", str(tmp_path / "traces")).stdout
+    assert "after the resume: median step" in report and "slower-after-resume" not in report
+    assert "slower after the resume" in report
 
 
 def test_resume_explicit_path_splits_deserialize_and_reshard(tmp_path):

@@ -62,6 +62,8 @@ class PhaseRow:
     emulated: bool = False
     emulation_reason: str | None = None
     of_bytes: int | None = None  # verify: the bytes of the files it checked
+    #: medians of the phase's own ``ckpt.<phase>.*`` numbers (first_step: batch_s, …)
+    details: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -154,6 +156,35 @@ class OperationGroup:
     errors: int = 0
     hints: list[hint_rules.Hint] = field(default_factory=list)
     verify_coverage: VerifyCoverage | None = None
+    after_resume: AfterResume | None = None
+
+
+@dataclass
+class AfterResume:
+    """The steps after the group's resumes against the steps before their saves."""
+
+    resumes: int
+    steps: int
+    step_median_s: float
+    before_save_step_median_s: float | None
+    slowdown: float | None
+
+
+def after_resume(ops: Sequence[TraceOperation]) -> AfterResume | None:
+    """Medians over the resumes that timed their steps (``ckpt.after_resume.*``)."""
+    key = "ckpt.after_resume."
+    timed = [op for op in ops if isinstance(op.attr(key + "step_median_s"), (int, float))]
+    if not timed:
+        return None
+    return AfterResume(
+        resumes=len(timed),
+        steps=int(_median(op.attr(key + "steps") for op in timed) or 0),
+        step_median_s=_median(op.attr(key + "step_median_s") for op in timed) or 0.0,
+        before_save_step_median_s=_median(
+            op.attr(key + "before_save_step_median_s") for op in timed
+        ),
+        slowdown=_median(op.attr(key + "slowdown") for op in timed),
+    )
 
 
 @dataclass
@@ -241,6 +272,10 @@ def phase_rows(
                 emulated=any(s.emulated for s in found),
                 emulation_reason=reasons[0] if reasons else None,
                 of_bytes=_median_int(s.of_bytes for s in found),
+                details={
+                    key: statistics.median(s.details[key] for s in found if key in s.details)
+                    for key in sorted({k for s in found for k in s.details})
+                },
             )
         )
     return rows
@@ -413,6 +448,7 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
             failure=next((op.status_message for op in failed if op.status_message), None),
             retries=_count(ops, Attr.RETRIES),
             errors=_count(ops, Attr.ERRORS),
+            after_resume=after_resume(ops) if kind == "restore" else None,
         )
         group.hints = hint_rules.group_hints(group)
         group.verify_coverage = verify_coverage(config_map.get("verify"), breakdown)

@@ -32,6 +32,10 @@ RESHARD_SHARE_MAX = 0.40
 """reshard above this share of the RTO: the copies into the state are the restore."""
 FIRST_STEP_SHARE_MAX = 0.50
 """first_step above this share of the RTO: the step after the load is the restore."""
+SLOWER_AFTER_RESUME = 1.25
+"""median step after the resume above this many times the one before the save."""
+FIRST_BATCH_SHARE_MIN = 0.5
+"""the first batch (or the step's compute) above this share of first_step is its cause."""
 NOISE_SPREAD = 0.25
 """repeats spreading more than ±this around their median: the numbers are not steady."""
 LIST_SHARE_MAX = 0.10
@@ -188,7 +192,47 @@ def reshard_dominates(b: Breakdown) -> Hint | None:
 
 
 def first_step_dominates(b: Breakdown) -> Hint | None:
-    """first_step busy above FIRST_STEP_SHARE_MAX of the RTO (measured, not estimated)."""
+    """first_step busy above FIRST_STEP_SHARE_MAX of the RTO (measured, not estimated);
+    where the callbacks split it (``batch_s``, ``compute_s``, ``skipped_batches``), the
+    advice is for the part that dominates."""
+    row = b.phase(Phase.FIRST_STEP)
+    details = row.details if row is not None else {}
+    batch, compute = details.get("batch_s"), details.get("compute_s")
+    skipped = int(details.get("skipped_batches") or 0)
+    busy = row.busy_s if row is not None else 0.0
+    if batch is not None and busy > 0 and batch / busy >= FIRST_BATCH_SHARE_MIN:
+        part = f"the first batch took {_s(batch)} of it"
+        if skipped:
+            return _share_rule(
+                b,
+                Phase.FIRST_STEP,
+                FIRST_STEP_SHARE_MAX,
+                "data-fast-forward",
+                f"{part}, fast-forwarding {skipped} already-seen batches to resume the "
+                "data where the checkpoint left it. TrainingArguments(ignore_data_skip=True) "
+                "starts at once (the data order then differs from an uninterrupted run); a "
+                "dataloader that saves its position (torchdata's StatefulDataLoader) skips "
+                "without reading.",
+            )
+        return _share_rule(
+            b,
+            Phase.FIRST_STEP,
+            FIRST_STEP_SHARE_MAX,
+            "first-batch",
+            f"{part}: the data pipeline starting up after the resume (DataLoader workers "
+            "spawned, files opened, a shuffle buffer filled); persistent_workers=True, "
+            "fewer or pre-forked workers, or a prefetched first batch shorten it.",
+        )
+    if compute is not None and busy > 0 and compute / busy >= FIRST_BATCH_SHARE_MIN:
+        return _share_rule(
+            b,
+            Phase.FIRST_STEP,
+            FIRST_STEP_SHARE_MAX,
+            "first-step-compute",
+            f"the step itself took {_s(compute)} of it: compilation (torch.compile, "
+            "CUDA graphs) and allocator warm-up; a compile cache (TORCHINDUCTOR_CACHE_DIR on "
+            "shared storage) or a warm-up before the resume moves it off the RTO.",
+        )
     return _share_rule(
         b,
         Phase.FIRST_STEP,
@@ -331,9 +375,28 @@ def merge(hints: Sequence[Hint], total: int) -> list[Hint]:
     return merged
 
 
+def slower_after_resume(group: OperationGroup) -> Hint | None:
+    """Training slower after the resume than before the save by SLOWER_AFTER_RESUME."""
+    ar = group.after_resume
+    if ar is None or ar.slowdown is None or ar.slowdown <= SLOWER_AFTER_RESUME:
+        return None
+    return Hint(
+        "slower-after-resume",
+        f"training ran {ar.slowdown:.2f}x slower after the resume (median step "
+        f"{_s(ar.step_median_s)} vs {_s(ar.before_save_step_median_s or 0.0)} before the save): "
+        "the RTO does not end at the first step. Look for a changed layout (a sharded or "
+        "resharded state, offload turned on), a lost compile cache, data now read cold, and "
+        "optimizer state loaded in another dtype or device.",
+        severity=min(1.0, ar.slowdown - 1.0),
+        where=group.breakdown.label if group.breakdown else "",
+    )
+
+
 def group_hints(group: OperationGroup) -> list[Hint]:
     """Hints for one group of trace operations (no ceiling is known for traces)."""
-    return breakdown_hints(group.breakdown) if group.breakdown is not None else []
+    found = breakdown_hints(group.breakdown) if group.breakdown is not None else []
+    slower = slower_after_resume(group)
+    return [*found, slower] if slower is not None else found
 
 
 STRATEGY_GAIN = 0.10  # a change of strategy worth saying: at least this much faster

@@ -18,7 +18,7 @@ from typing import Any
 
 from ckptprof import schema
 from ckptprof.errors import CkptprofError
-from ckptprof.phases import FILE_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr
+from ckptprof.phases import AFTER_RESUME_SPAN, FILE_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr
 from ckptprof.results_schema import RESULTS_NAME, RESULTS_SCHEMA, summarize
 
 TRACE_SUFFIX = ".jsonl"
@@ -39,6 +39,8 @@ class PhaseSample:
     emulated: bool = False
     emulation_reason: str | None = None
     of_bytes: int | None = None  # verify: the bytes of the files it checked
+    #: the phase's own numeric ``ckpt.<phase>.*`` attributes (first_step's split)
+    details: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -277,7 +279,19 @@ def _phase_sample(name: str, span: Mapping[str, Any]) -> PhaseSample:
         emulated=_flag(attrs.get(Attr.EMULATED, False)),
         emulation_reason=str(reason) if reason is not None else None,
         of_bytes=_int(attrs.get(Attr.VERIFY_OF_BYTES)),
+        details=_details(name, attrs),
     )
+
+
+def _details(phase: str, attrs: Mapping[str, Any]) -> dict[str, float]:
+    prefix = f"{_PHASE_PREFIX}{phase}."
+    return {
+        key.removeprefix(prefix): float(value)
+        for key, value in attrs.items()
+        if key.startswith(prefix)
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+    }
 
 
 def operations_from_spans(
@@ -286,11 +300,14 @@ def operations_from_spans(
     """Assemble root spans and their phase children (``ckpt.file`` spans are skipped)."""
     roots: dict[tuple[str, str], TraceOperation] = {}
     children: list[Mapping[str, Any]] = []
+    after: list[Mapping[str, Any]] = []
     for span in spans:
         ctx = span.get("context") or {}
         key = (str(ctx.get("trace_id")), str(ctx.get("span_id")))
         name = span.get("name", "")
-        if name in _ROOT_KINDS:
+        if name == AFTER_RESUME_SPAN:
+            after.append(span)
+        elif name in _ROOT_KINDS:
             if key in roots:
                 continue
             attrs = dict(span.get("attributes") or {})
@@ -320,6 +337,16 @@ def operations_from_spans(
             continue
         phase = span["name"][len(_PHASE_PREFIX) :]
         parent.phases.setdefault(phase, _phase_sample(phase, span))
+    for span in after:  # its numbers join the restore it links to
+        for link in span.get("links") or []:
+            target = link.get("context") or {}
+            op = roots.get((str(target.get("trace_id")), str(target.get("span_id"))))
+            if op is not None:
+                op.attributes.update(
+                    (k, v)
+                    for k, v in (span.get("attributes") or {}).items()
+                    if k.startswith(AFTER_RESUME_SPAN + ".")
+                )
     return list(roots.values())
 
 

@@ -173,6 +173,15 @@ def render_group(group: OperationGroup, by: str = "phase") -> list[str]:
         )
         text += "; the table shows the slowest)" if by != "run" else ")"
         lines += _wrap(text, INDENT)
+    if group.after_resume is not None:
+        ar = group.after_resume
+        text = f"after the resume: median step {fmt_s(ar.step_median_s)} s over {ar.steps} steps"
+        if ar.before_save_step_median_s:
+            text += (
+                f" vs {fmt_s(ar.before_save_step_median_s)} s before the save "
+                f"({ar.slowdown:.2f}x)"
+            )
+        lines += _wrap(text, INDENT)
     lines += _hint_lines(group.hints)
     return lines
 

@@ -224,9 +224,28 @@ class Operation:
     @property
     def latest_end_ns(self) -> int:
         """End of the latest recorded phase interval (the start when none yet)."""
+        return self.latest_end_before()
+
+    def latest_end_before(self, limit_ns: int | None = None) -> int:
+        """End of the latest phase interval ending by ``limit_ns`` (the start when none)."""
         with self._lock:
             ends = [e for s in self._phases.values() for _, e in s.intervals]
-        return max(ends, default=self._start_ns)
+        return max((e for e in ends if limit_ns is None or e <= limit_ns), default=self._start_ns)
+
+    def phase_busy_s(self, phase: Phase | str) -> float:
+        """Seconds ``phase`` has been busy so far (its intervals' union)."""
+        stats = self._stats(phase)
+        with self._lock:
+            return stats.busy_s
+
+    def add_interval_around(self, phase: Phase | str, start_ns: int, end_ns: int) -> None:
+        """``[start, end)`` as ``phase``, less what other phases recorded inside it (a
+        load the framework runs during its first step stays the load's)."""
+        name = phase.value if isinstance(phase, Phase) else str(phase)
+        with self._lock:
+            taken = [i for n, s in self._phases.items() if n != name for i in s.intervals]
+        for gap in uncovered(start_ns, end_ns, [(max(s, start_ns), e) for s, e in taken]):
+            self.add_interval(phase, *gap)
 
     @property
     def span_context(self):
