@@ -24,6 +24,8 @@ SAMPLE_S = 0.005
 PEAK_RSS = "ckpt.memory.peak_rss_bytes"
 START_RSS = "ckpt.memory.start_rss_bytes"
 DEVICE_PEAK = "ckpt.memory.device_peak_bytes"
+#: on a restore: the resident memory of the process that saved, while it trained
+TRAINING_RSS = "ckpt.memory.training_rss_bytes"
 
 
 def rss_bytes() -> int:
@@ -154,4 +156,12 @@ class MemoryWatch:
                 op.set_phase_attributes(name, **{PEAK_RSS: peak})
 
 
-__all__ = ["DEVICE_PEAK", "MemoryWatch", "PEAK_RSS", "START_RSS", "cuda_in_use", "rss_bytes"]
+__all__ = [
+    "DEVICE_PEAK",
+    "MemoryWatch",
+    "PEAK_RSS",
+    "START_RSS",
+    "TRAINING_RSS",
+    "cuda_in_use",
+    "rss_bytes",
+]

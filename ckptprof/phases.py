@@ -85,5 +85,6 @@ class Attr:
     LAYOUT = "ckpt.layout"
     REPEAT = "ckpt.repeat"
     PATH = "ckpt.path"
+    CHECKPOINT_BYTES = "ckpt.checkpoint_bytes"  # what the checkpoint holds (read amplification)
     PHASE_SUM_S = "ckpt.phase_sum_s"
     WALL_S = "ckpt.wall_s"

@@ -30,6 +30,7 @@ from pathlib import Path
 from ckptprof import integrity
 from ckptprof.errors import CkptprofError, VerifyError
 from ckptprof.integrations.health import BEFORE_SAVE
+from ckptprof.memory import TRAINING_RSS, rss_bytes
 from ckptprof.phases import Attr, Phase
 from ckptprof.state import StateStore
 from ckptprof.tracing.recorder import Operation
@@ -65,6 +66,8 @@ class SaveRecord:
     span_id: str = ""
     #: median seconds per training step before the save (the after-resume baseline)
     step_median_s: float | None = None
+    #: the process's resident memory while it trained (the resume's memory baseline)
+    rss_bytes: int | None = None
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -80,6 +83,7 @@ class SaveRecord:
                 "trace_id": self.trace_id,
                 "span_id": self.span_id,
                 "step_median_s": self.step_median_s,
+                "rss_bytes": self.rss_bytes,
                 "files": {n: vars(e) for n, e in sorted(self.files.items())},
             },
             indent=1,
@@ -105,6 +109,7 @@ class SaveRecord:
             str(data.get("trace_id", "")),
             str(data.get("span_id", "")),
             float(data["step_median_s"]) if data.get("step_median_s") is not None else None,
+            int(data["rss_bytes"]) if data.get("rss_bytes") is not None else None,
         )
 
 
@@ -142,15 +147,26 @@ def link_to_saves(op: Operation, records: Iterable[SaveRecord]) -> None:
     """Link a restore to the saves (one per rank) that wrote what it reads: a backend
     then shows save → restore as one story, across processes and days."""
     seen = set()
-    paces = []
+    paces, memory = [], []
     for record in records:
         if record.step_median_s:
             paces.append(record.step_median_s)
+        if record.rss_bytes:
+            memory.append(record.rss_bytes)
         if record.span_id and record.span_id not in seen:
             seen.add(record.span_id)
             op.link_to(record.trace_id, record.span_id, **{"ckpt.link": "saved_by"})
     if paces:  # what the steps after the resume are compared with
         op.set_attributes({BEFORE_SAVE: round(statistics.median(paces), 6)})
+    if memory:  # and the memory it peaks at (one rank's: the records are per rank)
+        op.set_attributes({TRAINING_RSS: max(memory)})
+
+
+def _resident() -> int | None:
+    try:
+        return rss_bytes()
+    except OSError:  # no /proc: the record goes without
+        return None
 
 
 def hash_file(path: str) -> str:
@@ -196,6 +212,7 @@ class CheckpointFiles:
             record = self._read_record(parent, name + FILE_RECORD_SUFFIX)
         recorded = record.files.get(name) if record is not None else None
         link_to_saves(op, [record] if record is not None else [])
+        op.set_attributes({Attr.CHECKPOINT_BYTES: size})
         self._fetch(path, size, op)
         self._check(path, size, recorded, op)
 
@@ -251,6 +268,7 @@ class CheckpointFiles:
                     continue  # a dangling link or a file removed while listing
             records = self.folder_records(folder)
         link_to_saves(op, records)
+        op.set_attributes({Attr.CHECKPOINT_BYTES: sum(sizes.values())})
         return FolderListing(folder, sizes, merge(records))
 
     def missing(self, listing: FolderListing | None, expected: set[str] | None = None) -> list[str]:
@@ -463,6 +481,7 @@ class CheckpointFiles:
                     trace_id=f"{context.trace_id:032x}" if context else "",
                     span_id=f"{context.span_id:016x}" if context else "",
                     step_median_s=self.session.steps.median(),
+                    rss_bytes=_resident(),
                 )
                 self.state.write(parent, record_name, record.to_json())
         except Exception as exc:  # noqa: BLE001 - a record is ckptprof's, never the job's problem

@@ -720,3 +720,19 @@ def test_the_runner_writes_what_the_report_reads_with_one_summary_rule(checkpoin
     with_summary = render_text(aggregate(load([str(out / "results.json")])))
     without = render_text(aggregate(load([str(bare / "results.json")])))
     assert without.replace(str(bare), str(out)) == with_summary
+
+
+def test_group_hints_for_reads_and_resume_memory():
+    from ckptprof.report.aggregate import OperationGroup, Reads, ResumeMemory
+
+    def group(**kw):
+        b = Breakdown("x", "restore", 1, 1.0, 1.0, 1.0, [])
+        return OperationGroup("restore", {}, b, [], **kw)
+
+    every = H.ranks_read_everything(group(reads=Reads(4, 4 * 1000, 1000)))
+    assert every is not None and "each of the 4 ranks read the whole checkpoint" in every.message
+    assert H.ranks_read_everything(group(reads=Reads(4, 1100, 1000))) is None  # sharded reads
+    assert H.ranks_read_everything(group(reads=Reads(1, 2000, 1000))) is None
+    big = H.resume_memory(group(memory=ResumeMemory(3 * 10**9, 2 * 10**9)))
+    assert big is not None and "1.50x the 2.00 GB the job held while training" in big.message
+    assert H.resume_memory(group(memory=ResumeMemory(2 * 10**9, 2 * 10**9))) is None

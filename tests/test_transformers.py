@@ -432,7 +432,15 @@ def test_two_processes_tag_ranks(tmp_path):
         fetched = children(spans, restore)["ckpt.fetch"]["attributes"]["ckpt.bytes"]
         expected = [*READ_AT_RESUME[:-1], f"rng_state_{rank}.pth", "trainer_state.json"]
         assert fetched == sum((folder / n).stat().st_size for n in expected)
-    assert "slowest rank" in run_cli("report", str(tmp_path / "traces")).stdout
+        held = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+        assert restore["attributes"]["ckpt.checkpoint_bytes"] == held
+        assert restore["attributes"]["ckpt.memory.training_rss_bytes"] > 0  # at the save
+    report = run_cli("report", str(tmp_path / "traces")).stdout
+    assert "slowest rank" in report
+    assert (
+        "read by 2 ranks:" in report and "each of the 2 ranks read the whole checkpoint" in report
+    )
+    assert "while training (at the save)" in report
 
 
 # ---------------------------------------------------------------------- interruptions

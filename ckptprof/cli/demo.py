@@ -79,7 +79,7 @@ def add_parser(commands) -> None:
     )
     demo.add_argument(
         "--strategy",
-        type=choice_list(ranges.STRATEGIES),
+        type=choice_list(ranges.STRATEGIES + ranges.OPTIONAL_STRATEGIES),
         default=None,
         help="restore strategies side by side (default staged,pipelined; pipelined with --full)",
     )

@@ -129,12 +129,13 @@ def add_parser(commands) -> None:
     )
     res.add_argument(
         "--strategy",
-        type=choice_list(ranges.STRATEGIES),
+        type=choice_list(ranges.STRATEGIES + ranges.OPTIONAL_STRATEGIES),
         default=("pipelined",),
         help="how bytes become state, comma-separated to compare side by side: staged "
         "(everything into memory, then load), pipelined (only what the rank needs, loaded "
         "as it lands, inside --memory-budget), framework (the layout's own loader on the "
-        "path); default pipelined",
+        "path), runai (the Run:ai Model Streamer on safetensors; pip install "
+        "runai-model-streamer); default pipelined",
     )
     res.add_argument(
         "--cache",

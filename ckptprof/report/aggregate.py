@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptprof.manifest import VERIFY_MODES
+from ckptprof.memory import PEAK_RSS, TRAINING_RSS
 from ckptprof.phases import RESTORE_PHASES, SAVE_PHASES, Attr, Phase
 from ckptprof.report import hints as hint_rules
 from ckptprof.report.load import (
@@ -157,6 +158,60 @@ class OperationGroup:
     hints: list[hint_rules.Hint] = field(default_factory=list)
     verify_coverage: VerifyCoverage | None = None
     after_resume: AfterResume | None = None
+    reads: Reads | None = None
+    memory: ResumeMemory | None = None
+
+
+@dataclass
+class Reads:
+    """What the ranks of a restore read against what the checkpoint holds (medians)."""
+
+    ranks: int
+    read_bytes: int  # by all ranks together
+    checkpoint_bytes: int
+
+    @property
+    def amplification(self) -> float:
+        return self.read_bytes / self.checkpoint_bytes if self.checkpoint_bytes else 0.0
+
+
+@dataclass
+class ResumeMemory:
+    """The resume's peak resident memory against the saving process's while it trained."""
+
+    peak_rss_bytes: int
+    training_rss_bytes: int
+
+
+def _reads(instances: list[list[TraceOperation]]) -> Reads | None:
+    """Bytes fetched by every rank of each restore against the checkpoint's size."""
+    found = []
+    for inst in instances:
+        sizes = [op.attr(Attr.CHECKPOINT_BYTES) for op in inst]
+        sizes = [s for s in sizes if isinstance(s, int) and s > 0]
+        read = [op.phases["fetch"].nbytes for op in inst if "fetch" in op.phases]
+        if sizes and read and all(isinstance(r, int) for r in read):
+            found.append((len(inst), sum(read), max(sizes)))
+    if not found:
+        return None
+    return Reads(
+        ranks=max(r for r, _, _ in found),
+        read_bytes=int(statistics.median(b for _, b, _ in found)),
+        checkpoint_bytes=int(statistics.median(c for _, _, c in found)),
+    )
+
+
+def _memory(ops: Sequence[TraceOperation]) -> ResumeMemory | None:
+    pairs = [
+        (op.attr(PEAK_RSS), op.attr(TRAINING_RSS))
+        for op in ops
+        if isinstance(op.attr(PEAK_RSS), int) and isinstance(op.attr(TRAINING_RSS), int)
+    ]
+    if not pairs:
+        return None
+    return ResumeMemory(
+        int(statistics.median(p for p, _ in pairs)), int(statistics.median(t for _, t in pairs))
+    )
 
 
 @dataclass
@@ -449,6 +504,8 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
             retries=_count(ops, Attr.RETRIES),
             errors=_count(ops, Attr.ERRORS),
             after_resume=after_resume(ops) if kind == "restore" else None,
+            reads=_reads(instances) if kind == "restore" else None,
+            memory=_memory(ops) if kind == "restore" else None,
         )
         group.hints = hint_rules.group_hints(group)
         group.verify_coverage = verify_coverage(config_map.get("verify"), breakdown)

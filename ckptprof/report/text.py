@@ -173,13 +173,26 @@ def render_group(group: OperationGroup, by: str = "phase") -> list[str]:
         )
         text += "; the table shows the slowest)" if by != "run" else ")"
         lines += _wrap(text, INDENT)
+    if group.reads is not None and (group.reads.ranks > 1 or group.reads.amplification > 1.05):
+        r = group.reads
+        lines += _wrap(
+            f"read by {_plural(r.ranks, 'rank')}: {fmt_bytes(r.read_bytes)} for a "
+            f"{fmt_bytes(r.checkpoint_bytes)} checkpoint (read amplification "
+            f"{r.amplification:.2f}x)",
+            INDENT,
+        )
+    if group.memory is not None:
+        lines += _wrap(
+            f"memory: the resume peaked at {fmt_bytes(group.memory.peak_rss_bytes)} resident; "
+            f"{fmt_bytes(group.memory.training_rss_bytes)} while training (at the save)",
+            INDENT,
+        )
     if group.after_resume is not None:
         ar = group.after_resume
         text = f"after the resume: median step {fmt_s(ar.step_median_s)} s over {ar.steps} steps"
         if ar.before_save_step_median_s:
             text += (
-                f" vs {fmt_s(ar.before_save_step_median_s)} s before the save "
-                f"({ar.slowdown:.2f}x)"
+                f" vs {fmt_s(ar.before_save_step_median_s)} s before the save ({ar.slowdown:.2f}x)"
             )
         lines += _wrap(text, INDENT)
     lines += _hint_lines(group.hints)

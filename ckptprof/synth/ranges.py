@@ -25,3 +25,4 @@ GBPS = schema.number(above=0)
 SECONDS = schema.number(above=0)
 CACHES = ("cold", "hot")
 STRATEGIES = ("staged", "pipelined", "framework")
+OPTIONAL_STRATEGIES = ("runai",)  # other loaders, from optional packages

@@ -93,7 +93,7 @@ class RestoreOptions:
             (
                 "--strategy",
                 list(self.strategies),
-                schema.items(schema.text(choices=ranges.STRATEGIES)),
+                schema.items(schema.text(choices=ranges.STRATEGIES + ranges.OPTIONAL_STRATEGIES)),
             ),
             ("--cache", list(self.caches), schema.items(schema.text(choices=ranges.CACHES))),
             ("--concurrency", list(self.concurrency), schema.items(ranges.CONCURRENCY)),
@@ -162,6 +162,8 @@ class RestoreRunner:
         self.manifest = self._read_manifest()
         self.spec = SynthSpec.from_dict(self.manifest.spec, f"{self._where(MANIFEST_NAME)}: spec")
         self.layout = get_layout(self.spec.layout)
+        for name in options.strategies:
+            get_strategy(name).check_layout(self.layout)
         self.plan = self.layout.plan(self.spec)
         if job is not None:
             self._check_job_options(job)
@@ -267,7 +269,8 @@ class RestoreRunner:
     def check_memory(self) -> None:
         """Refuse early when the restored state plus what a strategy holds cannot fit."""
         read = sum(self.manifest.files[f.path].size for f in self.files)
-        holds = {"staged": read, "pipelined": self.memory_budget, "framework": 0}
+        # runai keeps a copy of every streamed tensor until reshard, as staged keeps bytes
+        holds = {"staged": read, "pipelined": self.memory_budget, "framework": 0, "runai": read}
         on_device = self.device.type == "cuda"
         if on_device:
             import torch

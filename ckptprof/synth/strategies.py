@@ -40,7 +40,7 @@ from ckptprof.progress import bar as progress_bar
 from ckptprof.storage.base import ObjectInfo
 from ckptprof.synth.device import PinnedBuffer, synchronize
 from ckptprof.synth.index import SparseFile, file_sources
-from ckptprof.synth.ranges import STRATEGIES
+from ckptprof.synth.ranges import OPTIONAL_STRATEGIES, STRATEGIES
 from ckptprof.synth.readplan import Read, Source, plan_copies, plan_reads, read_bytes, split_held
 from ckptprof.tracing.recorder import uncovered
 
@@ -103,9 +103,14 @@ def _holds(piece: Piece, wanted) -> bool:
 
 
 def get_strategy(name: str) -> Strategy:
+    if name == "runai":  # an optional loader: imported only when asked for
+        from ckptprof.synth.runai import RunAI
+
+        return RunAI()
     if name not in _BY_NAME:
         raise CkptprofError(
-            f"--strategy {name!r} is not known; choose from {', '.join(STRATEGIES)}."
+            f"--strategy {name!r} is not known; choose from "
+            f"{', '.join(STRATEGIES + OPTIONAL_STRATEGIES)}."
         )
     return _BY_NAME[name]
 
@@ -128,6 +133,9 @@ class Strategy:
 
     def check(self, storage: Storage) -> None:
         """Refuse up front where this strategy cannot run (one line, with the fix)."""
+
+    def check_layout(self, layout: Layout) -> None:
+        """Refuse a checkpoint layout this strategy cannot read (one line, with the fix)."""
 
 
 # ---------------------------------------------------------------------- copies
@@ -173,9 +181,11 @@ def load_pieces(ctx: RunContext, loaded: Iterable[tuple[FilePlan, dict]]) -> Non
     ctx.op.add_bytes(Phase.RESHARD, moved)
 
 
-def deserialize_files(ctx: RunContext, load) -> list[tuple[FilePlan, dict]]:
-    """The deserialize phase: ``load(file)`` for every data file read, ``threads`` at a
-    time; a loader's failure names the file."""
+def deserialize_files(
+    ctx: RunContext, load, files: list[FilePlan] | None = None
+) -> list[tuple[FilePlan, dict]]:
+    """The deserialize phase: ``load(file)`` for every data file read (of ``files``, by
+    default all), ``threads`` at a time; a loader's failure names the file."""
     from ckptprof.synth.layouts.base import unreadable
 
     def one(file: FilePlan):
@@ -192,7 +202,7 @@ def deserialize_files(ctx: RunContext, load) -> list[tuple[FilePlan, dict]]:
         bar.update(size)
         return file, tensors
 
-    data = [f for f in ctx.files if f.pieces]
+    data = [f for f in (ctx.files if files is None else files) if f.pieces]
     total = sum(ctx.manifest.files[f.path].size for f in data)
     with (
         progress_bar(total, "deserialize", ctx.progress) as bar,

@@ -1,0 +1,116 @@
+"""``--strategy runai``: the Run:ai Model Streamer (PyPI ``runai-model-streamer``, the
+``[bench]`` extra) loading a safetensors checkpoint's shards, so the report answers
+which loader gets closest to the storage's ceiling with numbers.
+
+The streamer reads and parses the shards itself, ``RUNAI_STREAMER_CONCURRENCY`` reads in
+flight (set from ``--concurrency`` for the run), so its time is one ``deserialize``
+interval marked ``ckpt.fused_fetch``; the other files (the optimizer archive, small
+files) are fetched and loaded as the ``framework`` strategy does. It hands out tensors in
+buffers it reuses, so each is copied out as it arrives; verify reads the files after the
+stream (from the page cache where the stream left them), and reshard copies into the
+state as every strategy does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+
+from ckptprof.errors import CkptprofError
+from ckptprof.phases import Phase
+from ckptprof.synth.strategies import (
+    RunContext,
+    Strategy,
+    deserialize_files,
+    load_pieces,
+    path_of,
+    verify_files,
+    warm_files,
+)
+
+LOADER = "runai-model-streamer"
+CONCURRENCY_ENV = "RUNAI_STREAMER_CONCURRENCY"
+INSTALL = "pip install runai-model-streamer (or ckptprof[bench])"
+
+
+@contextlib.contextmanager
+def _concurrency(n: int) -> Iterator[None]:
+    """The streamer reads its concurrency from the environment: set it for the run only."""
+    before = os.environ.get(CONCURRENCY_ENV)
+    os.environ[CONCURRENCY_ENV] = str(max(1, n))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(CONCURRENCY_ENV, None)
+        else:
+            os.environ[CONCURRENCY_ENV] = before
+
+
+class RunAI(Strategy):
+    name = "runai"
+
+    def check(self, storage) -> None:
+        try:
+            import runai_model_streamer  # noqa: F401
+        except ImportError:
+            raise CkptprofError(
+                f"--strategy runai needs the Run:ai Model Streamer: {INSTALL}"
+            ) from None
+        if storage.kind != "posix":
+            raise CkptprofError(
+                "--strategy runai is measured on a local or mounted path here; for s3:// use "
+                "staged or pipelined (or --stage DIR, then runai on the copy)."
+            )
+
+    def check_layout(self, layout) -> None:
+        if layout.name != "safetensors":
+            raise CkptprofError(
+                f"--strategy runai streams safetensors shards; this checkpoint's layout is "
+                f"{layout.name}: generate one with --layout safetensors."
+            )
+
+    def generic(self, ctx: RunContext) -> None:
+        from runai_model_streamer import SafetensorsStreamer
+
+        shards = [f for f in ctx.files if f.kind == "weights"]
+        others = [f for f in ctx.files if f.kind != "weights"]
+        warm_files(ctx, others)
+        by_key = {p.key: (f, p) for f in shards for p in f.pieces}
+        tensors: dict[str, dict] = {f.path: {} for f in shards}
+        start = time.time_ns()
+        with (
+            ctx.op.phase(Phase.DESERIALIZE),
+            _concurrency(ctx.concurrency),
+            SafetensorsStreamer() as streamer,
+        ):
+            streamer.stream_files([path_of(ctx, f) for f in shards])
+            for key, tensor in streamer.get_tensors():
+                found = by_key.get(key)
+                if found is not None:  # its buffers are reused: keep a copy
+                    tensors[found[0].path][found[1]] = tensor.clone()
+        seconds = (time.time_ns() - start) / 1e9
+        nbytes = sum(ctx.manifest.files[f.path].size for f in shards)
+        ctx.op.add_bytes(Phase.DESERIALIZE, nbytes)
+        ctx.op.set_phase_attributes(
+            Phase.DESERIALIZE,
+            **{"ckpt.fused_fetch": True, "ckpt.loader": LOADER, "ckpt.loader.streamed_s":
+               round(seconds, 6), "ckpt.loader.concurrency": ctx.concurrency},
+        )  # fmt: skip
+        missing = [key for key, (f, p) in by_key.items() if p not in tensors[f.path]]
+        if missing:
+            raise CkptprofError(
+                f"{ctx.where(shards[0].path)}: the streamer returned no tensor {missing[0]!r} "
+                f"({len(missing)} missing); is the checkpoint complete?"
+            )
+        loaded = [(f, tensors[f.path]) for f in shards]
+        loaded += deserialize_files(
+            ctx, lambda f: ctx.layout.load_path(ctx.plan, f, path_of(ctx, f)), others
+        )
+        verify_files(ctx)
+        load_pieces(ctx, loaded)
+
+
+__all__ = ["RunAI"]
