@@ -653,6 +653,31 @@ def test_compare_ranks_like_settings_and_prices_them(tmp_path):
     assert result.regressions == []  # faster is never a regression
 
 
+def test_compare_plot_draws_one_bar_per_source_and_setting(tmp_path):
+    from matplotlib.image import imread
+
+    base = write_results(tmp_path / "ext4", results_doc())
+    fast = write_results(tmp_path / "fsx", slowed(results_doc(), 0.5, 0.4))
+    target = tmp_path / "compare.png"
+    done = run_cli("compare", str(base), str(fast), "--plot", str(target))
+    assert done.returncode == 0, done.stderr
+    assert f"plot written to {target}" in done.stderr
+    height, width, _ = imread(target).shape
+    settings = len(
+        {(r.get("strategy"), r["cache"], r["concurrency"]) for r in results_doc()["runs"]}
+    )
+    assert width > 800 and height > 40 * 2 * settings  # a bar per source for every setting
+    from ckptprof.report.compare import compare
+    from ckptprof.report.plot import compare_figure
+
+    ax = compare_figure(compare([str(base), str(fast)])).axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(labels) == 2 * settings and any(label.endswith("(base)") for label in labels)
+    missing = tmp_path / "none" / "c.png"
+    bad = run_cli("compare", str(base), str(fast), "--plot", str(missing))
+    assert bad.returncode != 0 and f"folder {missing.parent} does not exist" in bad.stderr
+
+
 def test_the_gate_fails_only_beyond_the_limit_and_the_spread(tmp_path):
     base = write_results(tmp_path / "base", results_doc())
     slower = write_results(tmp_path / "slower", slowed(results_doc(), 1.3, 1.3))

@@ -71,6 +71,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="instances waiting while the job restores (default 1)",
     )
     parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw the comparison: per setting one bar per PATH, phases stacked",
+    )
+    parser.add_argument(
         "--format",
         choices=("table", "json"),
         default="table",
@@ -93,6 +98,11 @@ def run(args: argparse.Namespace) -> int:
         args.paths, args.label, args.fail_if_slower, args.cost_per_hour, args.instances
     )
     sys.stdout.write(render_json(result) if args.format == "json" else render_text(result))
+    if args.plot:
+        from ckptprof.report.plot import compare_figure, save_figure
+
+        written = save_figure(lambda: compare_figure(result), args.plot, "--plot")
+        print(f"ckptprof: plot written to {written}", file=sys.stderr)
     if result.regressions:
         first = result.regressions[0]
         more = len(result.regressions) - 1

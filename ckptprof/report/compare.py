@@ -183,7 +183,7 @@ def render_text(c: Comparison) -> str:
         base_entry = next((e for e in entries if e.source == base), None)
         names = [p.value for p in RESTORE_PHASES if any(e.phases.get(p.value) for e in entries)]
         width = max(len(e.source) for e in entries) + 7
-        head = f"  {'#':>2}  {'source':<{width}} runs  {'RTO s (min-max)':<20} {'vs base':>7}"
+        head = f"  {'#':>2}  {'source':<{width}} runs  {'RTO s (min-max)':<22} {'vs base':>7}"
         head += "".join(f" {_short(n):>8}" for n in names) + f" {'cost $':>8}"
         lines.append(head)
         for rank, e in enumerate(sorted(entries, key=lambda e: e.median), 1):
@@ -191,8 +191,8 @@ def render_text(c: Comparison) -> str:
             vs = "-" if base_entry is None or e is base_entry else (
                 f"{e.median / base_entry.median - 1:+.0%}" if base_entry.median > 0 else "?"
             )  # fmt: skip
-            spread = f"{e.median:.3f} ({min(e.walls):.2f}-{max(e.walls):.2f})"
-            row = f"  {rank:>2}  {name:<{width}} {len(e.walls):>4}  {spread:<20} {vs:>7}"
+            spread = f"{e.median:.3f} ({min(e.walls):.3f}-{max(e.walls):.3f})"
+            row = f"  {rank:>2}  {name:<{width}} {len(e.walls):>4}  {spread:<22} {vs:>7}"
             for n in names:
                 value = e.phase_median(n)
                 row += f" {value:>8.3f}" if value is not None else f" {'-':>8}"

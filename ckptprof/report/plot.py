@@ -245,24 +245,69 @@ def write_plot(report: Report, path: str | os.PathLike) -> Path:
         CkptprofError: matplotlib is missing, the format is unknown, the folder
             does not exist, or there is nothing to plot.
     """
+    return save_figure(lambda: summary_figure(report), path, "--plot")
+
+
+def save_figure(make, path: str | os.PathLike, option: str) -> Path:
+    """``make()``'s figure written to ``path`` atomically, after checking what can be
+    checked before drawing (matplotlib, the folder, the format)."""
     target = Path(path).expanduser()
-    require_matplotlib(path)
+    require_matplotlib(path, option)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     if not target.parent.is_dir():
         raise CkptprofError(
-            f"--plot {path}: folder {target.parent} does not exist — create it first"
+            f"{option} {path}: folder {target.parent} does not exist — create it first"
         )
-    fig = summary_figure(report)
-    if fig is None:
-        raise CkptprofError(f"--plot {path}: no successful operations to plot")
     fmt = target.suffix.lstrip(".").lower() or "png"
-    canvas = FigureCanvasAgg(fig)
-    if fmt not in canvas.get_supported_filetypes():
-        raise CkptprofError(f"--plot {path}: unknown image format '.{fmt}' — use a .png file name")
+    if fmt not in FigureCanvasAgg(_figure(1)).get_supported_filetypes():
+        raise CkptprofError(
+            f"{option} {path}: unknown image format '.{fmt}' — use a .png file name"
+        )
+    fig = make()
+    if fig is None:
+        raise CkptprofError(f"{option} {path}: no successful operations to plot")
+    FigureCanvasAgg(fig)
     with atomic_open(target, "wb") as handle:
         fig.savefig(handle, format=fmt, dpi=110)
     return target
+
+
+def compare_figure(comparison) -> object | None:
+    """``ckptprof compare --plot``: per setting, one bar per source (fastest first, the
+    base marked), phases stacked, the repeats' min–max drawn."""
+    from ckptprof.report.aggregate import PhaseRow
+
+    bars: list[tuple[str, Breakdown]] = []
+    base = comparison.sources[0]
+    for setting, entries in sorted(comparison.entries.items()):
+        for entry in sorted(entries, key=lambda e: e.median):
+            rows = [
+                PhaseRow(name, entry.phase_median(name) or 0.0, None, None, None, None)
+                for name in phase_order("restore", set(entry.phases))
+            ]
+            label = f"{setting}: {entry.source}" + (" (base)" if entry.source == base else "")
+            bars.append(
+                (
+                    label,
+                    Breakdown(
+                        label,
+                        "restore",
+                        len(entry.walls),
+                        entry.median,
+                        min(entry.walls),
+                        max(entry.walls),
+                        rows,
+                    ),  # fmt: skip
+                )
+            )
+    if not bars:
+        return None
+    fig = _figure(1.2 + 0.45 * len(bars))
+    ax = fig.subplots()
+    _draw_bars(ax, bars)
+    ax.set_title("Compared: median seconds per phase, fastest first within each setting")
+    return fig
 
 
 def svg(fig) -> str:
