@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 from collections import deque
 
@@ -30,25 +31,30 @@ class StepClock:
 
     def __init__(self) -> None:
         self._last_ns: int | None = None
-        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        self._lock = threading.Lock()  # a background save's record reads the median
 
     def tick(self) -> float | None:
         """A step ended: its duration since the previous end (None for the first)."""
         now = time.time_ns()
-        last, self._last_ns = self._last_ns, now
-        if last is None:
-            return None
-        seconds = (now - last) / 1e9
-        self.recent.append(seconds)
+        with self._lock:
+            last, self._last_ns = self._last_ns, now
+            if last is None:
+                return None
+            seconds = (now - last) / 1e9
+            self._recent.append(seconds)
         return seconds
 
     def restart(self) -> None:
         """Count from now (the resume's first step just ended; it is in the RTO)."""
-        self._last_ns = time.time_ns()
-        self.recent.clear()
+        with self._lock:
+            self._last_ns = time.time_ns()
+            self._recent.clear()
 
     def median(self) -> float | None:
-        return statistics.median(self.recent) if self.recent else None
+        with self._lock:
+            recent = list(self._recent)
+        return statistics.median(recent) if recent else None
 
 
 class AfterResume:

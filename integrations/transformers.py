@@ -383,13 +383,19 @@ class TransformersInstrumentor(Instrumentor):
                 control.should_training_stop = True
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """To the callbacks behind ``report_to`` (TensorBoard, W&B, MLflow …) through the
-        Trainer's ``on_log`` event, as ``Trainer.log`` does, but without adding them to
-        ``state.log_history``: the next checkpoint's ``trainer_state.json`` is unchanged."""
+        """To the callbacks behind ``report_to`` (TensorBoard, W&B, MLflow …) and the
+        user's own, by their ``on_log`` event as ``Trainer.log`` calls it, but without
+        adding to ``state.log_history`` (the next checkpoint's ``trainer_state.json`` is
+        unchanged) and without the console printers (the job's output stays its own)."""
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
         trainer = self.trainer
         if trainer is None:
             return
-        trainer.callback_handler.on_log(trainer.args, trainer.state, trainer.control, metrics)
+        quiet = (PrinterCallback, ProgressCallback, CkptProfCallback)
+        for callback in list(trainer.callback_handler.callbacks):
+            if not isinstance(callback, quiet):
+                callback.on_log(trainer.args, trainer.state, trainer.control, logs=dict(metrics))
 
     def _finish_restore(self, step: int) -> None:
         op = self.session.restore_op

@@ -126,7 +126,7 @@ def test_checkpoint_bytes_and_training_are_the_same_with_and_without_ckptprof(tm
         assert digests(tmp_path / "traced" / folder) == digests(tmp_path / "plain" / folder)
 
 
-def test_rto_and_phases_reach_report_to_without_changing_the_checkpoint(tmp_path):
+def test_rto_and_phases_reach_report_to_without_changing_the_checkpoint(tmp_path, capsys):
     from transformers import TrainerCallback
 
     class Logged(TrainerCallback):  # what report_to's TensorBoard/W&B/MLflow callbacks see
@@ -155,6 +155,7 @@ def test_rto_and_phases_reach_report_to_without_changing_the_checkpoint(tmp_path
     saved = tmp_path / "checkpoints" / "checkpoint-12" / "trainer_state.json"
     state = json.loads(saved.read_text())
     assert not any(k.startswith("ckptprof") for entry in state["log_history"] for k in entry)
+    assert "ckptprof/" not in capsys.readouterr().out  # the Trainer's printer stays quiet
     quiet = Logged()
     callbacks = [CkptProfCallback(trace_dir=tmp_path / "t", log_metrics=False), quiet]
     make_trainer(tmp_path, 14, callbacks).train(resume_from_checkpoint=True)
