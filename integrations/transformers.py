@@ -55,7 +55,7 @@ from transformers import Trainer, TrainerCallback
 from ckptprof.errors import VerifyError
 from ckptprof.integrations.files import FolderListing
 from ckptprof.integrations.instrumentor import GuestCallback, Instrumentor
-from ckptprof.integrations.patching import Target, argument, replace_argument
+from ckptprof.integrations.patching import Target, argument, is_ours, replace_argument
 from ckptprof.phases import Attr, Phase
 
 log = logging.getLogger("ckptprof")
@@ -422,8 +422,11 @@ class TransformersInstrumentor(Instrumentor):
         self.session.start()
         try:
             with contextlib.ExitStack() as scope:
-                save_target = [t for t in self.call_targets if t.name == "_save_checkpoint"]
-                self.apply(save_target, trainer, scope)
+                # inside train() the save is traced already: a second layer would trace it
+                # twice and leave the outer save unfinished
+                if not is_ours(vars(trainer).get("_save_checkpoint")):
+                    save_target = [t for t in self.call_targets if t.name == "_save_checkpoint"]
+                    self.apply(save_target, trainer, scope)
                 trainer._save_checkpoint(trainer.model_wrapped, trial=None)
         finally:
             if not inside_train:

@@ -473,6 +473,10 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     emergency = story_children["ckpt.emergency_save"]
     (emergency_save,) = [s for s in spans if s["parent_id"] == emergency["context"]["span_id"]]
     assert emergency_save["name"] == "ckpt.save"  # the adapter's save, nested
+    # traced once (not twice, one left unfinished), and the resume links to that save
+    assert [s for s in spans if s["name"] == "ckpt.save"
+            and s["attributes"]["ckpt.path"] == str(saved)] == [emergency_save]  # fmt: skip
+    assert saved_by(restore) == [emergency_save["context"]["span_id"]]
     attrs = restore["attributes"]
     assert attrs["ckpt.path"] == str(saved)
     assert attrs["ckpt.interruption.steps_lost"] == 0
