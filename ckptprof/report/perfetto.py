@@ -15,21 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptprof.phases import RESTORE_PHASES, SAVE_PHASES
-from ckptprof.report.timeline import Slice, Timeline
+from ckptprof.report.timeline import Slice, Timeline, pack_lanes
 
 SEQUENCE_ID = 1  # one writer: every packet is on the same trusted sequence
-
-
-def _lanes(slices: list[Slice]) -> list[list[Slice]]:
-    """``slices`` in lanes where none overlaps another (first free lane at its start)."""
-    lanes: list[list[Slice]] = []
-    for item in sorted(slices, key=lambda s: (s.start_ns, -s.end_ns)):
-        free = next((lane for lane in lanes if lane[-1].end_ns <= item.start_ns), None)
-        if free is None:
-            lanes.append([item])
-        else:
-            free.append(item)
-    return lanes
 
 
 def _tracks(lines: Sequence[Timeline]) -> dict[tuple[str, int], dict[str, list[Slice]]]:
@@ -79,7 +67,7 @@ def perfetto_trace(lines: Sequence[Timeline]) -> bytes:
         packet.track_descriptor.process.process_name = f"rank {rank} ({host})"
         names = sorted(tracks, key=lambda n: (order.index(n) if n in order else len(order), n))
         for name in names:
-            for index, lane in enumerate(_lanes(tracks[name])):
+            for index, lane in enumerate(pack_lanes(tracks[name])):
                 track_uuid = next(uuid)
                 packet = builder.add_packet()
                 packet.track_descriptor.uuid = track_uuid

@@ -95,25 +95,28 @@ class Timeline:
         return " ".join(parts)
 
 
+def pack_lanes(slices: Iterable[Slice]) -> list[list[Slice]]:
+    """``slices`` in lanes where none overlaps another: each takes the first lane free
+    at its start (so the lanes in use at a moment are the slices in flight then)."""
+    lanes: list[list[Slice]] = []
+    for item in sorted(slices, key=lambda s: (s.start_ns, s.end_ns)):
+        free = next((lane for lane in lanes if lane[-1].end_ns <= item.start_ns), None)
+        if free is None:
+            lanes.append([item])
+        else:
+            free.append(item)
+    return lanes
+
+
 def _pack(files: list[Slice]) -> None:
-    """Give each read the first lane of its phase free at its start (lanes = reads in
-    flight at once)."""
+    """Number each read's lane within its phase (lanes = reads in flight at once)."""
     by_phase: dict[str, list[Slice]] = defaultdict(list)
     for item in files:
         by_phase[item.phase].append(item)
     for group in by_phase.values():
-        _pack_one(group)
-
-
-def _pack_one(files: list[Slice]) -> None:
-    ends: list[int] = []
-    for item in sorted(files, key=lambda f: (f.start_ns, f.end_ns)):
-        lane = next((i for i, end in enumerate(ends) if end <= item.start_ns), len(ends))
-        if lane == len(ends):
-            ends.append(item.end_ns)
-        else:
-            ends[lane] = item.end_ns
-        item.lane = lane
+        for index, lane in enumerate(pack_lanes(group)):
+            for item in lane:
+                item.lane = index
 
 
 def timelines(spans: Iterable[dict[str, Any]]) -> list[Timeline]:
@@ -178,4 +181,4 @@ def representative(found: list[Timeline]) -> Timeline | None:
     return None
 
 
-__all__ = ["Slice", "Timeline", "representative", "span_ns", "timelines"]
+__all__ = ["Slice", "Timeline", "pack_lanes", "representative", "span_ns", "timelines"]
