@@ -552,7 +552,8 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     # -- main ---------------------------------------------------------------------------
     def _handle(self):
         proxy = self.server.proxy
-        fault, latency, truncate = proxy._on_request(self.command)
+        request = (self.command, self.path, self.headers.get("Range", ""))
+        fault, latency, truncate = proxy._on_request(request)
         if proxy._hang_until_released():
             self.close_connection = True  # read the request, never answered it
             return
@@ -693,6 +694,7 @@ class FaultProxy:
         self._fail_next: list[_Fault] = []
         self._fail_every: tuple[int, _Fault] | None = None
         self._every_count = 0
+        self._failed_by_every: set[tuple[str, str, str]] = set()
         self._truncate_next_get: int | None = None
         self._hanging = False
         self._released = threading.Event()
@@ -721,10 +723,16 @@ class FaultProxy:
             self._fail_next = [_Fault(status, code) for _ in range(n)]
 
     def fail_every(self, k: int | None, status: int = 500, code: str = "InternalError") -> None:
-        """Every ``k``-th request from now on fails; ``None``/0 turns it off."""
+        """Every ``k``-th request from now on fails; ``None``/0 turns it off.
+
+        A throttle, not an outage: a request that was failed goes through when it comes
+        again (same method, path and Range), so a client that retries always recovers and
+        a test's outcome does not depend on how concurrent requests interleave.
+        """
         with self._lock:
             self._fail_every = (int(k), _Fault(status, code)) if k else None
             self._every_count = 0
+            self._failed_by_every = set()
 
     def truncate_next_get(self, n_bytes: int) -> None:
         """The next successful GET sends its full Content-Length but closes after ``n_bytes``."""
@@ -771,7 +779,11 @@ class FaultProxy:
         with self._lock:
             return self._truncations
 
-    def _on_request(self, method: str) -> tuple[_Fault | None, float, int | None]:
+    def _on_request(
+        self, request: tuple[str, str, str]
+    ) -> tuple[_Fault | None, float, int | None]:
+        """The fault (if any) for ``request`` = (method, path, Range header)."""
+        method = request[0]
         with self._lock:
             self._requests += 1
             fault = None
@@ -780,8 +792,11 @@ class FaultProxy:
             elif self._fail_every is not None:
                 self._every_count += 1
                 k, f = self._fail_every
-                if self._every_count % k == 0:
+                if request in self._failed_by_every:
+                    self._failed_by_every.discard(request)  # its retry goes through
+                elif self._every_count % k == 0:
                     fault = f
+                    self._failed_by_every.add(request)
             if fault is not None:
                 self._failures += 1
             truncate = None

@@ -284,6 +284,13 @@ def test_proxy_fail_every(seaweed, fault_proxy, s3_bucket):
             outcomes.append(error_of(exc))
     fail = (500, "InternalError")
     assert outcomes == ["ok", "ok", fail, "ok", "ok", fail]
+    # a throttle, not an outage: even with every request failing, the retry goes through
+    fault_proxy.fail_every(1, status=503, code="SlowDown")
+    retrying = seaweed.client(
+        endpoint_url=fault_proxy.endpoint_url, retries={"total_max_attempts": 2}
+    )
+    resp = retrying.get_object(Bucket=s3_bucket.name, Key="k")
+    assert resp["Body"].read() == b"v" and resp["ResponseMetadata"]["RetryAttempts"] == 1
     fault_proxy.fail_every(None)
     assert client.get_object(Bucket=s3_bucket.name, Key="k")["Body"].read() == b"v"
 
