@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -66,6 +67,25 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(final.parent)
+
+
+def move_into_place(source: str | os.PathLike, final: str | os.PathLike) -> None:
+    """``os.replace(source, final)``, for a folder too (a sharded checkpoint): a folder
+    already at ``final`` is moved aside first and removed only once ``source`` is in
+    place, so at every moment one complete checkpoint is there under either name."""
+    source, final = Path(source), Path(final)
+    if not (source.is_dir() and final.is_dir()):
+        os.replace(source, final)
+        return
+    aside = final.with_name(f"{final.name}.{os.getpid()}.replaced")
+    os.replace(final, aside)
+    try:
+        os.replace(source, final)
+    except BaseException:
+        os.replace(aside, final)  # the previous checkpoint stays the one resumed
+        raise
+    fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from torch.distributed.checkpoint import StorageReader, StorageWriter
@@ -46,18 +47,25 @@ log = logging.getLogger("ckptprof")
 
 
 class _Call:
-    """One ``dcp.load`` / ``dcp.save``'s operation: begun by the first storage call (or by
-    :func:`instrument`'s wrapper around the whole call), ended by the last."""
+    """One ``dcp.load`` / ``dcp.save``'s operation: begun by the first storage call and
+    ended by the last; or, with ``join`` (a framework's own restore or save calling DCP,
+    :func:`routed`), the framework's open operation, which its adapter ends."""
 
-    def __init__(self, session: TracingSession, kind: str) -> None:
-        self.session, self.kind = session, kind
+    def __init__(self, session: TracingSession, kind: str, join: bool = False) -> None:
+        self.session, self.kind, self.join = session, kind, join
         self.op: Operation | None = None
-        self.owned = False  # begun here (not by instrument's wrapper): ended here too
+        self.owned = False  # begun here: ended here too
 
     def begin(self, attributes: dict) -> None:
         if self.op is not None and not self.op.finished:
             return
-        begin = self.session.begin_restore if self.kind == "restore" else self.session.begin_save
+        session = self.session
+        framework_op = session.restore_op if self.kind == "restore" else session.save_op
+        if self.join and framework_op is not None and not framework_op.finished:
+            framework_op.set_attributes({Attr.FORMAT: "dcp", "ckpt.dcp": True})
+            self.op, self.owned = framework_op, False
+            return
+        begin = session.begin_restore if self.kind == "restore" else session.begin_save
         self.op = begin({Attr.FRAMEWORK: FRAMEWORK, Attr.FORMAT: "dcp", **attributes})
         self.owned = True
 
@@ -143,10 +151,12 @@ class _TimedPlanner:
 class TracedStorageReader(StorageReader):
     """``reader``, traced as a ``ckpt.restore`` per load (see the module docstring)."""
 
-    def __init__(self, reader: StorageReader, session: TracingSession | None = None) -> None:
+    def __init__(
+        self, reader: StorageReader, session: TracingSession | None = None, join: bool = False
+    ) -> None:
         self.reader = reader
         self._session = session or _default().session
-        self._call = _Call(self._session, "restore")
+        self._call = _Call(self._session, "restore", join)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["reader"], name)
@@ -253,10 +263,12 @@ class TracedStorageReader(StorageReader):
 class TracedStorageWriter(StorageWriter):
     """``writer``, traced as a ``ckpt.save`` per save (see the module docstring)."""
 
-    def __init__(self, writer: StorageWriter, session: TracingSession | None = None) -> None:
+    def __init__(
+        self, writer: StorageWriter, session: TracingSession | None = None, join: bool = False
+    ) -> None:
         self.writer = writer
         self._session = session or _default().session
-        self._call = _Call(self._session, "save")
+        self._call = _Call(self._session, "save", join)
         self._coordinator = True
 
     def __getattr__(self, name: str) -> Any:
@@ -354,9 +366,9 @@ class DCPInstrumentor:
         if self.instrumented:
             return self
         self.session.start()
-        for name, kind in (("load", "reader"), ("save", "writer"), ("async_save", "writer")):
+        for name, kind in _ENTRY_POINTS:
             self.patcher.wrap(
-                dcp, name, lambda original, kind=kind: self._traced(original, kind),
+                dcp, name, lambda original, kind=kind: _traced_entry(original, kind, self.session),
                 label=f"torch.distributed.checkpoint.{name}", phase=f"dcp.{name}",
             )  # fmt: skip
         return self
@@ -365,25 +377,52 @@ class DCPInstrumentor:
         self.patcher.unwrap_all()
         self.session.close()
 
-    def _traced(self, original, kind: str):
-        option = "storage_reader" if kind == "reader" else "storage_writer"
 
-        def call(state_dict, *args, **kwargs):
-            storage = kwargs.get(option)
-            if isinstance(storage, (TracedStorageReader, TracedStorageWriter)):
-                return original(state_dict, *args, **kwargs)
-            try:
-                if storage is None:
-                    storage = _default_storage(kwargs.get("checkpoint_id"), kind)
-                traced = (TracedStorageReader if kind == "reader" else TracedStorageWriter)(
-                    storage, self.session
-                )
-            except Exception as exc:  # noqa: BLE001 - DCP decides; we only stand aside
-                self.session.warn_once(f"dcp.{kind}", exc)
-                return original(state_dict, *args, **kwargs)
-            return original(state_dict, *args, **{**kwargs, option: traced})
+def _traced_entry(original, kind: str, session: TracingSession, join: bool = False):
+    """``dcp.load`` / ``dcp.save`` / ``dcp.async_save`` with its storage wrapped (the
+    default one made from ``checkpoint_id`` first, as DCP would) for ``session``; with
+    ``join``, into the restore or save ``session`` already has open."""
+    option = "storage_reader" if kind == "reader" else "storage_writer"
 
-        return call
+    def call(state_dict, *args, **kwargs):
+        storage = kwargs.get(option)
+        if isinstance(storage, (TracedStorageReader, TracedStorageWriter)):
+            return original(state_dict, *args, **kwargs)
+        try:
+            if storage is None:
+                storage = _default_storage(kwargs.get("checkpoint_id"), kind)
+            traced = (TracedStorageReader if kind == "reader" else TracedStorageWriter)(
+                storage, session, join
+            )
+        except Exception as exc:  # noqa: BLE001 - DCP decides; we only stand aside
+            session.warn_once(f"dcp.{kind}", exc)
+            return original(state_dict, *args, **kwargs)
+        return original(state_dict, *args, **{**kwargs, option: traced})
+
+    return call
+
+
+_ENTRY_POINTS = (("load", "reader"), ("save", "writer"), ("async_save", "writer"))
+
+
+@contextlib.contextmanager
+def routed(session: TracingSession, patcher: Patcher) -> Iterator[None]:
+    """While the block runs, ``dcp.load`` and ``dcp.save`` (looked up on the module at
+    call time, as Lightning's sharded strategies do) record their phases into
+    ``session``'s open restore or save: a framework's DCP path gets list / fetch /
+    reshard / deserialize instead of one fused interval. Put back when the block ends."""
+    import torch.distributed.checkpoint as dcp
+
+    def joined(kind: str):
+        return lambda original: _traced_entry(original, kind, session, join=True)
+
+    with contextlib.ExitStack() as stack:
+        for name, kind in _ENTRY_POINTS[:2]:
+            label = f"torch.distributed.checkpoint.{name}"
+            stack.enter_context(
+                patcher.scoped(dcp, name, joined(kind), label=label, phase=f"dcp.{name}")
+            )
+        yield
 
 
 def _default_storage(checkpoint_id, kind: str):
@@ -430,5 +469,6 @@ __all__ = [
     "TracedStorageReader",
     "TracedStorageWriter",
     "instrument",
+    "routed",
     "uninstrument",
 ]

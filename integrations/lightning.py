@@ -9,9 +9,13 @@ every strategy implements (the patch table below):
   own loader — called unchanged, so Lightning's errors stay Lightning's — is
   ``deserialize``. A directory or a URL (strategies that read shards themselves, remote
   storage) is read by the loader alone: one ``deserialize`` interval marked
-  ``ckpt.fused_fetch``. ``reshard`` is ``strategy.load_model_state_dict`` and
-  ``load_optimizer_state_dict``; ``first_step`` runs from there to the first
-  ``on_train_batch_end``.
+  ``ckpt.fused_fetch`` — except a sharded checkpoint read through
+  ``torch.distributed.checkpoint`` (ModelParallel, FSDP ``sharded``): while the loader
+  runs, ``dcp.load`` is routed through the traced reader (integrations/dcp.py), whose
+  list / verify / fetch / reshard / deserialize join this restore (the same for
+  ``dcp.save`` inside the strategy's write). ``reshard`` is also
+  ``strategy.load_model_state_dict`` and ``load_optimizer_state_dict``; ``first_step``
+  runs from there to the first ``on_train_batch_end``.
 * save: ``trainer.save_checkpoint`` is the ``ckpt.save`` root; ``serialize`` is building
   the checkpoint dict (until the strategy writes), ``write`` is
   ``strategy.save_checkpoint``, ``commit`` records the file in ckptprof's state
@@ -32,7 +36,9 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from ckptprof.atomic import move_into_place
 from ckptprof.errors import VerifyError
+from ckptprof.integrations.dcp import routed
 from ckptprof.integrations.instrumentor import GuestCallback, Instrumentor
 from ckptprof.integrations.patching import Target, argument
 from ckptprof.integrations.session import timed
@@ -101,14 +107,26 @@ class LightningInstrumentor(Instrumentor):
                 return original(*args, **kwargs)
             try:
                 self._before_load(str(path), op)
-                result = timed(op, Phase.DESERIALIZE, original, *args, **kwargs)
+                start = time.time_ns()
+                try:
+                    with routed(session, self.patcher):  # a sharded (DCP) checkpoint's phases
+                        result = original(*args, **kwargs)
+                finally:  # the loader's time, less what DCP's phases took inside it
+                    op.add_interval_around(Phase.DESERIALIZE, start, time.time_ns())
+                    self._loaded(op)
             except BaseException as exc:
                 session.end_restore(exc)
                 raise
-            op.set_phase_attributes(Phase.DESERIALIZE, **{"ckpt.loader": self._loader()})
             return result
 
         return load_checkpoint
+
+    def _loaded(self, op) -> None:
+        """Who read the checkpoint, and whether its reads are inside ``deserialize``."""
+        attributes: dict[str, Any] = {"ckpt.loader": self._loader()}
+        if Phase.FETCH.value not in op.phase_stats():  # the loader read it all itself
+            attributes["ckpt.fused_fetch"] = True
+        op.set_phase_attributes(Phase.DESERIALIZE, **attributes)
 
     def _loader(self) -> str:
         """Who read the checkpoint: the strategy itself, or its CheckpointIO."""
@@ -123,7 +141,6 @@ class LightningInstrumentor(Instrumentor):
             if "://" not in path and os.path.isfile(path):
                 self.files.prefetch_file(path, op)
                 return
-            op.set_phase_attributes(Phase.DESERIALIZE, **{"ckpt.fused_fetch": True})
             if "://" not in path and os.path.isdir(path):
                 self.files.check_folder(path, op)
         except VerifyError:
@@ -198,7 +215,12 @@ class LightningInstrumentor(Instrumentor):
             if queued:
                 op.set_phase_attributes(Phase.WRITE, **{"ckpt.write.async": True})
                 self._queued[path] = op.span_context
-            result = timed(op, Phase.WRITE, original, *args, **kwargs)
+            start = time.time_ns()
+            try:
+                with routed(self.session, self.patcher):  # a sharded (DCP) save's phases
+                    result = original(*args, **kwargs)
+            finally:  # the strategy's write, less what DCP's phases took inside it
+                op.add_interval_around(Phase.WRITE, start, time.time_ns())
             if not queued and self.trainer.strategy.is_global_zero and os.path.isfile(path):
                 op.add_bytes(Phase.WRITE, os.path.getsize(path))
                 self.files.commit_file(path, op, self.trainer.global_step)
@@ -254,14 +276,15 @@ class LightningInstrumentor(Instrumentor):
 
     # ------------------------------------------------------------------ interruptions
     def emergency_save(self) -> str:
-        """``<checkpoint dir>/last.ckpt``, written beside and renamed into place: a save cut
-        short by the deadline leaves the previous ``last.ckpt`` the one resumed."""
+        """``<checkpoint dir>/last.ckpt`` (a file, or a sharded strategy's folder), written
+        beside and moved into place: a save cut short by the deadline leaves the previous
+        ``last.ckpt`` the one resumed."""
         trainer = self.trainer
         final = os.path.join(_checkpoint_dir(trainer), "last.ckpt")
         partial = final + ".partial"
         trainer.save_checkpoint(partial)
         if trainer.is_global_zero:
-            os.replace(partial, final)
+            move_into_place(partial, final)  # a sharded save is a folder
             self.files.move_file_record(partial, final)
         return final
 

@@ -779,9 +779,7 @@ class FaultProxy:
         with self._lock:
             return self._truncations
 
-    def _on_request(
-        self, request: tuple[str, str, str]
-    ) -> tuple[_Fault | None, float, int | None]:
+    def _on_request(self, request: tuple[str, str, str]) -> tuple[_Fault | None, float, int | None]:
         """The fault (if any) for ``request`` = (method, path, Range header)."""
         method = request[0]
         with self._lock:
