@@ -135,7 +135,8 @@ def add_parser(commands) -> None:
         "(everything into memory, then load), pipelined (only what the rank needs, loaded "
         "as it lands, inside --memory-budget), framework (the layout's own loader on the "
         "path), runai (the Run:ai Model Streamer on safetensors; pip install "
-        "runai-model-streamer); default pipelined",
+        "runai-model-streamer), s3torchconnector (AWS's S3 client for PyTorch, s3:// only; "
+        "pip install s3torchconnector); default pipelined",
     )
     res.add_argument(
         "--cache",

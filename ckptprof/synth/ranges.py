@@ -25,4 +25,4 @@ GBPS = schema.number(above=0)
 SECONDS = schema.number(above=0)
 CACHES = ("cold", "hot")
 STRATEGIES = ("staged", "pipelined", "framework")
-OPTIONAL_STRATEGIES = ("runai",)  # other loaders, from optional packages
+OPTIONAL_STRATEGIES = ("runai", "s3torchconnector")  # other loaders, from optional packages

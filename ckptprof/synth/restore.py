@@ -269,8 +269,10 @@ class RestoreRunner:
     def check_memory(self) -> None:
         """Refuse early when the restored state plus what a strategy holds cannot fit."""
         read = sum(self.manifest.files[f.path].size for f in self.files)
-        # runai keeps a copy of every streamed tensor until reshard, as staged keeps bytes
-        holds = {"staged": read, "pipelined": self.memory_budget, "framework": 0, "runai": read}
+        # runai keeps a copy of every streamed tensor until reshard, as staged keeps bytes;
+        # s3torchconnector holds every file's bytes as staged does
+        holds = {"staged": read, "pipelined": self.memory_budget, "framework": 0,
+                 "runai": read, "s3torchconnector": read}  # fmt: skip
         on_device = self.device.type == "cuda"
         if on_device:
             import torch

@@ -103,10 +103,14 @@ def _holds(piece: Piece, wanted) -> bool:
 
 
 def get_strategy(name: str) -> Strategy:
-    if name == "runai":  # an optional loader: imported only when asked for
+    if name == "runai":  # optional loaders: imported only when asked for
         from ckptprof.synth.runai import RunAI
 
         return RunAI()
+    if name == "s3torchconnector":
+        from ckptprof.synth.s3torchconnector import S3TorchConnector
+
+        return S3TorchConnector()
     if name not in _BY_NAME:
         raise CkptprofError(
             f"--strategy {name!r} is not known; choose from "

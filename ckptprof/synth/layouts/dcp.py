@@ -138,7 +138,7 @@ class DcpLayout(Layout):
         try:
             verify_all(ctx, buffers)
             reader = MemoryStorageReader(buffers, ctx.op)
-            self._load(ctx, reader, _read_metadata(bytes(buffers[METADATA].view)))
+            self.load_targets(ctx, reader, _read_metadata(bytes(buffers[METADATA].view)))
         finally:
             for buffer in buffers.values():
                 buffer.close()
@@ -160,7 +160,7 @@ class DcpLayout(Layout):
         md = _read_metadata(raw)
         reader = FetchingStorageReader(ctx, md)
         reader.clocks.note(METADATA, start, end, len(raw))
-        self._load(ctx, reader, md)
+        self.load_targets(ctx, reader, md)
         reader.finish()
 
     def framework_restore(self, ctx) -> None:
@@ -174,9 +174,9 @@ class DcpLayout(Layout):
         verify_files(ctx)
         reader = FileSystemReader(ctx.storage.uri)
         with ctx.op.phase(Phase.DESERIALIZE, **{"ckpt.fused": "deserialize+reshard (dcp.load)"}):
-            self._load(ctx, reader, reader.read_metadata(), timed=False)
+            self.load_targets(ctx, reader, reader.read_metadata(), timed=False)
 
-    def _load(self, ctx, reader, md: Metadata, timed: bool = True) -> None:
+    def load_targets(self, ctx, reader, md: Metadata, timed: bool = True) -> None:
         """dcp.load into the state of each target rank (one process plays every rank)."""
         for rank in sorted({t.rank for t in ctx.state.targets}):
             t0 = time.time_ns()
