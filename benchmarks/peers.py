@@ -14,7 +14,14 @@ What each measures (so the ratios are read fairly):
 The checkpoint is llama2-7b safetensors *without* Adam state, so every tool reads the
 same bytes (the weight shards and the small files). Tools that are not installed are a
 skip line, not a crash: ``pip install 'ckptprof[bench]'`` and ``apt-get install fio``.
-Not covered here (yet): DLIO's checkpoint read and s3torchconnector (see the README).
+
+A second table puts ckptprof next to DLIO's checkpoint read on a DeepSpeed ZeRO
+checkpoint *with* Adam (1 rank): ``dlio-read`` is that read as DLIO's PyTorch
+checkpointing does it — ``torch.load`` of each of the rank's files, the objects dropped
+(bytes in host memory, no ``load_state_dict``, no reshard) — re-implemented here, because
+the PyPI ``dlio-benchmark`` (2.0.0) only writes checkpoints and pulls TensorFlow and a
+CUDA build of NVIDIA DALI. s3torchconnector reads S3 only: it is in
+``benchmarks/s3_vs_s5cmd.py``, on the same objects as s5cmd.
 
 Run from the repository root:
     .venv/bin/python benchmarks/peers.py --dir /tmp/bench-peers --scale 0.1
@@ -58,6 +65,64 @@ def runai_cold(path: Path, manifest, concurrency: int) -> dict:
             "bytes": nbytes}  # fmt: skip
 
 
+def dlio_read_cold(path: Path, manifest) -> dict:
+    """DLIO's checkpoint read: every file of the rank ``torch.load``-ed, then dropped."""
+    import torch
+
+    resident = cold(path, manifest)
+    files = sorted(p for p in manifest.files if p.endswith(".pt"))
+    start = time.perf_counter()
+    for name in files:
+        obj = torch.load(path / name, map_location="cpu", weights_only=False)
+        del obj
+    seconds = time.perf_counter() - start
+    nbytes = sum(manifest.files[p].size for p in files)
+    return {"seconds": seconds, "gbps": nbytes / seconds / 1e9, "resident_before": resident,
+            "bytes": nbytes}  # fmt: skip
+
+
+def table(title: str, runs: dict, does: dict, against: str = "pipelined") -> dict:
+    """Print one table (medians, min-max, ``against``'s speed-up over each); its rows."""
+    print(title)
+    print(f"  {'tool':10} {'seconds':>18} {'GB/s':>6} {against + '/tool':>15}  does")
+    rows = {}
+    reference = median(r["seconds"] for r in runs[against])
+    for name, found in runs.items():
+        seconds = [r["seconds"] for r in found]
+        med = median(seconds)
+        gbps = median(r["gbps"] for r in found)
+        rows[name] = {"median_s": med, "gbps": gbps, "runs": found}
+        # the reference's throughput as a multiple of this tool's (> 1: it is faster)
+        ratio = med / reference if reference else 0.0
+        span = f"{med:.2f} ({min(seconds):.2f}-{max(seconds):.2f})"
+        print(f"  {name:10} {span:>18} {gbps:6.2f} {ratio:15.2f}  {does[name]}")
+    return rows
+
+
+def zero_table(args, part: int) -> dict:
+    """ckptprof next to DLIO's checkpoint read on a ZeRO checkpoint with Adam."""
+    path = args.dir / f"llama2-7b-deepspeed-{args.zero_scale:g}"
+    manifest = checkpoint(path, "llama2-7b", "deepspeed", args.zero_scale)
+    methods = {"dlio-read": partial(dlio_read_cold, path, manifest)}
+    for strategy in ("pipelined", "staged", "framework"):
+        methods[strategy] = partial(
+            restore_once, path, manifest, strategy, args.concurrency, part, args.dir / "traces"
+        )
+    runs = interleaved(methods, args.repeat)
+    does = {
+        "dlio-read": "torch.load each file, dropped",
+        "pipelined": "-> state (ZeRO unflatten), verified",
+        "staged": "all in memory, then state, verified",
+        "framework": "torch.load(mmap) -> state, verified",
+    }
+    title = (
+        f"\nllama2-7b x{args.zero_scale:g} DeepSpeed ZeRO with Adam, 1 rank: "
+        f"{manifest.total_bytes / 1e9:.2f} GB in {len(manifest.files)} files; cold, "
+        f"{args.concurrency} in flight, {args.repeat} repeats (medians, min-max)"
+    )
+    return {"bytes": manifest.total_bytes, "rows": table(title, runs, does)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, default=Path("/tmp/ckptprof-bench-peers"))
@@ -65,6 +130,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--part-size-mib", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--zero-scale", type=float, default=0.03, help="the ZeRO table's scale")
+    ap.add_argument("--no-zero", action="store_true", help="skip the ZeRO / DLIO table")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
     path = args.dir / f"llama2-7b-safetensors-{args.scale:g}-weights"
@@ -86,16 +153,16 @@ def main() -> int:
             restore_once, path, manifest, strategy, args.concurrency, part, args.dir / "traces"
         )
     skipped += [
-        "dlio: not run (its checkpoint workload needs its own config and MPI launch)",
-        "s3torchconnector: not run (S3 only; this benchmark reads a local path)",
+        "dlio-benchmark itself: not run (PyPI 2.0.0 has no checkpoint read; the ZeRO table's "
+        "dlio-read does what its read does)",
+        "s3torchconnector: S3 only, in benchmarks/s3_vs_s5cmd.py",
     ]
     runs = interleaved(methods, args.repeat)
-    print(
+    title = (
         f"\nllama2-7b x{args.scale:g} safetensors, weights only: {total / 1e9:.2f} GB in "
         f"{len(manifest.files)} files; cold, {args.concurrency} in flight, {block} requests, "
         f"{args.repeat} repeats (medians, min-max)"
     )
-    print(f"  {'tool':10} {'seconds':>18} {'GB/s':>6} {'pipelined/tool':>15}  does")
     does = {
         "fio": "reads (direct I/O), discards",
         "fio-buf": "reads (page cache), discards",
@@ -104,20 +171,12 @@ def main() -> int:
         "staged": "all in memory, then state, verified",
         "framework": "safetensors load_file -> state, verified",
     }
-    rows = {}
-    piped = median(r["seconds"] for r in runs["pipelined"])
-    for name, found in runs.items():
-        seconds = [r["seconds"] for r in found]
-        med = median(seconds)
-        gbps = median(r["gbps"] for r in found)
-        rows[name] = {"median_s": med, "gbps": gbps, "runs": found}
-        # pipelined's throughput as a multiple of this tool's (> 1: pipelined is faster)
-        ratio = med / piped if piped else 0.0
-        span = f"{med:.2f} ({min(seconds):.2f}-{max(seconds):.2f})"
-        print(f"  {name:10} {span:>18} {gbps:6.2f} {ratio:15.2f}  {does[name]}")
+    rows = table(title, runs, does)
+    zero = None if args.no_zero else zero_table(args, part)
     for line in skipped:
         print(f"  skipped: {line}")
-    figures = {"bytes": total, "rows": rows, "skipped": skipped, "environment": environment(path)}
+    figures = {"bytes": total, "rows": rows, "zero": zero, "skipped": skipped,
+               "environment": environment(path)}  # fmt: skip
     env = figures["environment"]
     print("  environment: " + ", ".join(f"{k}={v}" for k, v in env.items()
                                          if k.startswith(("version.torch", "cpu.", "storage.fs",

@@ -9,7 +9,10 @@ concurrency level, interleaved per repeat:
 * ``stage``  — ckptprof's ``--stage`` path: ``ckptprof.fetch.download`` of the same objects
   to the same kind of directory, N ranged GETs of the same part size in flight;
 * ``fetch``  — ckptprof's default fetch phase: the same ranged GETs streamed straight into
-  host memory (no files).
+  host memory (no files);
+* ``s3tc``   — AWS's ``s3torchconnector`` (when installed: ``ckptprof[bench]``), as
+  ``--strategy s3torchconnector`` uses it: N objects read whole into host memory at a
+  time, its CRT client splitting each into ranged GETs of the same part size itself.
 
 Prints GB/s (median, min–max) per tool and the ratios to s5cmd. Target: ≥ 1.0× s5cmd.
 Client and server share this machine's cores: the numbers describe the client *and* the
@@ -21,6 +24,7 @@ Run from the repository root:  .venv/bin/python benchmarks/s3_vs_s5cmd.py --help
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -120,6 +124,34 @@ def run_fetch(storage, infos, conc: int, part: int):
     return sum(i.size for i in infos), seconds
 
 
+def s3tc_client(endpoint: str, part: int):
+    """s3torchconnector's client on the loopback endpoint (path-style addressing)."""
+    from s3torchconnector import S3ClientConfig
+    from s3torchconnector._s3client import S3Client
+
+    config = S3ClientConfig(part_size=max(5 << 20, part), force_path_style=True)
+    return S3Client("us-east-1", endpoint=endpoint, s3client_config=config)
+
+
+def run_s3tc(client, bucket: str, prefix: str, infos, conc: int):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(info) -> int:
+        reader = client.get_object(bucket, prefix + info.path)
+        view, got = memoryview(bytearray(info.size)), 0
+        while got < info.size:
+            n = reader.readinto(view[got:])
+            if not n:
+                break
+            got += n
+        return got
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(conc) as pool:
+        nbytes = sum(pool.map(one, infos))
+    return nbytes, time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -172,11 +204,16 @@ def main(argv: list[str] | None = None) -> int:
                     "stage": lambda c: run_stage(storage, infos, dest / "st", c, args.part_size),
                     "fetch": lambda c: run_fetch(storage, infos, c, args.part_size),
                 }
+                if importlib.util.find_spec("s3torchconnector"):
+                    client = s3tc_client(server.endpoint_url, args.part_size)
+                    tools["s3tc"] = lambda c: run_s3tc(client, "bench", "ckpt/", infos, c)
+                else:
+                    print("skipped: s3tc (pip install 's3torchconnector[dcp]' or ckptprof[bench])")
                 for conc in args.concurrency:  # warm-up, not counted
                     for tool in tools.values():
                         tool(conc)
                 for rep in range(args.repeat):
-                    order = list(tools)[rep % 3 :] + list(tools)[: rep % 3]
+                    order = list(tools)[rep % len(tools) :] + list(tools)[: rep % len(tools)]
                     for conc in args.concurrency:
                         for name in order:
                             nbytes, seconds = tools[name](conc)
@@ -195,23 +232,21 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(
-        f"\n{'conc':>4}  {'s5cmd GB/s':>18}  {'stage GB/s':>18}  {'fetch GB/s':>18}"
-        f"  {'stage/s5cmd':>11}  {'fetch/s5cmd':>11}"
-    )
+    names = [n for n in ("s5cmd", "stage", "fetch", "s3tc") if any(r["tool"] == n for r in results)]
+    header = "".join(f"  {n + ' GB/s':>18}" for n in names)
+    header += "".join(f"  {n + '/s5cmd':>11}" for n in names[1:])
+    print(f"\n{'conc':>4}{header}")
     worst = None
     for conc in args.concurrency:
         cells, med = [], {}
-        for name in ("s5cmd", "stage", "fetch"):
+        for name in names:
             vals = [r["gbps"] for r in results if r["tool"] == name and r["concurrency"] == conc]
             med[name] = statistics.median(vals)
             cells.append(f"{med[name]:.3f} ({min(vals):.2f}-{max(vals):.2f})")
-        ratios = (med["stage"] / med["s5cmd"], med["fetch"] / med["s5cmd"])
+        ratios = [med[n] / med["s5cmd"] for n in names[1:]]
         worst = min(worst or ratios[0], ratios[0])
-        print(
-            f"{conc:>4}  {cells[0]:>18}  {cells[1]:>18}  {cells[2]:>18}"
-            f"  {ratios[0]:>10.2f}x  {ratios[1]:>10.2f}x"
-        )
+        line = "".join(f"  {c:>18}" for c in cells) + "".join(f"  {r:>10.2f}x" for r in ratios)
+        print(f"{conc:>4}{line}")
     verdict = "target met" if worst >= 1.0 else "below target"
     print(
         f"\nworst stage/s5cmd ratio {worst:.2f}x (like for like: both write files); "
