@@ -13,10 +13,7 @@ state as every strategy does.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
-from collections.abc import Iterator
 
 from ckptprof.errors import CkptprofError
 from ckptprof.phases import Phase
@@ -24,6 +21,7 @@ from ckptprof.synth.strategies import (
     RunContext,
     Strategy,
     deserialize_files,
+    env_for_run,
     load_pieces,
     path_of,
     verify_files,
@@ -33,20 +31,6 @@ from ckptprof.synth.strategies import (
 LOADER = "runai-model-streamer"
 CONCURRENCY_ENV = "RUNAI_STREAMER_CONCURRENCY"
 INSTALL = "pip install runai-model-streamer (or ckptprof[bench])"
-
-
-@contextlib.contextmanager
-def _concurrency(n: int) -> Iterator[None]:
-    """The streamer reads its concurrency from the environment: set it for the run only."""
-    before = os.environ.get(CONCURRENCY_ENV)
-    os.environ[CONCURRENCY_ENV] = str(max(1, n))
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(CONCURRENCY_ENV, None)
-        else:
-            os.environ[CONCURRENCY_ENV] = before
 
 
 class RunAI(Strategy):
@@ -83,7 +67,7 @@ class RunAI(Strategy):
         start = time.time_ns()
         with (
             ctx.op.phase(Phase.DESERIALIZE),
-            _concurrency(ctx.concurrency),
+            env_for_run(CONCURRENCY_ENV, str(max(1, ctx.concurrency))),
             SafetensorsStreamer() as streamer,
         ):
             streamer.stream_files([path_of(ctx, f) for f in shards])

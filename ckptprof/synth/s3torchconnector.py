@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from ckptprof.errors import CkptprofError
@@ -33,6 +32,7 @@ from ckptprof.synth.strategies import (
     RunContext,
     Strategy,
     deserialize_files,
+    env_for_run,
     load_pieces,
     verify_all,
 )
@@ -47,22 +47,11 @@ def _version() -> str:
     return version("s3torchconnector")
 
 
-@contextlib.contextmanager
-def _no_instance_credentials() -> Iterator[None]:
+def _no_instance_credentials():
     """The CRT's credential chain without the metadata address, for the run only."""
-    name = "AWS_EC2_METADATA_DISABLED"
     if os.environ.get(INSTANCE_CREDENTIALS_ENV) == "1":
-        yield
-        return
-    before = os.environ.get(name)
-    os.environ[name] = "true"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+        return contextlib.nullcontext()
+    return env_for_run("AWS_EC2_METADATA_DISABLED", "true")
 
 
 class S3TorchConnector(Strategy):

@@ -21,12 +21,13 @@ the generic paths here.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -666,6 +667,21 @@ class Framework(Strategy):
             ctx, lambda f: ctx.layout.load_path(ctx.plan, f, path_of(ctx, f))
         )
         load_pieces(ctx, loaded)
+
+
+@contextlib.contextmanager
+def env_for_run(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` for one run (loaders configured through the
+    environment), then as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def path_of(ctx: RunContext, file: FilePlan) -> str:
