@@ -31,9 +31,8 @@ from ckptprof.storage.s3 import INSTANCE_CREDENTIALS_ENV
 from ckptprof.synth.strategies import (
     RunContext,
     Strategy,
-    deserialize_files,
     env_for_run,
-    load_pieces,
+    load_from_buffers,
     verify_all,
 )
 
@@ -84,22 +83,9 @@ class S3TorchConnector(Strategy):
         with _no_instance_credentials():
             if ctx.layout.name == "dcp":
                 self._dcp(ctx, client)
-            else:
-                self._files(ctx, client)
+            else:  # then as the staged strategy does
+                load_from_buffers(ctx, client.read_all(ctx, ctx.files))
         ctx.op.set_attributes({"ckpt.loader": LOADER, "ckpt.loader.version": _version()})
-
-    def _files(self, ctx: RunContext, client: _Client) -> None:
-        buffers = client.read_all(ctx, ctx.files)
-        try:
-            verify_all(ctx, buffers)
-            loaded = deserialize_files(
-                ctx, lambda f: ctx.layout.deserialize(ctx.plan, f, buffers[f.path])
-            )
-            load_pieces(ctx, loaded)
-            del loaded
-        finally:
-            for buffer in buffers.values():
-                buffer.close()
 
     def _dcp(self, ctx: RunContext, client: _Client) -> None:
         from s3torchconnector.dcp import S3FileSystem, S3StorageReader

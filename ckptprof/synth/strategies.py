@@ -221,17 +221,21 @@ class Staged(Strategy):
     name = "staged"
 
     def generic(self, ctx: RunContext) -> None:
-        buffers = fetch_all(ctx)
-        try:
-            verify_all(ctx, buffers)
-            loaded = deserialize_files(
-                ctx, lambda f: ctx.layout.deserialize(ctx.plan, f, buffers[f.path])
-            )
-            load_pieces(ctx, loaded)
-            del loaded
-        finally:
-            for buffer in buffers.values():
-                buffer.close()
+        load_from_buffers(ctx, fetch_all(ctx))
+
+
+def load_from_buffers(ctx: RunContext, buffers: dict[str, HostBuffer]) -> None:
+    """verify, deserialize and reshard files already in memory; the buffers are released."""
+    try:
+        verify_all(ctx, buffers)
+        loaded = deserialize_files(
+            ctx, lambda f: ctx.layout.deserialize(ctx.plan, f, buffers[f.path])
+        )
+        load_pieces(ctx, loaded)
+        del loaded
+    finally:
+        for buffer in buffers.values():
+            buffer.close()
 
 
 def fetch_all(ctx: RunContext) -> dict[str, HostBuffer]:
