@@ -4,12 +4,12 @@ ckptprof's own fetch, against any S3 endpoint (``AWS_ENDPOINT_URL``).
 
 * DCP layout: its ``S3StorageReader`` (with its DCP-optimized ranged reader) under
   ``dcp.load`` into the target rank's tensors: reads, parsing and copies are one
-  ``deserialize`` interval, marked ``ckpt.fused`` (verify reads the files first, as the
-  ``framework`` strategy does, through the same client).
-* every other layout: each file read whole through ``S3Checkpoint.reader`` into host
-  memory, ``--concurrency`` files at a time (the CRT client splits each into its own
-  ranged GETs of ``--part-size``): ``fetch``, per file; then verify, deserialize and
-  reshard as the ``staged`` strategy does.
+  ``deserialize`` interval, marked ``ckpt.fused``; ``--verify full|sample`` reads the
+  files through the same client first (sizes were checked by ``list``).
+* every other layout: each file read whole through its S3 client's reader (what
+  ``S3Checkpoint.reader`` hands out) into host memory, ``--concurrency`` files at a time
+  (the CRT client splits each into its own ranged GETs of ``--part-size``): ``fetch``,
+  per file; then verify, deserialize and reshard as the ``staged`` strategy does.
 
 The CRT client has its own credential chain, which would ask the EC2 metadata address
 when it finds nothing else; ckptprof never lets it: the run needs credentials in the
@@ -90,7 +90,7 @@ class S3TorchConnector(Strategy):
     def _dcp(self, ctx: RunContext, client: _Client) -> None:
         from s3torchconnector.dcp import S3FileSystem, S3StorageReader
 
-        if ctx.verify != "none":  # through the same client, before the load
+        if ctx.verify in ("full", "sample"):  # through the same client, before the load
             buffers = client.read_all(ctx, ctx.files)
             try:
                 verify_all(ctx, buffers)
