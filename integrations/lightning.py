@@ -112,8 +112,7 @@ class LightningInstrumentor(Instrumentor):
                     with routed(session, self.patcher):  # a sharded (DCP) checkpoint's phases
                         result = original(*args, **kwargs)
                 finally:  # the loader's time, less what DCP's phases took inside it
-                    op.add_interval_around(Phase.DESERIALIZE, start, time.time_ns())
-                    self._loaded(op)
+                    self._loaded(op, start, time.time_ns())
             except BaseException as exc:
                 session.end_restore(exc)
                 raise
@@ -121,12 +120,17 @@ class LightningInstrumentor(Instrumentor):
 
         return load_checkpoint
 
-    def _loaded(self, op) -> None:
-        """Who read the checkpoint, and whether its reads are inside ``deserialize``."""
-        attributes: dict[str, Any] = {"ckpt.loader": self._loader()}
-        if Phase.FETCH.value not in op.phase_stats():  # the loader read it all itself
-            attributes["ckpt.fused_fetch"] = True
-        op.set_phase_attributes(Phase.DESERIALIZE, **attributes)
+    def _loaded(self, op, start: int, end: int) -> None:
+        """The loader's ``deserialize`` time, who it was, and whether its reads are inside
+        it; on the framework's exit paths too, so it never raises."""
+        try:
+            op.add_interval_around(Phase.DESERIALIZE, start, end)
+            attributes: dict[str, Any] = {"ckpt.loader": self._loader()}
+            if Phase.FETCH.value not in op.phase_stats():  # the loader read it all itself
+                attributes["ckpt.fused_fetch"] = True
+            op.set_phase_attributes(Phase.DESERIALIZE, **attributes)
+        except Exception as exc:  # noqa: BLE001 - ckptprof's own trouble, never the job's
+            self.session.warn_once("load", exc)
 
     def _loader(self) -> str:
         """Who read the checkpoint: the strategy itself, or its CheckpointIO."""
