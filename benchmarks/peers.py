@@ -24,7 +24,7 @@ CUDA build of NVIDIA DALI. s3torchconnector reads S3 only: it is in
 ``benchmarks/s3_vs_s5cmd.py``, on the same objects as s5cmd.
 
 Run from the repository root:
-    .venv/bin/python benchmarks/peers.py --dir /tmp/bench-peers --scale 0.1
+    .venv/bin/python benchmarks/peers.py --dir /tmp/bench-peers --scale 0.1 --zero-scale 0.05
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--part-size-mib", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--zero-scale", type=float, default=0.03, help="the ZeRO table's scale")
+    ap.add_argument("--zero-scale", type=float, default=0.05, help="the ZeRO table's scale")
     ap.add_argument("--no-zero", action="store_true", help="skip the ZeRO / DLIO table")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()

@@ -136,15 +136,10 @@ def s3tc_client(endpoint: str, part: int):
 def run_s3tc(client, bucket: str, prefix: str, infos, conc: int):
     from concurrent.futures import ThreadPoolExecutor
 
+    from ckptprof.synth.s3torchconnector import read_whole
+
     def one(info) -> int:
-        reader = client.get_object(bucket, prefix + info.path)
-        view, got = memoryview(bytearray(info.size)), 0
-        while got < info.size:
-            n = reader.readinto(view[got:])
-            if not n:
-                break
-            got += n
-        return got
+        return read_whole(client, bucket, prefix + info.path, memoryview(bytearray(info.size)))
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(conc) as pool:

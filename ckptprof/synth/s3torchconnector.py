@@ -107,6 +107,18 @@ class S3TorchConnector(Strategy):
             ctx.layout.load_targets(ctx, reader, reader.read_metadata(), timed=False)
 
 
+def read_whole(client, bucket: str, key: str, view: memoryview) -> int:
+    """One object through the client's reader into ``view``; the bytes it gave."""
+    reader = client.get_object(bucket, key)
+    got = 0
+    while got < len(view):
+        n = reader.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
 class _Client:
     """One s3torchconnector client for the run, on the storage's endpoint and region."""
 
@@ -132,14 +144,9 @@ class _Client:
 
         def one(path: str) -> None:
             start = time.time_ns()
+            view = buffers[path].view
             try:
-                reader = self.native.get_object(self.bucket, self.prefix + path)
-                view, got = buffers[path].view, 0
-                while got < len(view):
-                    n = reader.readinto(view[got:])
-                    if not n:
-                        break
-                    got += n
+                got = read_whole(self.native, self.bucket, self.prefix + path, view)
             except Exception as exc:  # noqa: BLE001 - the client's errors, named
                 raise CkptprofError(
                     f"{ctx.where(path)}: s3torchconnector could not read it "
@@ -169,4 +176,4 @@ class _Client:
         return buffers
 
 
-__all__ = ["S3TorchConnector"]
+__all__ = ["S3TorchConnector", "read_whole"]
