@@ -2,7 +2,8 @@
 
 Everything ckptprof writes that a reader may trust (manifests, results, interruption
 records, plots, published checkpoint files) goes through here, so nothing half-written
-ever looks done, and an I/O error always names the file it was writing.
+ever looks done, and an I/O error always names the file it was writing. Only regular
+files are ever replaced: a link, a device or a FIFO at the path is written through.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from ckptprof.errors import CkptprofError
 
 PARTIAL_SUFFIX = ".partial"
 
@@ -44,13 +48,44 @@ def named(exc: OSError, path: str | os.PathLike) -> OSError:
     return exc
 
 
+def _write_target(final: Path) -> tuple[Path, bool]:
+    """Where a write to ``final`` really goes, and whether it may be an atomic replace.
+
+    A link is written through (the link stays, its target changes); a character device
+    or a FIFO (``/dev/null``, ``/dev/stdout``, a pipe) is written as a shell redirect
+    would, never replaced by a regular file; anything else that is not a regular file
+    is refused, so ckptprof never swaps out a file that is not its own kind.
+    """
+    target = Path(os.path.realpath(final)) if final.is_symlink() else final
+    try:
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        return target, True
+    except OSError:
+        return target, True  # the write itself will name the file and the error
+    if stat.S_ISREG(mode):
+        return target, True
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return target, False
+    kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+    raise CkptprofError(f"{final}: {kind}; ckptprof writes only regular files. Name a file.")
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path to write; on a clean exit fsync it and rename it to ``path``.
 
     On any error the temp file is removed and the error (naming the file) re-raised.
+    Only a regular file (or none) is replaced: a link is written through and a device
+    or FIFO is written in place (see ``_write_target``).
     """
-    final = Path(path)
+    final, atomic = _write_target(Path(path))
+    if not atomic:
+        try:
+            yield final
+        except OSError as exc:
+            raise named(exc, final) from None
+        return
     tmp = partial_path(final)
     try:
         yield tmp

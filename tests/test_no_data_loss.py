@@ -103,19 +103,36 @@ def test_writes_and_deletes_never_follow_a_link_out_of_the_location(tmp_path):
     assert os.listdir(outside) == ["model.pt"] and (outside / "model.pt").read_text() == "precious"
 
 
-def test_an_interrupted_generate_can_be_replaced_with_force(tmp_path):
+def interrupted_generation(dest: Path, after_files: int, monkeypatch) -> None:
+    """A real generation that dies after ``after_files`` files (as a full disk or a kill
+    mid-write would leave it): the generation record is there, no manifest."""
+    from ckptprof.synth import generate as gen
+    from ckptprof.synth.plan import SynthSpec
+
+    write_one, written = gen._write_one, []
+
+    def dying(*args):
+        if len(written) == after_files:
+            raise OSError(28, "No space left on device")
+        written.append(args[3].path)
+        return write_one(*args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gen, "_write_one", dying)
+        with pytest.raises(OSError):
+            gen.generate(str(dest), SynthSpec("llama2-7b", "torch", TINY_SCALE, files=4),
+                         progress=False)  # fmt: skip
+
+
+def test_an_interrupted_generate_can_be_replaced_with_force(tmp_path, monkeypatch):
     """#17: after a failed generate, `generate` said "pass --force" and --force refused."""
     dest = tmp_path / "partial"
-    blocker = dest / "checkpoint_rank0_part0002.pt"
-    blocker.mkdir(parents=True)  # publishing the third file fails for real
     (tmp_path / "mine.txt").write_text("precious")
-    failed = generate(dest, "--files", "4")
-    assert_one_line_error(failed, "checkpoint_rank0_part0002.pt")
+    interrupted_generation(dest, 3, monkeypatch)  # config.json and two of the four parts
     assert (dest / "checkpoint_rank0_part0001.pt").exists() and (dest / GENERATING_NAME).exists()
     assert_one_line_error(restore_cli(dest), MANIFEST_NAME, "did not finish", "--force")
     again = generate(dest, "--files", "4")
     assert_one_line_error(again, "not empty", "pass --force")
-    blocker.rmdir()
     (dest / "user-notes.txt").write_text("mine")  # not the generation's: --force refuses
     assert_one_line_error(generate(dest, "--force", "--files", "4"), "user-notes.txt")
     (dest / "user-notes.txt").unlink()
@@ -124,3 +141,127 @@ def test_an_interrupted_generate_can_be_replaced_with_force(tmp_path):
     assert (dest / MANIFEST_NAME).exists() and not (dest / GENERATING_NAME).exists()
     assert restore_cli(dest).returncode == 0
     assert (tmp_path / "mine.txt").read_text() == "precious"
+
+
+def test_force_checks_every_path_before_deleting_anything(tmp_path):
+    """#21 item 2: a checkpoint file replaced by a folder made --force delete the old
+    checkpoint and then fail: the user had neither. Now nothing is deleted."""
+    from ckptprof.synth.generate import generate as generate_in_process
+    from ckptprof.synth.plan import SynthSpec
+
+    dest = tmp_path / "ckpt"
+    spec = SynthSpec("llama2-7b", "deepspeed", TINY_SCALE)
+    generate_in_process(str(dest), spec, progress=False)
+    data = sorted(p for p in dest.rglob("*.pt") if p.stat().st_size > 100_000)
+    data[0].unlink()
+    data[0].mkdir()  # an empty folder where the checkpoint writes a file
+    before = snapshot(tmp_path)
+    with pytest.raises(CkptprofError, match=f"{data[0].name}: is a folder"):
+        generate_in_process(str(dest), spec, force=True, progress=False)
+    assert snapshot(tmp_path) == before  # not one byte deleted or rewritten
+    assert data[0].is_dir()
+
+
+def test_force_over_a_link_replaces_the_link_never_its_target(tmp_path):
+    """A checkpoint file that became a link elsewhere: --force removes the link (ours to
+    replace) and writes a file in its place; what it pointed to is untouched."""
+    from ckptprof.synth.generate import generate as generate_in_process
+    from ckptprof.synth.plan import SynthSpec
+
+    dest = tmp_path / "ckpt"
+    spec = SynthSpec("llama2-7b", "torch", TINY_SCALE)
+    generate_in_process(str(dest), spec, progress=False)
+    (data,) = [p for p in dest.rglob("*.pt") if p.stat().st_size > 100_000]
+    outside = tmp_path / "outside.pt"
+    outside.write_text("precious")
+    data.unlink()
+    data.symlink_to(outside)
+    generate_in_process(str(dest), spec, force=True, progress=False)
+    assert outside.read_text() == "precious"
+    assert not data.is_symlink() and data.stat().st_size > 100_000
+
+
+def special_files(tmp_path: Path) -> dict[str, Path]:
+    """A link to a regular file elsewhere, a FIFO and (as root) a character device."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "real.png").write_text("old")
+    paths = {"link": tmp_path / "link.png"}
+    paths["link"].symlink_to(elsewhere / "real.png")
+    paths["fifo"] = tmp_path / "fifo.png"
+    os.mkfifo(paths["fifo"])
+    if os.geteuid() == 0:
+        import stat
+
+        paths["null"] = tmp_path / "null.png"  # what /dev/null is: char device 1:3
+        os.mknod(paths["null"], stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        paths["full"] = tmp_path / "full.png"  # /dev/full: every write fails with ENOSPC
+        os.mknod(paths["full"], stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    return paths
+
+
+def output_commands(source: Path) -> dict[str, list[str]]:
+    """Every command that writes a file the user names, and how it names it."""
+    return {
+        "report --plot": ["report", str(source), "--plot"],
+        "report --html": ["report", str(source), "--html"],
+        "export -o": ["export", str(source / "traces"), "--format", "otlp-json", "-o"],
+        "compare --plot": ["compare", str(source), str(source), "--plot"],
+    }
+
+
+@pytest.fixture(scope="module")
+def traced_results(tmp_path_factory):
+    """A real restore's results.json and traces (the inputs every output command reads)."""
+    from ckptprof.synth.generate import generate as generate_in_process
+    from ckptprof.synth.plan import SynthSpec
+
+    root = tmp_path_factory.mktemp("outputs")
+    generate_in_process(str(root / "ckpt"), SynthSpec("llama2-7b", "torch", TINY_SCALE),
+                        progress=False)  # fmt: skip
+    done = restore_cli(root / "ckpt", "--repeat", "2")
+    assert done.returncode == 0, done.stderr
+    return root / "out"
+
+
+@pytest.mark.parametrize("command", ["report --plot", "report --html", "export -o",
+                                     "compare --plot"])  # fmt: skip
+def test_outputs_write_through_links_devices_and_fifos_never_replace_them(
+    traced_results, tmp_path, command, capsys
+):
+    """#21 item 1: `--html /dev/full` replaced the machine's /dev/full with a regular file."""
+    import stat
+    import threading
+
+    from ckptprof.cli import main
+
+    argv = output_commands(traced_results)[command]
+    for kind, path in special_files(tmp_path).items():
+        got: list[bytes] = []
+        reader = None
+        if kind == "fifo":  # a reader on the other end, as `cmd > fifo` would need
+            reader = threading.Thread(target=lambda p=path: got.append(p.read_bytes()))
+            reader.start()
+        code = main([*argv, str(path)])
+        err = capsys.readouterr().err
+        if reader is not None:
+            reader.join(30)
+        mode = path.lstat().st_mode
+        if kind == "link":
+            assert code == 0, err
+            assert path.is_symlink() and (tmp_path / "elsewhere" / "real.png").stat().st_size > 3
+        elif kind == "fifo":
+            assert code == 0, err
+            assert stat.S_ISFIFO(mode) and got and len(got[0]) > 100
+        elif kind == "null":
+            assert code == 0, err
+            assert stat.S_ISCHR(mode)
+        else:  # /dev/full: the write fails, one line naming the file; the device stays
+            assert code != 0 and str(path) in err and "Traceback" not in err
+            assert stat.S_ISCHR(mode)
+    folder = tmp_path / "a-folder.png"
+    folder.mkdir()
+    assert main([*argv, str(folder)]) != 0
+    assert "a folder" in capsys.readouterr().err and folder.is_dir()
+    if os.geteuid() != 0:
+        pytest.skip("character devices (mknod) need root; link and FIFO were checked")

@@ -43,6 +43,10 @@ class RequestStats:
     requests: int = 0
     retries: int = 0
     errors: int = 0
+    #: the longest single request since :meth:`reset_slowest`, and what it read: a stall
+    #: shorter than the read timeout shows here, not as an error
+    slowest_s: float = 0.0
+    slowest: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count(self, requests: int = 0, retries: int = 0, errors: int = 0) -> None:
@@ -50,6 +54,17 @@ class RequestStats:
             self.requests += requests
             self.retries += retries
             self.errors += errors
+
+    def observe(self, where: str, seconds: float) -> None:
+        """One request's time (``where``: the object or file it read, nothing secret)."""
+        if seconds > self.slowest_s:
+            with self._lock:
+                if seconds > self.slowest_s:
+                    self.slowest_s, self.slowest = seconds, where
+
+    def reset_slowest(self) -> None:
+        with self._lock:
+            self.slowest_s, self.slowest = 0.0, ""
 
 
 class Storage(ABC):
@@ -116,6 +131,11 @@ class Storage(ABC):
     def delete(self, path: str) -> None:
         """Remove one object; a missing one is not an error."""
 
+    def check_writable(self, path: str, removing: set[str] = frozenset()) -> None:
+        """Refuse, before anything is deleted, a path that cannot be written as a file
+        (once the paths in ``removing`` are gone). Object stores take any key."""
+        return None
+
     @abstractmethod
     def free_bytes(self) -> int | None:
         """Space left for generation, or None when the backend has no such limit."""
@@ -125,6 +145,10 @@ class Storage(ABC):
         return None
 
     # ---- cache control (meaningful for POSIX; object stores have no local cache)
+    def memory_filesystem(self) -> str | None:
+        """The filesystem type when its files live in memory (no cold read possible)."""
+        return None
+
     def evict(self, paths: list[str]) -> CacheState:
         return CacheState(method="none (no local cache)", resident_fraction=None)
 

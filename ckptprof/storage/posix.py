@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +42,8 @@ def mount_of(path: Path) -> dict[str, str]:
 
 
 DIRECT_ALIGN = 4096
+#: filesystems whose files live in memory: there is no colder place to evict them to
+MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})
 
 
 class PosixStorage(Storage):
@@ -101,6 +104,11 @@ class PosixStorage(Storage):
     def location_exists(self) -> bool:
         return self.root.is_dir()
 
+    def memory_filesystem(self) -> str | None:
+        """The filesystem type when it keeps its files in memory (tmpfs, ramfs), else None."""
+        fs_type = mount_of(self._nearest_existing()).get("storage.fs_type")
+        return fs_type if fs_type in MEMORY_FILESYSTEMS else None
+
     def stat(self, path: str) -> ObjectInfo:
         try:
             return ObjectInfo(path, self._full(path).stat().st_size)
@@ -108,6 +116,7 @@ class PosixStorage(Storage):
             raise FileNotFoundError(str(self._full(path))) from None
 
     def read_into(self, path: str, offset: int, buffer: memoryview) -> None:
+        started = time.perf_counter()
         full = self._full(path)
         want = len(buffer)
         # O_DIRECT moves whole blocks into block-aligned memory: the aligned head of the
@@ -119,6 +128,7 @@ class PosixStorage(Storage):
         if head < want:
             self._read_range(full, offset + head, buffer[head:], 0)
         self.stats.count(requests=1)
+        self.stats.observe(str(full), time.perf_counter() - started)
 
     def _read_range(self, full: Path, offset: int, buffer: memoryview, flags: int) -> int:
         try:
@@ -162,6 +172,29 @@ class PosixStorage(Storage):
 
     def delete(self, path: str) -> None:
         self._writable(path).unlink(missing_ok=True)
+
+    def check_writable(self, path: str, removing: set[str] = frozenset()) -> None:
+        full = self._writable(path)
+        rel = Path(path)
+        for folder in reversed(rel.parents[:-1]):  # a file where a folder must go
+            there = self.root / folder
+            if there.exists() and not there.is_dir() and folder.as_posix() not in removing:
+                raise CkptprofError(
+                    f"{there}: is a file where the checkpoint needs a folder; remove it, "
+                    "or choose an empty location."
+                )
+        if full.is_symlink() and path not in removing:
+            target = full.resolve()
+            if not target.is_relative_to(self.root.resolve()):
+                raise CkptprofError(
+                    f"{full}: is a link to {target}, outside {self.uri}; ckptprof writes "
+                    "only inside the location it was given. Remove the link."
+                )
+        if full.is_dir() and not full.is_symlink():
+            raise CkptprofError(
+                f"{full}: is a folder where the checkpoint writes a file; remove it, or "
+                "choose an empty location."
+            )
 
     def _nearest_existing(self) -> Path:
         """The root, or its nearest folder that exists (where it will be created)."""

@@ -37,7 +37,9 @@ from ckptprof.units import fmt_bytes
 BLOCK = 4096  # allocation unit: every file takes whole blocks
 SMALL_FILE_BYTES = 8 << 10  # config, RNG state, `latest`…: each under this (measured)
 SMALL_FILE_ALLOWANCE = 16 << 20  # the few big ones: tokenizer.json at full scale, indexes
-SPACE_HEADROOM = 256 << 20
+#: beyond the files' own blocks: folders, the manifest and the generation record (the
+#: files are written one at a time under a temp name, so nothing is held twice)
+SPACE_HEADROOM = 4 << 20
 INODE_HEADROOM = 64  # folders, temp names, the manifest
 
 
@@ -81,6 +83,9 @@ def generate(
     replaced = [i for i in existing if i.path in owned]
     _check_space(storage, plan, replaced)
     planned = [f.path for f in plan.files]
+    removing = {i.path for i in replaced}
+    for path in [*planned, MANIFEST_NAME, GENERATING_NAME]:  # all before deleting anything
+        storage.check_writable(path, removing)
     storage.write_bytes(GENERATING_NAME, _generating_record(sorted(owned | set(planned))))
     _remove(storage, [i.path for i in replaced])
 
@@ -216,8 +221,8 @@ def _check_space(storage: Storage, plan: CheckpointPlan, replaced: list[ObjectIn
         free += sum(i.size for i in replaced)
         if free < needed:
             raise CkptprofError(
-                f"{storage.uri}: needs about {fmt_bytes(needed)} but only "
-                f"{fmt_bytes(free)} is free; free space or use a smaller --scale."
+                f"{storage.uri}: the checkpoint takes about {fmt_bytes(needed)} on disk but "
+                f"only {fmt_bytes(free)} is free; free space or use a smaller --scale."
             )
     inodes = storage.free_inodes()
     if inodes is not None:
