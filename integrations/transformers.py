@@ -383,18 +383,15 @@ class TransformersInstrumentor(Instrumentor):
                 control.should_training_stop = True
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """To the callbacks behind ``report_to`` (TensorBoard, W&B, MLflow …) and the
-        user's own, by their ``on_log`` event as ``Trainer.log`` calls it, but without
-        adding to ``state.log_history`` (the next checkpoint's ``trainer_state.json`` is
-        unchanged) and without the console printers (the job's output stays its own)."""
-        from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
+        """To the reporting integrations behind ``report_to`` (TensorBoard, W&B, MLflow …)
+        by their ``on_log``, and to no other callback: the user's own callbacks receive
+        exactly the events the Trainer issues. Nothing goes into ``state.log_history``
+        (the next checkpoint's ``trainer_state.json`` is unchanged) nor to the console."""
         trainer = self.trainer
         if trainer is None:
             return
-        quiet = (PrinterCallback, ProgressCallback, CkptProfCallback)
         for callback in list(trainer.callback_handler.callbacks):
-            if not isinstance(callback, quiet):
+            if isinstance(callback, _reporting_integrations()):
                 callback.on_log(trainer.args, trainer.state, trainer.control, logs=dict(metrics))
 
     def _finish_restore(self, step: int) -> None:
@@ -585,6 +582,15 @@ class _SaveGroups:
             )
         self.op.set_phase_attributes(Phase.WRITE, **{Attr.FILES: len(self.written)})
         self.op.set_attributes({Attr.FORMAT: _weights_format(self.written)})
+
+
+def _reporting_integrations() -> tuple[type, ...]:
+    """The callback classes ``report_to`` installs (transformers' own table of them)."""
+    try:
+        from transformers.integrations import INTEGRATION_TO_CALLBACK
+    except ImportError:  # a transformers without the table: no integration is known
+        return ()
+    return tuple(INTEGRATION_TO_CALLBACK.values())
 
 
 class CkptProfCallback(GuestCallback, TrainerCallback):

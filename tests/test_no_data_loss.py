@@ -240,7 +240,7 @@ def test_outputs_write_through_links_devices_and_fifos_never_replace_them(
         got: list[bytes] = []
         reader = None
         if kind == "fifo":  # a reader on the other end, as `cmd > fifo` would need
-            reader = threading.Thread(target=lambda p=path: got.append(p.read_bytes()))
+            reader = threading.Thread(target=lambda p=path, g=got: g.append(p.read_bytes()))
             reader.start()
         code = main([*argv, str(path)])
         err = capsys.readouterr().err

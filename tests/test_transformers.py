@@ -126,40 +126,84 @@ def test_checkpoint_bytes_and_training_are_the_same_with_and_without_ckptprof(tm
         assert digests(tmp_path / "traced" / folder) == digests(tmp_path / "plain" / folder)
 
 
+def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the TensorBoard event files under ``log_dir``, read back with
+    TensorBoard's own reader: (step, value) per tag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for folder in sorted({events.parent for events in log_dir.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:  # the integration files training logs under train/
+            name = tag.removeprefix("train/")
+            scalars.setdefault(name, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return scalars
+
+
 def test_rto_and_phases_reach_report_to_without_changing_the_checkpoint(tmp_path, capsys):
     from transformers import TrainerCallback
 
-    class Logged(TrainerCallback):  # what report_to's TensorBoard/W&B/MLflow callbacks see
+    class Events(TrainerCallback):  # a user's own callback: it sees only the Trainer's events
         def __init__(self) -> None:
-            self.logs: list[tuple[int, dict]] = []
+            self.seen: list[tuple[str, int]] = []
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            self.logs.append((state.global_step, dict(logs or {})))
+        def __getattribute__(self, name):
+            attr = super().__getattribute__(name)
+            if name.startswith("on_"):
+                seen = super().__getattribute__("seen")
 
-    first = Logged()
-    make_trainer(tmp_path, 10, [CkptProfCallback(trace_dir=tmp_path / "t"), first]).train()
-    saves = [(step, logs) for step, logs in first.logs if "ckptprof/save_s" in logs]
+                def record(args, state, control, **kwargs):
+                    seen.append((name, state.global_step))
+                    return attr(args, state, control, **kwargs)
+
+                return record
+            return attr
+
+    def job(folder: Path, steps: int, traced: bool, **kw) -> tuple[Trainer, Events]:
+        user = Events()
+        callbacks = [CkptProfCallback(trace_dir=tmp_path / "t", **kw)] if traced else []
+        trainer = make_trainer(folder, steps, [*callbacks, user], report_to=["tensorboard"],
+                               logging_strategy="steps", logging_steps=4)  # fmt: skip
+        return trainer, user
+
+    plain, plain_events = job(tmp_path / "plain", 10, traced=False)
+    plain.train()
+    traced, traced_events = job(tmp_path / "traced", 10, traced=True)
+    traced.train()
+    assert traced_events.seen == plain_events.seen  # not one event more, the same order
+
+    def logged(folder: str) -> dict[str, list[tuple[int, float]]]:
+        return tensorboard_scalars(tmp_path / folder / "checkpoints" / "runs")
+
+    saves = logged("traced")["ckptprof/save_s"]
     assert [step for step, _ in saves] == [5, 10]
-    assert all(logs["ckptprof/save/write_s"] > 0 for _, logs in saves)
-    resumed = Logged()
-    trainer = make_trainer(tmp_path, 12, [CkptProfCallback(trace_dir=tmp_path / "t"), resumed])
-    trainer.train(resume_from_checkpoint=True)
-    restores = [(step, logs) for step, logs in resumed.logs if "ckptprof/restore_s" in logs]
-    assert [step for step, _ in restores] == [11]
-    logged = restores[0][1]
-    for phase in ("list", "fetch", "verify", "deserialize", "reshard", "first_step"):
-        assert logged[f"ckptprof/restore/{phase}_s"] >= 0
-    assert logged["ckptprof/restore/fetch_bytes"] > 0
+    assert all(value > 0 for _, value in logged("traced")["ckptprof/save/write_s"])
+    assert not any(k.startswith("ckptprof") for k in logged("plain"))
+    plain, plain_events = job(tmp_path / "plain", 12, traced=False)
+    plain.train(resume_from_checkpoint=True)
+    resumed, resumed_events = job(tmp_path / "traced", 12, traced=True)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed_events.seen == plain_events.seen
+    scalars = logged("traced")
+    assert [step for step, _ in scalars["ckptprof/restore_s"]] == [11]
+    fetch_bytes = [v for _, v in scalars["ckptprof/restore/fetch_bytes"]]
+    assert fetch_bytes and fetch_bytes[0] > 0
+    for phase in ("fetch", "deserialize", "first_step"):
+        assert scalars[f"ckptprof/restore/{phase}_s"][0][1] > 0
+    for phase in ("list", "verify", "reshard"):
+        assert f"ckptprof/restore/{phase}_s" in scalars
     # the Trainer's own history, saved in trainer_state.json, holds none of it
-    assert not any(k.startswith("ckptprof") for entry in trainer.state.log_history for k in entry)
-    saved = tmp_path / "checkpoints" / "checkpoint-12" / "trainer_state.json"
+    assert not any(k.startswith("ckptprof") for entry in resumed.state.log_history for k in entry)
+    saved = tmp_path / "traced" / "checkpoints" / "checkpoint-12" / "trainer_state.json"
     state = json.loads(saved.read_text())
     assert not any(k.startswith("ckptprof") for entry in state["log_history"] for k in entry)
     assert "ckptprof/" not in capsys.readouterr().out  # the Trainer's printer stays quiet
-    quiet = Logged()
-    callbacks = [CkptProfCallback(trace_dir=tmp_path / "t", log_metrics=False), quiet]
-    make_trainer(tmp_path, 14, callbacks).train(resume_from_checkpoint=True)
-    assert not any(k.startswith("ckptprof") for _, logs in quiet.logs for k in logs)
+    quiet, _ = job(tmp_path / "traced", 14, traced=True, log_metrics=False)
+    before = len(logged("traced")["ckptprof/restore_s"])
+    quiet.train(resume_from_checkpoint=True)
+    after = logged("traced")["ckptprof/restore_s"]
+    assert len(after) == before  # log_metrics=False: nothing more
 
 
 class SlowStream(torch.utils.data.IterableDataset):
