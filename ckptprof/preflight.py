@@ -9,6 +9,8 @@ free inodes are compared with what the run will put there.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import tempfile
 from pathlib import Path
@@ -62,3 +64,27 @@ def _probe_write(folder: Path) -> None:
     finally:
         os.close(fd)
         os.unlink(name)
+
+
+class OutputClaim:
+    """This run's hold on an output folder until :meth:`release`: a second ckptprof run
+    writing the same ``--out`` is refused at its start, rather than both measuring and
+    one silently overwriting the other's results (an advisory ``flock`` on the folder
+    itself, so nothing is added to it; where the filesystem has no locks, no claim)."""
+
+    def __init__(self, path: Path, option: str) -> None:
+        self._fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            self.release()
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise CkptprofError(
+                    f"{option} {path}: another ckptprof run is writing its results there; "
+                    f"wait for it to finish, or give this one another {option}."
+                ) from None
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)

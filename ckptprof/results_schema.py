@@ -109,6 +109,17 @@ def spread(values: Iterable[float]) -> dict[str, float]:
     return {"min": present[0], "median": statistics.median(present), "max": present[-1]}
 
 
+#: a single request this long, and this share of the RTO, is a stall worth naming
+STALL_MIN_S = 2.0
+STALL_SHARE = 0.25
+
+
+def stalled(request_s: float | None, wall_s: float) -> bool:
+    """Whether one request's wait is a stall: seconds long and a large part of the RTO
+    (one rule for the sweep's run lines and the report's hint)."""
+    return bool(request_s) and request_s >= STALL_MIN_S and request_s >= STALL_SHARE * wall_s
+
+
 def fraction_of_ceiling(gbps: float | None, ceiling_gbps: float | None, cache: Any) -> float | None:
     """Fetch GB/s as a share of the storage ceiling, for cold reads only: a hot or mixed
     read comes (partly) from the page cache, which the storage ceiling does not bound."""

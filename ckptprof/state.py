@@ -22,6 +22,7 @@ import hashlib
 import os
 import re
 
+from ckptprof.errors import CkptprofError
 from ckptprof.storage import Storage, open_storage
 
 STATE_DIR_ENV = "CKPTPROF_STATE_DIR"
@@ -48,6 +49,17 @@ def directory_key(directory: str) -> str:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", canonical.split("://")[-1].strip("/"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
     return f"{slug[-48:].strip('_.') or 'root'}-{digest}"
+
+
+def unwritable_state(where: str, exc: OSError) -> CkptprofError:
+    """The one-line warning for a state location ckptprof cannot write: the folder, why,
+    and the fix (the training itself goes on)."""
+    reason = exc.strerror or type(exc).__name__
+    return CkptprofError(
+        f"cannot write its records to {where} ({reason}); set {STATE_DIR_ENV} (or the "
+        "callback's state_dir=) to a folder this user can write. Training goes on; verify "
+        "uses the format's own integrity data until then."
+    )
 
 
 class StateStore:
@@ -83,11 +95,28 @@ class StateStore:
             return None
 
     def write(self, checkpoint_dir: str | os.PathLike, name: str, data: bytes) -> None:
-        """Write ``name`` atomically (temp name, fsync, rename; one PUT on S3)."""
-        self._storage(checkpoint_dir).write_bytes(name, data)
+        """Write ``name`` atomically (temp name, fsync, rename; one PUT on S3).
+
+        Raises:
+            CkptprofError: the state location cannot be written (naming it and the fix).
+        """
+        try:
+            self._storage(checkpoint_dir).write_bytes(name, data)
+        except OSError as exc:
+            raise unwritable_state(self._where(checkpoint_dir), exc) from None
+
+    def _where(self, checkpoint_dir: str | os.PathLike) -> str:
+        """The folder to name in a message: the state location the user set."""
+        return self.location(checkpoint_dir) if self.beside else self.root
 
     def delete(self, checkpoint_dir: str | os.PathLike, name: str) -> None:
-        self._storage(checkpoint_dir).delete(name)
+        """Forget ``name``; nothing to forget where its folder cannot even exist."""
+        try:
+            self._storage(checkpoint_dir).delete(name)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            raise unwritable_state(self._where(checkpoint_dir), exc) from None
 
     def names(self, checkpoint_dir: str | os.PathLike, folder: str) -> list[str]:
         """Names of the records about ``checkpoint_dir`` inside its sub-folder ``folder``."""

@@ -133,7 +133,16 @@ class TracingSession:
             self.telemetry.flush(wait=wait)
 
     def warn_once(self, where: str, exc: BaseException) -> None:
-        if where not in self._warned:
+        """One warning per kind of failure: a user's fixable mistake (an unwritable state
+        folder) says what to do; anything else is ckptprof's own bug, and is ignored."""
+        from ckptprof.errors import CkptprofError
+
+        if isinstance(exc, CkptprofError):
+            key = str(exc)
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("ckptprof: %s", exc)
+        elif where not in self._warned:
             self._warned.add(where)
             log.warning("ckptprof: internal error in %s ignored: %r", where, exc)
 

@@ -17,6 +17,10 @@ from ckptprof.synth.plan import SynthSpec
 # A real S3 server (SeaweedFS) on 127.0.0.1 and a fault-injecting proxy: tests/s3infra.py
 pytest_plugins = ["tests.s3infra"]
 
+# Text is wrapped to the terminal: one width for every test, whatever runs them (a tty,
+# CI's pipe, an xdist worker), so a report's lines are the same everywhere.
+os.environ["COLUMNS"] = "100"
+
 # real tensor names and counts of llama2-7b, widths shrunk: ~140 MB with Adam state
 SMALL_SCALE = 0.002
 TINY_SCALE = 0.0005
@@ -164,6 +168,27 @@ def checkpoints(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+def interrupted_generation(dest: Path, after_files: int, monkeypatch) -> None:
+    """A real generation that dies after ``after_files`` files (as a full disk or a kill
+    mid-write would leave it): the generation record is there, no manifest."""
+    from ckptprof.synth import generate as gen
+    from ckptprof.synth.plan import SynthSpec
+
+    write_one, written = gen._write_one, []
+
+    def dying(*args):
+        if len(written) == after_files:
+            raise OSError(28, "No space left on device")
+        written.append(args[3].path)
+        return write_one(*args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gen, "_write_one", dying)
+        with pytest.raises(OSError):
+            gen.generate(str(dest), SynthSpec("llama2-7b", "torch", TINY_SCALE, files=4),
+                         progress=False)  # fmt: skip
 
 
 CHROMIUM = "/usr/bin/chromium"

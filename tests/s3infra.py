@@ -701,6 +701,7 @@ class FaultProxy:
         self._requests = 0
         self._failures = 0
         self._truncations = 0
+        self._stall_next_get = (0.0, "")
         self._conns: set[socket.socket] = set()
         self._connections_seen = 0
         self._server: _ProxyServer | None = None
@@ -734,6 +735,12 @@ class FaultProxy:
             self._every_count = 0
             self._failed_by_every = set()
 
+    def stall_next_get(self, seconds: float, path_contains: str) -> None:
+        """The next GET of a path holding ``path_contains`` is answered only after
+        ``seconds``: one stalled request that still succeeds."""
+        with self._lock:
+            self._stall_next_get = (float(seconds), path_contains)
+
     def truncate_next_get(self, n_bytes: int) -> None:
         """The next successful GET sends its full Content-Length but closes after ``n_bytes``."""
         with self._lock:
@@ -754,6 +761,7 @@ class FaultProxy:
             self._fail_every = None
             self._truncate_next_get = None
             self._hanging = False
+            self._stall_next_get = (0.0, "")
             self._released.set()
 
     def _hang_until_released(self) -> bool:
@@ -800,7 +808,12 @@ class FaultProxy:
             truncate = None
             if fault is None and method == "GET" and self._truncate_next_get is not None:
                 truncate, self._truncate_next_get = self._truncate_next_get, None
-            return fault, self._latency_s, truncate
+            latency = self._latency_s
+            seconds, name = self._stall_next_get
+            if method == "GET" and seconds and name in request[1]:
+                latency += seconds  # one request waits, then is answered
+                self._stall_next_get = (0.0, "")
+            return fault, latency, truncate
 
     def _truncated(self) -> None:
         with self._lock:

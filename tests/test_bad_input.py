@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
 import torch
 
 from ckptprof.manifest import MANIFEST_NAME
-from tests.conftest import TINY_SCALE, run_cli
+from tests.conftest import TINY_SCALE, interrupted_generation, run_cli
 
 
 def assert_one_line_error(result, *needles: str) -> str:
@@ -179,17 +180,23 @@ def test_options_that_do_not_fit_together(ckpt_copy, args, needles):
     assert "ceiling" not in result.stdout  # refused before any work
 
 
-def test_interrupted_generation_never_looks_complete(tmp_path):
+def test_interrupted_generation_never_looks_complete(tmp_path, monkeypatch):
     """A failure mid-way leaves no manifest, so restore refuses the folder."""
     dest = tmp_path / "partial"
-    # a directory where the third data file must go makes publishing it fail for real
-    (dest / "checkpoint_rank0_part0002.pt").mkdir(parents=True)
-    result = run_cli("synth", "generate", str(dest), "--scale", str(TINY_SCALE), "--files", "4")
-    assert_one_line_error(result, "checkpoint_rank0_part0002.pt")
+    interrupted_generation(dest, 3, monkeypatch)  # config.json and two of four parts, then ENOSPC
     assert (dest / "checkpoint_rank0_part0001.pt").exists()  # it did get half-way
     assert not (dest / MANIFEST_NAME).exists()
     assert not list(dest.glob("*.partial"))
-    assert_one_line_error(restore_cli(dest), MANIFEST_NAME, "is missing")
+    assert_one_line_error(restore_cli(dest), MANIFEST_NAME, "did not finish")
+
+
+def test_a_path_that_cannot_be_written_is_refused_before_anything_is_written(tmp_path):
+    dest = tmp_path / "blocked"
+    # a directory where the third data file must go: refused before the first file
+    (dest / "checkpoint_rank0_part0002.pt").mkdir(parents=True)
+    result = run_cli("synth", "generate", str(dest), "--scale", str(TINY_SCALE), "--files", "4")
+    assert_one_line_error(result, "checkpoint_rank0_part0002.pt", "is a folder")
+    assert os.listdir(dest) == ["checkpoint_rank0_part0002.pt"]
 
 
 def test_force_never_deletes_what_ckptprof_did_not_write(tmp_path):
@@ -206,8 +213,10 @@ def test_corrupt_bytes_of_the_right_size_name_the_file(ckpt_copy):
     data = bytearray(target.read_bytes())
     data[:64] = b"\0" * 64  # the zip header: torch.load cannot parse it
     target.write_bytes(bytes(data))
-    result = restore_cli(ckpt_copy, "--verify", "size")
-    assert_one_line_error(result, "checkpoint_rank0.pt", "corrupt", "--verify full")
+    result = restore_cli(ckpt_copy, "--verify", "size")  # pipelined: the index is parsed first
+    assert_one_line_error(result, "checkpoint_rank0.pt", "corrupt", "regenerate")
+    staged = restore_cli(ckpt_copy, "--verify", "size", "--strategy", "staged")
+    assert_one_line_error(staged, "checkpoint_rank0.pt", "corrupt", "--verify full")
 
 
 def test_other_url_schemes_are_refused_without_echoing_secrets(tmp_path):
@@ -329,3 +338,87 @@ def test_unexpected_errors_are_one_line_with_the_debug_hint(tmp_path, monkeypatc
     monkeypatch.setenv("CKPTPROF_DEBUG", "1")
     with pytest.raises(ValueError, match="planted"):
         main(["report", "--interruptions", str(tmp_path)])
+
+
+def test_the_ceiling_probe_reads_enough_and_names_requests_the_files_hold(checkpoints, tmp_path):
+    """#21 item 6: with 2000 files the probe read 578 kB and called it "one 16.78 MB
+    request"; with --part-size 1G on a 66 MB file, "one 1.07 GB request"."""
+    from ckptprof.storage.posix import PosixStorage
+    from ckptprof.synth import ceiling
+
+    many = checkpoints("torch", files=2000)
+    storage = PosixStorage(str(many))
+    infos = [i for i in storage.list() if not i.path.endswith(".json")]
+    total = sum(i.size for i in infos)
+    found = ceiling.probe(storage, infos, part_size=16 << 20, concurrency=4)
+    read = sum(sorted((i.size for i in infos), reverse=True))  # everything: under the budget
+    assert f"cold reads of {read / 1e6:.2f} MB" in found.source and total == read
+    assert found.part_size <= max(i.size for i in infos)  # a request the files can hold
+    assert "too few bytes for a steady figure" in found.source  # and it says so
+    one = checkpoints("torch")
+    storage = PosixStorage(str(one))
+    infos = [i for i in storage.list() if i.path.endswith(".pt")]
+    big = ceiling.probe(storage, infos, part_size=1 << 30, concurrency=2)
+    assert big.part_size == max(i.size for i in infos)
+    assert f"one {big.part_size / 1e6:.2f} MB request" in big.describe()
+
+
+def test_a_corrupt_header_under_full_verify_does_not_advise_full_verify(checkpoints, tmp_path):
+    """#21 item 11: a corrupt safetensors header under --verify full said "re-run with
+    --verify full"."""
+    dest = tmp_path / "st"
+    shutil.copytree(checkpoints("safetensors"), dest)
+    target = sorted(dest.glob("model-*.safetensors"))[0]
+    data = bytearray(target.read_bytes())
+    data[:8] = (2**62).to_bytes(8, "little")  # the header length: far past the file
+    target.write_bytes(bytes(data))
+    for strategy in ("pipelined", "staged"):
+        result = restore_cli(dest, "--verify", "full", "--strategy", strategy)
+        line = assert_one_line_error(result, target.name)
+        assert "--verify full" not in line and ("regenerate" in line or "manifest" in line)
+    weaker = restore_cli(dest, "--verify", "size", "--strategy", "staged")
+    assert "re-run with --verify full" in assert_one_line_error(weaker, target.name)
+
+
+def test_memory_advice_never_names_the_strategy_in_use(checkpoints, tmp_path):
+    """#21 item 13: --memory-budget 100G with pipelined advised "use --strategy pipelined"."""
+    result = restore_cli(checkpoints("torch"), "--strategy", "pipelined", "--memory-budget",
+                         "100G")  # fmt: skip
+    line = assert_one_line_error(result, "of memory", "smaller --memory-budget")
+    assert "use --strategy pipelined" not in line
+    staged = restore_cli(checkpoints("torch"), "--strategy", "staged", "--memory-budget", "100G")
+    if staged.returncode != 0:  # staged holds the file bytes, not the budget: it may fit
+        assert "use --strategy pipelined" in assert_one_line_error(staged, "of memory")
+
+
+def test_a_scale_below_the_shapes_floor_says_what_was_written(tmp_path):
+    """#21 item 15: --scale 1e-9 wrote 5.7 MB labelled "x1e-09" without a word."""
+    done = run_cli("synth", "generate", str(tmp_path / "tiny"), "--scale", "1e-9")
+    assert done.returncode == 0, done.stderr
+    assert "x1e-09 (floored to x8.1e-05" in done.stdout and "larger than asked" in done.stdout
+    plain = run_cli("synth", "generate", str(tmp_path / "plain"), "--scale", str(TINY_SCALE),
+                    "--dry-run")  # fmt: skip
+    assert "floored" not in plain.stdout
+
+
+def test_two_restores_into_one_out_refuse_the_second(checkpoints, tmp_path):
+    """#21 item 16: of two restores writing one --out, the one whose results were
+    overwritten still printed that path as its results."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from ckptprof.preflight import OutputClaim; "
+        f"c = OutputClaim(__import__('pathlib').Path({str(out)!r}), '--out'); "
+        "print('held', flush=True); sys.stdin.read()")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"  # another run holds --out
+        second = restore_cli(checkpoints("torch"), "--out", str(out))
+        assert_one_line_error(second, f"--out {out}", "another ckptprof run is writing")
+        assert not (out / "results.json").exists()
+    finally:
+        holder.communicate("", timeout=30)
+    assert restore_cli(checkpoints("torch"), "--out", str(out)).returncode == 0  # released

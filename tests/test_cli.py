@@ -110,3 +110,17 @@ def test_generate_restore_report_through_the_cli(tmp_path):
     assert "2 restores" in rep.stdout  # cold and hot are two groups of two repeats
     as_json = json.loads(run_cli("report", str(out), "--format", "json").stdout)
     assert "cold" in json.dumps(as_json) and "fetch" in json.dumps(as_json)
+
+
+def test_no_help_text_shows_a_placeholder():
+    """#21 item 14: `synth generate --help` showed a literal `%(choices)s`."""
+    from ckptprof.cli import build_parser
+
+    for path, parser in _commands(build_parser()):
+        text = parser.format_help()
+        assert "%(" not in text and "%%" not in text, f"ckptprof {' '.join(path)} --help"
+    from ckptprof.synth.presets import PRESETS
+
+    generate_help = next(p for path, p in _commands(build_parser()) if path == ("synth",
+                         "generate")).format_help()  # fmt: skip
+    assert all(name in generate_help for name in PRESETS) and "dcp, deepspeed" in generate_help

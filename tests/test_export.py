@@ -158,9 +158,58 @@ def test_otlp_export_reaches_a_collector(tmp_path, clean_otel_env):
     assert span_names(received) == {"ckpt.restore", "ckpt.list", "ckpt.fetch"}
 
 
-def test_a_refused_batch_shows_the_backends_reason(tmp_path, clean_otel_env, caplog):
-    said = json.dumps({"error_code": "BAD", "message": "Missing header x-mlflow-experiment-id"})
-    with collector(422, said.encode()) as (endpoint, received):
+def _status(message: str) -> bytes:
+    from google.rpc import status_pb2
+
+    return status_pb2.Status(code=3, message=message).SerializeToString()
+
+
+#: refusals as real backends send them (#21 item 19: the tests used a made-up body)
+REFUSALS = {
+    # MLflow 3's OTLP endpoint (FastAPI): a list of validation errors under "detail"
+    "mlflow3": (
+        422,
+        json.dumps(
+            {
+                "detail": [
+                    {
+                        "type": "missing",
+                        "loc": ["header", "x-mlflow-experiment-id"],
+                        "msg": "Field required",
+                        "input": None,
+                    }
+                ]
+            }
+        ).encode(),
+        "header x-mlflow-experiment-id: Field required",
+    ),  # fmt: skip
+    # MLflow's REST errors
+    "mlflow-rest": (
+        400,
+        json.dumps(
+            {
+                "error_code": "INVALID_PARAMETER_VALUE",
+                "message": "Missing value for required parameter",
+            }
+        ).encode(),
+        "Missing value for required parameter",
+    ),  # fmt: skip
+    # an OpenTelemetry Collector's OTLP/HTTP receiver: a google.rpc.Status in protobuf
+    "otel-collector": (400, _status("proto: illegal wireType 7"), "proto: illegal wireType 7"),
+    # Honeycomb-style JSON error, and a plain-text proxy page
+    "honeycomb": (
+        401,
+        b'{"error":"unknown API key - check your credentials"}',
+        "unknown API key - check your credentials",
+    ),  # fmt: skip
+    "plain": (404, b"404 page not found\n", "404 page not found"),
+}
+
+
+@pytest.mark.parametrize("backend", sorted(REFUSALS))
+def test_a_refused_batch_shows_the_backends_reason(tmp_path, clean_otel_env, caplog, backend):
+    status, body, reason = REFUSALS[backend]
+    with collector(status, body) as (endpoint, received):
         clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         telemetry = setup_telemetry(tmp_path)
         with caplog.at_level(logging.WARNING):
@@ -168,8 +217,22 @@ def test_a_refused_batch_shows_the_backends_reason(tmp_path, clean_otel_env, cap
             telemetry.shutdown()
     assert received  # the batch reached the backend, which refused it
     (warning,) = [r.message for r in caplog.records if "could not export" in r.message]
-    assert "code: 422" in warning
-    assert "the backend said: Missing header x-mlflow-experiment-id" in warning
+    assert f"code: {status}" in warning
+    assert f"the backend said: {reason})" in warning  # the short reason, not the whole body
+    assert "training continues" not in warning and "the run goes on" in warning
+
+
+@pytest.mark.parametrize("backend", ["mlflow3", "otel-collector"])
+def test_a_refused_replay_names_the_short_reason(tmp_path, backend):
+    status, body, reason = REFUSALS[backend]
+    telemetry = setup_telemetry(tmp_path, otlp=False)
+    record_one_restore(telemetry)
+    telemetry.shutdown()
+    with collector(status, body) as (endpoint, _):
+        refused = run_cli("export", "--otlp", str(telemetry.trace_file),
+                          env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})  # fmt: skip
+    assert refused.returncode != 0
+    assert f"refused the spans (HTTP {status}: {reason})" in refused.stderr
 
 
 def test_otel_traces_exporter_none_disables_otlp(tmp_path, clean_otel_env):

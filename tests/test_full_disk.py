@@ -213,3 +213,36 @@ def test_too_few_inodes_are_refused_before_writing(tmp_path):
         assert_one_line_error(result, str(few / "ckpt"), "101 files", "free inodes", "--files")
         assert not (few / "ckpt" / MANIFEST_NAME).exists()
         assert not (few / "ckpt").exists() or not any((few / "ckpt").iterdir())
+
+
+# ------------------------------------------------------------------ #21 items 5, 7
+
+
+def test_a_checkpoint_that_fits_is_never_refused_for_headroom(tmp_path):
+    """#21 item 7: a 144 MB checkpoint was refused on a 300 MB filesystem ("needs about
+    429 MB") that `cp` of the same files fits: headroom was counted as checkpoint."""
+    from ckptprof.synth.generate import generate
+
+    spec = SynthSpec("llama2-7b", "torch", 0.002)  # ~140 MB with Adam state
+    source = generate(str(tmp_path / "src"), spec, progress=False)
+    assert 120e6 < source.total_bytes < 160e6
+    with small_fs(tmp_path / "small", "300m") as small:
+        done = run_cli("synth", "generate", str(small / "ckpt"), "--scale", "0.002")
+        assert done.returncode == 0, done.stderr
+        assert (small / "ckpt" / MANIFEST_NAME).exists()
+
+
+def test_cold_on_a_memory_filesystem_says_cold_is_impossible_there(checkpoints, tmp_path):
+    """#21 item 5: on tmpfs a "cold" probe ran and then residency refused it with advice
+    to re-run as root with --drop-caches."""
+    import shutil
+
+    with small_fs(tmp_path / "ram", "64m") as ram:
+        shutil.copytree(checkpoints("torch"), ram / "ckpt")
+        out = str(tmp_path / "out")
+        cold = run_cli("synth", "restore", str(ram / "ckpt"), "--cache", "cold", "--no-report",
+                       "--no-first-step", "--repeat", "1", "--out", out)  # fmt: skip
+        line = assert_one_line_error(cold, "is on tmpfs", "cold read is impossible", "--cache hot")
+        assert "--drop-caches" not in line and "ceiling" not in cold.stdout  # nothing ran
+        hot = restore_cli(ram / "ckpt")
+        assert hot.returncode == 0, hot.stderr

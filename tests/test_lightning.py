@@ -365,3 +365,24 @@ def test_strategies_that_checkpoint_themselves_are_traced(tmp_path):
     assert summary.attributes["ckpt.strategy"] == "OwnCheckpointingStrategy"
     assert not callback._instrumentor.patcher.attached  # and unwrapped at teardown
     assert "load_checkpoint" not in vars(trainer.strategy)
+
+
+def test_an_unwritable_state_dir_is_named_once_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    """#21 item 12: the only output was `ckptprof: internal error in commit ignored:
+    PermissionError(13, 'Permission denied')`."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")  # root passes permission checks; this fails for all
+    monkeypatch.setenv("CKPTPROF_STATE_DIR", str(blocker / "state"))
+    torch.manual_seed(0)
+    model = TinyModel()
+    trainer = make_trainer(tmp_path, 10, CkptProf(trace_dir=tmp_path / "t"))
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        trainer.fit(model, data())
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("ckptprof")]
+    named = [m for m in ours if "cannot write its records to" in m]
+    assert len(named) == 1, ours  # once, however many saves
+    assert str(blocker / "state") in named[0] and "CKPTPROF_STATE_DIR" in named[0]
+    assert "Training goes on" in named[0]
+    assert not any("internal error" in m for m in ours)
+    assert trainer.global_step == 10  # the training went on to its end
+    assert (tmp_path / "ckpt" / "last.ckpt").exists()  # the job's own checkpoints are there

@@ -15,7 +15,7 @@ import pytest
 from ckptprof.errors import CkptprofError
 from ckptprof.manifest import GENERATING_NAME, MANIFEST_NAME
 from ckptprof.storage.posix import PosixStorage
-from tests.conftest import TINY_SCALE, run_cli
+from tests.conftest import TINY_SCALE, interrupted_generation, run_cli
 from tests.test_bad_input import assert_one_line_error, restore_cli
 
 
@@ -101,27 +101,6 @@ def test_writes_and_deletes_never_follow_a_link_out_of_the_location(tmp_path):
         with pytest.raises(CkptprofError, match="outside"):
             touch()
     assert os.listdir(outside) == ["model.pt"] and (outside / "model.pt").read_text() == "precious"
-
-
-def interrupted_generation(dest: Path, after_files: int, monkeypatch) -> None:
-    """A real generation that dies after ``after_files`` files (as a full disk or a kill
-    mid-write would leave it): the generation record is there, no manifest."""
-    from ckptprof.synth import generate as gen
-    from ckptprof.synth.plan import SynthSpec
-
-    write_one, written = gen._write_one, []
-
-    def dying(*args):
-        if len(written) == after_files:
-            raise OSError(28, "No space left on device")
-        written.append(args[3].path)
-        return write_one(*args)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(gen, "_write_one", dying)
-        with pytest.raises(OSError):
-            gen.generate(str(dest), SynthSpec("llama2-7b", "torch", TINY_SCALE, files=4),
-                         progress=False)  # fmt: skip
 
 
 def test_an_interrupted_generate_can_be_replaced_with_force(tmp_path, monkeypatch):

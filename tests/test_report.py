@@ -761,3 +761,162 @@ def test_group_hints_for_reads_and_resume_memory():
     big = H.resume_memory(group(memory=ResumeMemory(3 * 10**9, 2 * 10**9)))
     assert big is not None and "1.50x the 2.00 GB the job held while training" in big.message
     assert H.resume_memory(group(memory=ResumeMemory(2 * 10**9, 2 * 10**9))) is None
+
+
+def test_the_gate_fails_on_a_phase_beyond_its_spread_while_the_rto_is_within_its_own(tmp_path):
+    """The README's example: the RTO moves less than its spread, fetch moves beyond its
+    own (and beyond the limit) → exit 1 naming the phase; the RTO is never named."""
+    base_doc = results_doc()
+    new_doc = json.loads(json.dumps(base_doc))
+    for run in new_doc["runs"]:
+        if run["cache"] == "cold" and run["concurrency"] == 1:
+            run["phases"]["fetch"]["busy_s"] *= 1.5  # 3.0-3.4 s → 4.5-5.1 s: beyond
+            run["phases"]["reshard"]["busy_s"] = 0.01  # faster elsewhere: RTO
+            run["wall_s"] += 0.1  # 4.0-4.4 → 4.1-4.5: overlaps the base's spread
+    base = write_results(tmp_path / "base", base_doc)
+    new = write_results(tmp_path / "new", new_doc)
+    done = run_cli("compare", str(base), str(new), "--fail-if-slower", "10%")
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "cold c=1 fetch 4.800 s vs 3.200 s (+50%, beyond the repeats' spread" in line
+    assert " RTO " not in line
+    from ckptprof.report.compare import compare
+
+    found = compare([str(base), str(new)], limit=0.1)
+    rto = next(f for f in found.findings if f.setting == "cold c=1" and f.what == "RTO")
+    assert not rto.beyond_spread and not rto.slower
+    assert [f.what for f in found.regressions] == ["fetch"]
+
+
+def test_a_phase_that_moves_less_than_the_floor_is_never_judged(tmp_path):
+    """A phase is judged only when it moves by PHASE_FLOOR of the base RTO: a tiny phase
+    doubling (list: 0.01 s → 0.02 s of a 4 s restore) is no regression."""
+    from ckptprof.report.compare import PHASE_FLOOR, compare
+
+    doc = results_doc()
+    for run in doc["runs"]:
+        run["phases"]["list"]["busy_s"] *= 2
+    base = write_results(tmp_path / "base", results_doc())
+    new = write_results(tmp_path / "new", doc)
+    found = compare([str(base), str(new)], limit=0.1)
+    assert PHASE_FLOOR * 4.2 > 0.01  # the move is below the floor
+    assert not any(f.what == "list" for f in found.findings)
+    assert run_cli("compare", str(base), str(new), "--fail-if-slower", "10%").returncode == 0
+
+
+def test_a_gate_that_compared_nothing_fails_naming_each_sides_settings(tmp_path, capsys):
+    """#21 item 3: two results with no common setting printed "gate: nothing slower" and
+    exited 0."""
+    from ckptprof.cli import main
+
+    other = results_doc()
+    for run in other["runs"]:
+        run["concurrency"] = 64
+    base = write_results(tmp_path / "base", results_doc())
+    new = write_results(tmp_path / "new", other)
+    assert main(["compare", str(base), str(new), "--fail-if-slower", "10%"]) == 1
+    out, err = capsys.readouterr()
+    (line,) = err.strip().splitlines()
+    assert f"the gate compared nothing for {new}: no setting in common" in line
+    assert "base: cold c=1, cold c=16, hot c=16" in line and "cold c=64, hot c=64" in line
+    assert "gate: FAILED" in out and "nothing slower" not in out
+    # one repeat a side of the only shared setting: nothing was judged either
+    single = results_doc()
+    single["runs"] = [r for r in single["runs"] if r["cache"] == "hot"]
+    lone = write_results(tmp_path / "lone", single)
+    assert main(["compare", str(lone), str(lone), "--fail-if-slower", "10%"]) == 1
+    assert "fewer than 2 repeats" in capsys.readouterr().err
+    # without a gate a comparison of nothing is only a table: exit 0
+    assert main(["compare", str(base), str(new)]) == 0
+
+
+def test_compare_says_when_the_sources_restored_different_checkpoints(tmp_path, capsys):
+    from ckptprof.cli import main
+
+    other = results_doc()
+    other["spec"] = {**other["spec"], "layout": "safetensors", "scale": 0.05}
+    base = write_results(tmp_path / "base", results_doc())
+    new = write_results(tmp_path / "new", other)
+    assert main(["compare", str(base), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "note: the sources restored different checkpoints" in out
+    assert "llama2-7b torch x0.01" in out and "llama2-7b safetensors x0.05" in out
+    assert main(["compare", str(base), str(base)]) == 0
+    assert "different checkpoints" not in capsys.readouterr().out
+
+
+def test_a_limit_is_printed_as_given(tmp_path, capsys):
+    """#21 item 3: `--fail-if-slower 5.5%` was printed as "6%"."""
+    from ckptprof.cli import main
+
+    base = write_results(tmp_path / "base", results_doc())
+    assert main(["compare", str(base), str(base), "--fail-if-slower", "5.5%"]) == 0
+    assert "more than 5.5%" in capsys.readouterr().out
+
+
+def test_export_skips_a_cut_last_line_as_report_does(three_restores, tmp_path, capsys):
+    """#21 item 8: a job killed mid-write leaves a cut last line: report skipped it with a
+    warning, export refused the whole file."""
+    from ckptprof.cli import main
+
+    lines = three_restores.read_text().splitlines()
+    trace = tmp_path / "cut.jsonl"
+    trace.write_text("\n".join(lines) + "\n" + lines[0][: len(lines[0]) // 2])  # cut mid-line
+    assert main(["report", str(trace)]) == 0
+    report_err = capsys.readouterr().err
+    out = tmp_path / "out.json"
+    assert main(["export", str(trace), "--format", "otlp-json", "-o", str(out)]) == 0
+    export_err = capsys.readouterr().err
+    warning = f"skipped 1 malformed line in 1 trace file (first: {trace} line {len(lines) + 1})"
+    assert warning in report_err and warning in export_err
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+    spans = [s for doc in exported for rs in doc["resourceSpans"] for ss in rs["scopeSpans"]
+             for s in ss["spans"]]  # fmt: skip
+    assert len(spans) == len(lines)  # every whole line, none lost with the cut one
+
+
+def test_results_and_their_own_traces_count_each_restore_once(results_dir, clock, capsys):
+    """#21 item 18: a results.json given with its own traces showed every configuration
+    twice (one row per source) and each hint once per source."""
+    from ckptprof.cli import main
+
+    def record(tracer):
+        for _ in range(3):
+            record_restore(tracer, clock, COLD, 4.2, [(Phase.FETCH, 0, 3.2)])
+
+    trace = write_trace(results_dir / "traces", record)
+    doc = json.loads((results_dir / "results.json").read_text())
+    ids = [json.loads(line)["context"]["trace_id"] for line in trace.read_text().splitlines()]
+    for run, trace_id in zip(doc["runs"], dict.fromkeys(ids), strict=False):
+        run["trace_id"] = trace_id.removeprefix("0x")  # results.json's spelling of the id
+    (results_dir / "results.json").write_text(json.dumps(doc))
+    data = load([results_dir / "results.json", trace])
+    assert data.results and data.operations == []  # the traces' restores are the results'
+    assert main(["report", str(results_dir / "results.json"), str(trace)]) == 0
+    text = capsys.readouterr().out
+    assert "restore group" not in text and text.count("ceiling:") == 1
+
+
+def test_output_degrades_to_ascii_where_the_stream_cannot_encode(tmp_path):
+    """#21 item 9: `LC_ALL=C PYTHONUTF8=0 ckptprof report out` crashed on '…'."""
+    folder = write_results(tmp_path / "run", results_doc())
+    env = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}
+    done = run_cli("report", str(folder), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "UnicodeEncodeError" not in done.stderr
+    done.stdout.encode("ascii")  # every character degraded to ASCII
+    helped = run_cli("synth", "generate", "--help", env=env)
+    assert helped.returncode == 0 and "UnicodeEncodeError" not in helped.stderr
+
+
+def test_a_stalled_request_is_named_by_a_hint():
+    """#21 item 17: a 12 s stall below the read timeout showed as RTO 15.7 s, no word."""
+    stalled = breakdown(rto=15.7, fetch=(13.0, None, None, False))
+    assert "stall" not in codes(stalled)  # no request time recorded: no verdict
+    stalled.phase("fetch").details["slowest_request_s"] = 12.0
+    hint = H.stalled_request(stalled)
+    assert hint is not None and "one fetch request waited 12 s (76% of the RTO)" in hint.message
+    assert "stall" in codes(stalled)
+    steady = breakdown(rto=15.7, fetch=(13.0, None, None, False))
+    steady.phase("fetch").details["slowest_request_s"] = 0.4
+    assert "stall" not in codes(steady)

@@ -269,8 +269,11 @@ def test_no_secrets_in_spans_results_or_logs(s3_bucket, s3_env, seaweed, tmp_pat
         "2",
         env=env,
     )
-    assert result.returncode == 0, result.stderr
-    everything = result.stdout + result.stderr
+    assert_one_line_error(result, f"{location}?…", "no query string")  # never another object
+    clean = s3_cli("synth", "restore", location, "--out", str(tmp_path / "o"), "--repeat", "1",
+                   "--cache", "cold", "--concurrency", "2", env=env)  # fmt: skip
+    assert clean.returncode == 0, clean.stderr
+    everything = result.stdout + result.stderr + clean.stdout + clean.stderr
     for path in (tmp_path / "o").rglob("*"):
         if path.is_file():
             everything += path.read_text(errors="replace")
@@ -283,7 +286,10 @@ def test_safe_endpoint_strips_userinfo_and_query():
     from ckptprof.storage.s3 import safe_endpoint, split_s3_uri
 
     assert safe_endpoint("http://user:pw@127.0.0.1:9000/?token=x") == "http://127.0.0.1:9000"
-    assert split_s3_uri("s3://b/a/b?X-Amz-Signature=1") == ("b", "a/b/")
+    assert split_s3_uri("s3://b/a#b/c") == ("b", "a#b/c/")  # '#' is a key character
+    with pytest.raises(Exception, match="no query string") as refused:
+        split_s3_uri("s3://b/a/b?X-Amz-Signature=1")
+    assert "Signature" not in str(refused.value)
     with pytest.raises(Exception, match="s3://bucket/prefix"):
         split_s3_uri("s3:/nobucket")
 
@@ -420,3 +426,42 @@ def test_a_bad_timeout_setting_is_one_line(s3_bucket, s3_env, tmp_path):
     env["CKPTPROF_S3_READ_TIMEOUT"] = "soon"
     result = s3_cli("synth", "restore", f"s3://{s3_bucket.name}/x", "--out", str(tmp_path), env=env)
     assert_one_line_error(result, "CKPTPROF_S3_READ_TIMEOUT='soon'", "seconds")
+
+
+def test_a_key_with_a_hash_is_kept_whole_and_a_query_is_refused(s3_bucket, s3_env, tmp_path):
+    """#21 item 4: `s3://b/hash#tag` was written to `s3://b/hash`, `s3://b/q?x=1` to
+    `s3://b/q`: another object than the one named."""
+    s3_env()
+    location = f"s3://{s3_bucket.name}/hash#tag"
+    generate(location, SynthSpec("llama2-7b", "torch", TINY_SCALE), progress=False)
+    keys = [o["Key"] for o in s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name)["Contents"]]
+    assert keys and all(k.startswith("hash#tag/") for k in keys)
+    assert restore(location, tmp_path)["runs"]
+    refused = run_cli("synth", "generate", f"s3://{s3_bucket.name}/q?X-Amz-Signature=secret",
+                      "--scale", str(TINY_SCALE))  # fmt: skip
+    line = assert_one_line_error(refused, f"s3://{s3_bucket.name}/q?…", "no query string")
+    assert "secret" not in refused.stderr + refused.stdout and "X-Amz" not in line
+    after = s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name)["Contents"]
+    assert [o["Key"] for o in after] == keys  # nothing written to s3://bucket/q
+
+
+def test_a_stall_below_the_read_timeout_is_named(s3_bucket, s3_env, fault_proxy, tmp_path):
+    """#21 item 17: the server stops answering for a few seconds mid-fetch (under the
+    read timeout, so nothing fails): the run line and the fetch span say so."""
+    s3_env()
+    location = s3_generate(s3_bucket.name, "safetensors")
+    s3_env(endpoint_url=fault_proxy.endpoint_url)
+    fault_proxy.stall_next_get(3.0, "model-00002-of-")  # a data file, once the fetch runs
+    lines: list[str] = []
+    options = RestoreOptions(caches=("cold",), concurrency=(2,), repeat=1, progress=False,
+                             ceiling_gbps=1.0, first_step=False,
+                             strategies=("staged",))  # fmt: skip
+    payload = run_restore(location, options, tmp_path / "out", echo=lines.append)
+    (run,) = payload["runs"]
+    assert run["slowest_request_s"] >= 2.5, lines
+    assert run["slowest_request"].startswith(f"{location}/model-00002-of-")
+    assert any("STALL: one request took" in line for line in lines)
+    _, phases = phase_spans(payload)
+    assert phases[0]["ckpt.fetch"]["attributes"]["ckpt.fetch.slowest_request_s"] >= 2.5
+    report = run_cli("report", str(tmp_path / "out"))
+    assert report.returncode == 0 and "one fetch request waited" in report.stdout

@@ -14,6 +14,7 @@ import os
 import sys
 
 from ckptprof.cli.options import Parser
+from ckptprof.console import degrade_unencodable
 from ckptprof.errors import CkptprofError
 
 DEBUG_ENV = "CKPTPROF_DEBUG"
@@ -62,6 +63,7 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    degrade_unencodable()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)

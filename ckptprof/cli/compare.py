@@ -103,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
 
         written = save_figure(lambda: compare_figure(result), args.plot, "--plot")
         print(f"ckptprof: plot written to {written}", file=sys.stderr)
+    failure = result.gate_failure()
+    if failure:
+        print(f"ckptprof: {failure}", file=sys.stderr)
+        return 1
     if result.regressions:
         first = result.regressions[0]
         more = len(result.regressions) - 1

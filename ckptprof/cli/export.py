@@ -81,24 +81,20 @@ def _files(paths: list[str]) -> list[Path]:
 
 
 def _read(paths: list[str]) -> tuple[list[dict], list[dict]]:
-    """(spans of trace files, OTLP/JSON requests of OTLP JSON-lines files)."""
-    from ckptprof.tracing.otlp_json import is_otlp_json
+    """(spans of trace files, OTLP/JSON requests of OTLP JSON-lines files); malformed
+    lines are skipped with one warning, as ``ckptprof report`` does."""
+    from ckptprof.report.load import is_span, read_json_lines, skipped_lines_warning
+    from ckptprof.tracing.otlp_json import is_otlp_document
 
-    spans, requests = [], []
-    for path in _files(paths):
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    raise CkptprofError(
-                        f"{path} line {number}: not JSON — is it a ckptprof trace file?"
-                    ) from None
-                (requests if is_otlp_json(line) else spans).append(doc)
-    if not spans and not requests:
-        raise CkptprofError(f"{', '.join(paths)}: no spans in these files")
+    reads = [
+        read_json_lines(path, lambda doc: is_span(doc) or is_otlp_document(doc))
+        for path in _files(paths)
+    ]
+    spans = [doc for read in reads for doc in read.docs if is_span(doc)]
+    requests = [doc for read in reads for doc in read.docs if not is_span(doc)]
+    skipped = skipped_lines_warning(reads)
+    if skipped:
+        print(f"ckptprof: warning: {skipped}", file=sys.stderr)
     return spans, requests
 
 
@@ -120,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         from ckptprof.tracing.otlp_json import replay, requests_of
 
         sent, count = replay([*requests, *requests_of(spans)], otlp_timeout_s())
-        print(f"ckptprof: sent {count} spans in {sent} requests", file=sys.stderr)
+        requests_word = "request" if sent == 1 else "requests"
+        print(f"ckptprof: sent {count} spans in {sent} {requests_word}", file=sys.stderr)
         return 0
     if requests and not spans:
         raise CkptprofError(

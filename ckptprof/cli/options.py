@@ -31,7 +31,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             shown = ",".join(map(str, default))
         else:
             shown = default
-        return f"{text} (default {shown})".replace("%", "%%")
+        return f"{text} (default {str(shown).replace('%', '%%')})"  # text's own %(…)s stay
 
 
 class Parser(argparse.ArgumentParser):

@@ -294,7 +294,7 @@ def run_generate(args) -> int:
     result = generate(args.dest, spec, force=args.force)
     print(
         f"wrote {len(result.manifest.files)} files, {result.total_bytes / 1e9:.3f} GB to "
-        f"{result.location} ({spec.model} x{spec.scale:g}, {spec.layout}, {spec.ranks} ranks)"
+        f"{result.location} ({spec.model} {spec.scale_label()}, {spec.layout}, {spec.ranks} ranks)"
     )
     return 0
 
@@ -308,7 +308,7 @@ def describe_plan(plan, total_bytes: int, bandwidths: list[float]) -> str:
         f"model {plan.spec.model}: {preset.params / 1e9:.2f} B params "
         f"({len(preset.tensors())} tensors, {preset.layers} layers)"
         + (
-            f"; scaled x{plan.spec.scale:g} to {plan.preset.params / 1e6:.1f} M params"
+            f"; scaled {plan.spec.scale_label()} to {plan.preset.params / 1e6:.1f} M params"
             if plan.spec.scale != 1
             else ""
         ),

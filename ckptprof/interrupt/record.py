@@ -80,9 +80,13 @@ def write_record(location: str, record: InterruptionRecord) -> None:
         open_storage(location).write_bytes(RECORD_NAME, raw)  # one PUT: atomic
         return
     from ckptprof.atomic import atomic_write
+    from ckptprof.state import unwritable_state
 
-    os.makedirs(location, exist_ok=True)
-    atomic_write(os.path.join(location, RECORD_NAME), raw)
+    try:
+        os.makedirs(location, exist_ok=True)
+        atomic_write(os.path.join(location, RECORD_NAME), raw)
+    except OSError as exc:
+        raise unwritable_state(location, exc) from None
 
 
 def read_record(location: str, run_id: str | None = None) -> InterruptionRecord | None:

@@ -16,10 +16,12 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ckptprof.phases import RESTORE_PHASES
+from ckptprof.phases import RESTORE_PHASES, Attr
 from ckptprof.report.aggregate import aggregate, short_label
 from ckptprof.report.load import load
+from ckptprof.units import fmt_bytes
 
 SCHEMA_VERSION = 1
 MIN_REPEATS = 2  # a verdict needs at least this many repeats on each side
@@ -36,6 +38,8 @@ class Entry:
     setting: str
     walls: list[float]
     phases: dict[str, list[float]] = field(default_factory=dict)
+    #: what was restored (model, layout, bytes): runs of other checkpoints are no match
+    checkpoint: str = ""
 
     @property
     def median(self) -> float:
@@ -61,7 +65,7 @@ class Finding:
     slower: bool  # beyond the limit and the spread: a regression
 
     def line(self, limit: float | None) -> str:
-        bound = f"; limit {limit:.0%}" if limit is not None else ""
+        bound = f"; limit {percent(limit)}" if limit is not None else ""
         spread = "beyond the repeats' spread" if self.beyond_spread else "within the spread"
         return (
             f"{self.source}: {self.setting} {self.what} {self.new_s:.3f} s vs "
@@ -82,8 +86,53 @@ class Comparison:
     def regressions(self) -> list[Finding]:
         return [f for f in self.findings if f.slower]
 
+    def unjudged_sources(self) -> list[str]:
+        """Later sources the gate rendered no verdict on: no setting in common with the
+        base, or too few repeats on a side. A gate that compared nothing has not passed."""
+        judged = {f.source for f in self.findings if f.judged}
+        return [s for s in self.sources[1:] if s not in judged]
+
+    def settings_of(self, source: str) -> list[str]:
+        return sorted(k for k, entries in self.entries.items() if any(
+            e.source == source for e in entries))  # fmt: skip
+
+    def checkpoints_of(self, source: str) -> list[str]:
+        return sorted({e.checkpoint for es in self.entries.values() for e in es
+                       if e.source == source and e.checkpoint})  # fmt: skip
+
+    def gate_failure(self) -> str | None:
+        """One line saying why the gate could not judge, or None when it did."""
+        if self.limit is None:
+            return None
+        missing = self.unjudged_sources()
+        if not missing:
+            return None
+        other = missing[0]
+        base_settings, other_settings = self.settings_of(self.sources[0]), self.settings_of(other)
+        if set(base_settings) & set(other_settings):
+            why = f"each setting they share has fewer than {MIN_REPEATS} repeats on a side"
+        else:
+            why = (f"no setting in common (base: {', '.join(base_settings) or 'none'}; "
+                   f"{other}: {', '.join(other_settings) or 'none'})")  # fmt: skip
+        return (f"the gate compared nothing for {other}: {why}; run both with the same "
+                f"settings and --repeat {MIN_REPEATS} or more.")  # fmt: skip
+
     def cost(self, seconds: float) -> float:
         return seconds / 3600 * self.cost_per_hour * self.instances
+
+
+def percent(share: float) -> str:
+    """A share as the user wrote it: 0.055 is "5.5%", never rounded to "6%"."""
+    return f"{share * 100:.4g}%"
+
+
+def _checkpoint(model: Any, layout: Any, size: Any) -> str:
+    """What a run restored, in a few words ("llama2-7b safetensors x0.01")."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = fmt_bytes(size) if size > 0 else None
+    elif isinstance(size, float):
+        size = f"x{size:g}"
+    return " ".join(str(p) for p in (model, layout, size) if p)
 
 
 def entries_of(path: str, label: str) -> list[Entry]:
@@ -95,7 +144,9 @@ def entries_of(path: str, label: str) -> list[Entry]:
         for run in results.runs:
             conc = f"c={run.concurrency}" if run.concurrency else ""
             setting = " ".join(str(p) for p in (run.strategy, run.cache, conc) if p)
-            entry = by_setting.setdefault(setting, Entry(label, setting, []))
+            spec = results.spec
+            what = _checkpoint(spec.get("model"), spec.get("layout"), spec.get("scale"))
+            entry = by_setting.setdefault(setting, Entry(label, setting, [], checkpoint=what))
             entry.walls.append(run.wall_s)
             for name, sample in run.phases.items():
                 entry.phases.setdefault(name, []).append(sample.busy_s)
@@ -105,7 +156,10 @@ def entries_of(path: str, label: str) -> list[Entry]:
         if group.kind != "restore" or not group.operations:
             continue
         config = {k: v for k, v in group.config.items() if k not in WHERE_KEYS}
-        entry = Entry(label, short_label(config) or "restore", [])
+        first = group.operations[0]
+        what = _checkpoint(first.attr(Attr.MODEL), first.attr(Attr.LAYOUT, first.attr(Attr.FORMAT)),
+                           first.attr(Attr.CHECKPOINT_BYTES))  # fmt: skip
+        entry = Entry(label, short_label(config) or "restore", [], checkpoint=what)
         for op in group.operations:
             if op.failed:
                 continue
@@ -200,8 +254,19 @@ def render_text(c: Comparison) -> str:
         if base_entry is None:
             lines.append(f"  (no {base} run of this setting: nothing to judge against)")
     lines.append("")
+    lines += _checkpoint_lines(c)
     lines += _verdict_lines(c)
     return "\n".join(lines) + "\n"
+
+
+def _checkpoint_lines(c: Comparison) -> list[str]:
+    """A word when the sources restored different checkpoints: their times measure
+    different work, so a ranking or a gate between them says little."""
+    seen = {s: c.checkpoints_of(s) for s in c.sources}
+    if len({tuple(v) for v in seen.values() if v}) <= 1:
+        return []
+    parts = "; ".join(f"{s}: {', '.join(v) or 'unknown'}" for s, v in seen.items())
+    return [f"note: the sources restored different checkpoints ({parts})"]
 
 
 def _verdict_lines(c: Comparison) -> list[str]:
@@ -216,8 +281,11 @@ def _verdict_lines(c: Comparison) -> list[str]:
         lines.append(
             f"not judged (fewer than {MIN_REPEATS} repeats on a side): " + "; ".join(unjudged)
         )
-    if not c.regressions:
-        lines.append(f"gate: nothing slower than the base by more than {c.limit:.0%}")
+    failure = c.gate_failure()
+    if failure:
+        lines.append(f"gate: FAILED: {failure}")
+    elif not c.regressions:
+        lines.append(f"gate: nothing slower than the base by more than {percent(c.limit)}")
     return lines
 
 
@@ -250,6 +318,8 @@ def render_json(c: Comparison) -> str:
         },
         "findings": [asdict(f) for f in c.findings],
         "regressions": [asdict(f) for f in c.regressions],
+        "gate_failure": c.gate_failure(),
+        "checkpoints": {s: c.checkpoints_of(s) for s in c.sources},
     }
     return json.dumps(doc, indent=2) + "\n"
 

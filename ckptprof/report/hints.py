@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckptprof.phases import Phase
+from ckptprof.results_schema import stalled
 from ckptprof.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -182,6 +183,24 @@ def not_really_cold(b: Breakdown) -> Hint | None:
     )
 
 
+def stalled_request(b: Breakdown) -> Hint | None:
+    """One storage request that waited seconds, a large share of the RTO: a stall (below
+    the read timeout, so no error says so)."""
+    fetch = b.phase(Phase.FETCH)
+    longest = fetch.details.get("slowest_request_s") if fetch is not None else None
+    if longest is None or not stalled(longest, b.wall_median_s):
+        return None
+    return Hint(
+        "stall",
+        f"one fetch request waited {_s(longest)} ({longest / b.wall_median_s:.0%} of "
+        f"{_wall_word(b)}): the storage stalled rather than ran slowly; the trace's fetch "
+        "span names the object (ckpt.fetch.slowest_request). Check the server and the "
+        "network for pauses, and repeat the run before you trust this figure.",
+        min(1.0, longest / b.wall_median_s),
+        b.label,
+    )
+
+
 def reshard_dominates(b: Breakdown) -> Hint | None:
     """reshard busy above RESHARD_SHARE_MAX of the RTO."""
     return _share_rule(
@@ -267,6 +286,7 @@ def noisy_repeats(b: Breakdown) -> Hint | None:
 
 
 BREAKDOWN_RULES: tuple[Callable[[Breakdown], Hint | None], ...] = (
+    stalled_request,
     not_really_cold,
     verify_dominates,
     deserialize_dominates,

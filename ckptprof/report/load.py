@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -220,14 +220,21 @@ def _looks_like_results(path: Path) -> bool:
 
 # --------------------------------------------------------------------- traces
 @dataclass
-class _TraceReadResult:
-    spans: list[dict[str, Any]]
+class TraceLines:
+    """What one trace file's lines held: the documents kept, and the lines skipped."""
+
+    path: Path
+    docs: list[dict[str, Any]]
     bad_lines: int
     first_bad_line: int | None
 
 
-def _read_span_lines(path: Path) -> _TraceReadResult:
-    spans: list[dict[str, Any]] = []
+def read_json_lines(path: Path, keep: Callable[[Any], bool] | None = None) -> TraceLines:
+    """The JSON documents of a JSON-lines trace file that ``keep`` accepts (spans by
+    default). A malformed line (a job killed mid-write cuts its last one) is counted and
+    skipped, never fatal; a file none of whose lines is kept is not a trace file."""
+    keep = keep or is_span
+    docs: list[dict[str, Any]] = []
     bad, first_bad, nonblank = 0, None, 0
     with open(path, encoding="utf-8", errors="replace") as handle:
         for number, line in enumerate(handle, start=1):
@@ -235,24 +242,37 @@ def _read_span_lines(path: Path) -> _TraceReadResult:
                 continue
             nonblank += 1
             try:
-                span = json.loads(line)
+                doc = json.loads(line)
             except json.JSONDecodeError:
-                span = None
-            if not _is_span(span):
+                doc = None
+            if not keep(doc):
                 bad += 1
                 first_bad = first_bad or number
                 continue
-            spans.append(span)
-    if nonblank and not spans:
+            docs.append(doc)
+    if nonblank and not docs:
         raise CkptprofError(
             f"{path}: not a ckptprof trace file (no line is an OpenTelemetry span as JSON) — "
             f"pass the *{TRACE_SUFFIX} files ckptprof writes (ckptprof-traces/ by default) "
             f"or a {RESULTS_NAME}"
         )
-    return _TraceReadResult(spans, bad, first_bad)
+    return TraceLines(path, docs, bad, first_bad)
 
 
-def _is_span(obj: Any) -> bool:
+def skipped_lines_warning(reads: Iterable[TraceLines]) -> str | None:
+    """One line about the malformed lines skipped in ``reads``, or None when there were none."""
+    damaged = [r for r in reads if r.bad_lines]
+    if not damaged:
+        return None
+    total, files = sum(r.bad_lines for r in damaged), len(damaged)
+    first = f"{damaged[0].path} line {damaged[0].first_bad_line}"
+    return (
+        f"skipped {total} malformed line{'s' if total != 1 else ''} in "
+        f"{files} trace file{'s' if files != 1 else ''} (first: {first})"
+    )
+
+
+def is_span(obj: Any) -> bool:
     return (
         isinstance(obj, dict)
         and isinstance(obj.get("name"), str)
@@ -368,6 +388,11 @@ def _results_phases(raw: Any) -> dict[str, PhaseSample]:
             emulated=_flag(entry.get("emulated", False)),
             emulation_reason=str(reason) if reason is not None else None,
             of_bytes=_int(entry.get("of_bytes")),
+            details={
+                str(k): float(v)
+                for k, v in (entry.get("details") or {}).items()
+                if _num(v) is not None
+            },  # fmt: skip
         )
     return phases
 
@@ -462,7 +487,7 @@ def read_trace_spans(
     if beside_results:
         for found in results:
             trace_paths += sorted(p for p in found.parent.rglob(f"*{TRACE_SUFFIX}") if p.is_file())
-    return [span for path in _unique(trace_paths) for span in _read_span_lines(path).spans]
+    return [span for path in _unique(trace_paths) for span in read_json_lines(path).docs]
 
 
 def load(paths: Iterable[str | os.PathLike]) -> ReportData:
@@ -481,23 +506,25 @@ def load(paths: Iterable[str | os.PathLike]) -> ReportData:
         data.results.append(_read_results(path))
         data.sources.append(str(path))
     seen: set[tuple[str, str]] = set()
-    bad_total, bad_files, first_bad = 0, 0, None
+    reads = []
     for path in trace_paths:
-        read = _read_span_lines(path)
-        if read.bad_lines:
-            bad_total += read.bad_lines
-            bad_files += 1
-            first_bad = first_bad or f"{path} line {read.first_bad_line}"
-        for op in operations_from_spans(read.spans, str(path)):
+        read = read_json_lines(path)
+        reads.append(read)
+        for op in operations_from_spans(read.docs, str(path)):
             if (op.trace_id, op.span_id) not in seen:
                 seen.add((op.trace_id, op.span_id))
                 data.operations.append(op)
         data.sources.append(str(path))
-    if bad_total:
-        data.warnings.append(
-            f"skipped {bad_total} malformed line{'s' if bad_total != 1 else ''} in "
-            f"{bad_files} trace file{'s' if bad_files != 1 else ''} (first: {first_bad})"
-        )
+    skipped = skipped_lines_warning(reads)
+    if skipped:
+        data.warnings.append(skipped)
+    # a results.json and the traces of its own runs (its folder's traces/): the same
+    # restores twice; the results keep them, once
+    summarized = {str(run.trace_id).removeprefix("0x") for results in data.results
+                  for run in results.runs if run.trace_id}  # fmt: skip
+    data.operations = [
+        op for op in data.operations if op.trace_id.removeprefix("0x") not in summarized
+    ]
     if not data.operations and not data.results:
         names = ", ".join(str(p) for p in paths)
         raise CkptprofError(

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,12 +49,24 @@ _DENIED = {
 
 
 def split_s3_uri(location: str) -> tuple[str, str]:
-    """``s3://bucket/a/b`` → (``bucket``, ``a/b/``); the prefix always ends in ``/`` if set."""
-    parts = urlsplit(location)
-    if parts.scheme != "s3" or not parts.netloc:
-        raise CkptprofError(f"{location!r} is not an S3 location; expected s3://bucket/prefix.")
-    prefix = parts.path.strip("/")
-    return parts.netloc, f"{prefix}/" if prefix else ""
+    """``s3://bucket/a/b`` → (``bucket``, ``a/b/``); the prefix always ends in ``/`` if set.
+
+    The key is kept whole (``#`` is a key character, not a URL fragment); a ``?`` is
+    refused, since what follows it is a query string (a presigned URL's signature, often)
+    that no S3 location takes and that must never be printed or traced.
+    """
+    bucket, _, key = location.removeprefix("s3://").partition("/")
+    if not location.startswith("s3://") or not bucket or "?" in bucket:
+        raise CkptprofError(
+            f"{location.split('?')[0]!r} is not an S3 location; expected s3://bucket/prefix."
+        )
+    if "?" in key:
+        raise CkptprofError(
+            f"s3://{bucket}/{key.split('?')[0]}?…: an S3 location takes no query string "
+            "(presigned URLs are not accepted); give s3://bucket/prefix."
+        )
+    prefix = key.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
 
 
 def _direct_readinto(body):
@@ -298,6 +311,7 @@ class S3Storage(Storage):
 
     def read_into(self, path: str, offset: int, buffer: memoryview) -> None:
         want = len(buffer)
+        started = time.perf_counter()
         try:
             resp = self.client.get_object(
                 Bucket=self.bucket,
@@ -325,6 +339,7 @@ class S3Storage(Storage):
             raise EOFError(
                 f"{self._where(path)}: expected {want} bytes from offset {offset}, got {done}"
             )
+        self.stats.observe(self._where(path), time.perf_counter() - started)
 
     def location_exists(self) -> bool:
         try:

@@ -18,6 +18,8 @@ from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.units import fmt_bytes
 
 PROBE_BYTES = 512 << 20
+#: below this a probe's bandwidth is mostly start-up cost: said beside the figure
+STEADY_PROBE_BYTES = 64 << 20
 LATENCY_SAMPLES = 5
 PROBE_PASSES = 2
 
@@ -26,6 +28,8 @@ PROBE_PASSES = 2
 class Ceiling:
     read_gbps: float
     source: str
+    #: the size of the requests the figures are for: the probe's own (never more than
+    #: its files hold), or --part-size for a given ceiling
     part_size: int
     bytes: int
     request_latency_s: float | None = None
@@ -68,16 +72,24 @@ def probe(
     concurrency: int,
     budget: int = PROBE_BYTES,
 ) -> Ceiling:
-    """Measure cold bandwidth at ``concurrency`` and cold single-request latency."""
-    chosen, total = [], 0
-    for info in sorted(files, key=lambda i: -i.size):
+    """Measure cold bandwidth at ``concurrency`` and cold single-request latency.
+
+    Reads the largest files first until ``budget`` bytes (many small files are read as
+    many requests, not cut short at a request count), so the figure is for as many
+    bytes as the checkpoint can give, and says so when that is too few to be steady.
+    """
+    reqs, total = [], 0
+    for req in plan_reads(sorted(files, key=lambda i: -i.size), part_size):
         if total >= budget:
             break
-        chosen.append(info)
-        total += info.size
-    reqs = [r for r in plan_reads(chosen, part_size) if r.length][: max(1, budget // part_size)]
+        if req.length:
+            reqs.append(req)
+            total += req.length
+    if not reqs:
+        return Ceiling(0.0, "probe: the checkpoint holds no bytes to read", part_size, 0)
     paths = sorted({r.path for r in reqs})
-    scratch = HostBuffer(part_size * max(1, concurrency))
+    largest = max(r.length for r in reqs)
+    scratch = HostBuffer(largest * max(1, concurrency))
     try:
         storage.evict(paths)
         latencies = []
@@ -88,7 +100,7 @@ def probe(
 
         def read(i_req):
             i, req = i_req
-            slot = (i % max(1, concurrency)) * part_size
+            slot = (i % max(1, concurrency)) * largest
             storage.read_into(req.path, req.offset, scratch.view[slot : slot + req.length])
 
         seconds = float("inf")
@@ -102,11 +114,17 @@ def probe(
     finally:
         scratch.close()
     nbytes = sum(r.length for r in reqs)
+    source = (
+        f"probe: best of {PROBE_PASSES} cold reads of {fmt_bytes(nbytes)} at {concurrency} "
+        "in flight"
+    )
+    if nbytes < min(STEADY_PROBE_BYTES, budget):
+        source += ", the whole checkpoint: too few bytes for a steady figure"
+    sampled = [r.length for r in reqs[:LATENCY_SAMPLES]]
     return Ceiling(
         read_gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0,
-        source=f"probe: best of {PROBE_PASSES} cold reads of {fmt_bytes(nbytes)} at "
-        f"{concurrency} in flight",
-        part_size=part_size,
+        source=source,
+        part_size=int(statistics.median(sampled)),  # what one request really was
         bytes=sum(f.size for f in files),
         request_latency_s=statistics.median(latencies) if latencies else None,
         probe_concurrency=concurrency,

@@ -81,6 +81,16 @@ class SynthSpec:
     def full_preset(self) -> ModelPreset:
         return get_preset(self.model)
 
+    def scale_label(self) -> str:
+        """``x0.01``; where the widths hit their floor (every tensor keeps its name and
+        rank, so dimensions stop at a few elements), also the scale really written."""
+        label = f"x{self.scale:g}"
+        real = self.preset().params / self.full_preset().params
+        if real > self.scale * 1.5:
+            label += (f" (floored to x{real:.2g}: the widths stop at their smallest, so the "
+                      "checkpoint is larger than asked)")  # fmt: skip
+        return label
+
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 

@@ -24,7 +24,7 @@ from ckptprof.fetch import DEFAULT_PART_SIZE
 from ckptprof.manifest import GENERATING_NAME, MANIFEST_NAME, VERIFY_MODES, Manifest
 from ckptprof.memory import MemoryWatch
 from ckptprof.phases import Attr, Phase
-from ckptprof.preflight import check_output_dir
+from ckptprof.preflight import OutputClaim, check_output_dir
 from ckptprof.storage import open_storage
 from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.synth import ceiling as ceiling_mod
@@ -198,6 +198,13 @@ class RestoreRunner:
         self.caches = tuple(
             c for c in options.caches if c == "cold" or self.storage.has_local_cache
         ) or ("cold",)
+        in_memory = self.storage.memory_filesystem()
+        if "cold" in self.caches and in_memory:
+            raise CkptprofError(
+                f"{self.storage.uri} is on {in_memory}, which keeps its files in memory: a "
+                "cold read is impossible there (nothing can evict them to a disk); use "
+                "--cache hot, or put the checkpoint on a disk-backed filesystem."
+            )
 
     def _check_job_options(self, job: Job) -> None:
         o = self.options
@@ -291,12 +298,19 @@ class RestoreRunner:
             avail //= self.job.local_world
         if need > avail * MEMORY_HEADROOM:
             what = " and ".join(self.options.strategies)
+            largest = max(self.options.strategies, key=holds.__getitem__)
+            if state_on_host > avail * MEMORY_HEADROOM or holds[largest] == 0:
+                fix = "restore one rank of a larger job (--world-size W --rank R)"
+            elif largest == "pipelined":
+                fix = f"give a smaller --memory-budget (now {fmt_bytes(self.memory_budget)})"
+            else:
+                fix = (f"{largest} holds every byte it reads: use --strategy pipelined "
+                       "(it holds only its --memory-budget)")  # fmt: skip
             raise CkptprofError(
                 f"restoring {self.storage.uri} ({what}) needs about {fmt_bytes(need)} "
                 f"of memory (the restored state, {fmt_bytes(self.state.nbytes)}, plus what "
-                f"the strategy holds) but {fmt_bytes(avail)} is available; restore one "
-                "rank of a larger job (--world-size W --rank R), use --strategy pipelined "
-                "with a smaller --memory-budget, or a smaller --scale."
+                f"the strategy holds) but {fmt_bytes(avail)} is available; {fix}, or use "
+                "a smaller --scale."
             )
 
     def prepare(self) -> None:
@@ -404,6 +418,7 @@ class RestoreRunner:
             parent = job_context(self.job)  # every rank's span of this run: one trace
         stats = self.storage.stats
         before = (stats.retries, stats.errors, stats.requests)
+        stats.reset_slowest()
         links, guard, self.interruption = [], self.interruption, None
         if guard is not None:
             links, extra = guard.resume_links(restart_ns=time.time_ns())
@@ -444,6 +459,11 @@ class RestoreRunner:
                         "ckpt.requests": stats.requests - before[2],
                     }
                 )
+                if stats.slowest_s:  # a stall below the read timeout shows here
+                    op.set_phase_attributes(Phase.FETCH, **{
+                        "ckpt.fetch.slowest_request_s": round(stats.slowest_s, 6),
+                        "ckpt.fetch.slowest_request": stats.slowest,
+                    })  # fmt: skip
         summary = op.summary
         ctx = op.span_context
         fetch = summary.phases.get("fetch")
@@ -469,6 +489,8 @@ class RestoreRunner:
             first_step=self.first_step.mode,
             first_step_estimate_s=estimate[0] if estimate else None,
             device_peak_bytes=memory.device_peak,
+            slowest_request_s=stats.slowest_s,
+            slowest_request=stats.slowest,
             rank=self.job.rank if self.job else None,
             node=self.job.node if self.job else None,
             host=self.job.host if self.job else None,
@@ -611,9 +633,12 @@ def run_restore(
     except BaseException:
         telemetry.shutdown()
         raise
+    claim = None
     try:
         trace_dir = telemetry.trace_file.parent if telemetry.trace_file else None
         runner.check_outputs(out_dir, trace_dir)
+        if job is None or job.rank == 0:  # the one process that writes the results
+            claim = OutputClaim(out_dir, "--out")
         runner.check_memory()
         mode = runner.first_step.mode
         if mode == "estimated":
@@ -680,6 +705,8 @@ def run_restore(
             )
         return result
     finally:
+        if claim is not None:
+            claim.release()
         runner.state.release()
         telemetry.shutdown()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ckptprof.atomic import atomic_write
 from ckptprof.phases import RESTORE_PHASES, Attr
-from ckptprof.results_schema import fraction_of_ceiling, summarize
+from ckptprof.results_schema import fraction_of_ceiling, stalled, summarize
 
 #: where the first step's time came from
 STEP_REAL, STEP_ESTIMATE, STEP_USER, STEP_SKIPPED = "measured", "estimated", "user", "skipped"
@@ -47,6 +47,8 @@ class RunRecord:
     first_step: str = STEP_SKIPPED
     first_step_estimate_s: float | None = None
     device_peak_bytes: int | None = None  # CUDA memory allocated at the peak (GPU state)
+    slowest_request_s: float = 0.0  # the longest single storage request of the run
+    slowest_request: str = ""  # what it read
     # one rank of a distributed job (the slowest rank, in a job's record)
     rank: int | None = None
     node: int | None = None
@@ -70,6 +72,12 @@ def phases_of(summary) -> dict[str, dict]:
         of = stats.attributes.get(Attr.VERIFY_OF_BYTES)
         if of is not None:
             entry["of_bytes"] = of
+        prefix = f"ckpt.{name}."
+        details = {k.removeprefix(prefix): v for k, v in stats.attributes.items()
+                   if k.startswith(prefix) and isinstance(v, (int, float))
+                   and not isinstance(v, bool)}  # fmt: skip
+        if details:
+            entry["details"] = details
         if stats.attributes.get(Attr.EMULATED):
             entry["emulated"] = True
             entry["emulation_reason"] = stats.attributes.get(Attr.EMULATION_REASON, "")
@@ -315,11 +323,15 @@ def run_line(run: RunRecord, ceiling) -> str:
         if run.first_step == STEP_ESTIMATE and run.first_step_estimate_s
         else ""
     )
-    return (
+    line = (
         f"{run.strategy:9} {run.cache:4} x{run.concurrency:<3} #{run.repeat} "
         f"RTO {run.wall_s:.3f}s{step} fetch {fetch.get('gbps', 0):.2f} GB/s{frac}{resident} "
         f"peak RSS {run.peak_rss_bytes / 1e9:.2f} GB | {phases}"
     )
+    if stalled(run.slowest_request_s, run.wall_s):
+        line += (f" | STALL: one request took {run.slowest_request_s:.1f} s "
+                 f"({run.slowest_request})")  # fmt: skip
+    return line
 
 
 __all__ = ["RunRecord", "payload", "phases_of", "run_line", "write_results"]

@@ -201,7 +201,7 @@ def deserialize_files(
             except CkptprofError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a loader's error on bad bytes
-                raise unreadable(ctx.where(file.path), exc) from None
+                raise unreadable(ctx.where(file.path), exc, ctx.verify) from None
         size = ctx.manifest.files[file.path].size
         ctx.op.add_file(Phase.DESERIALIZE, file.path, size, time.perf_counter() - t0)
         bar.update(size)

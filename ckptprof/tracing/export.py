@@ -142,7 +142,7 @@ class WarnOnceExporter(SpanExporter):
             result = request(*args, **kwargs)
             with contextlib.suppress(Exception):
                 if result.status_code is not None and result.status_code >= 400:
-                    self._backend_said = backend_reason(result.text())
+                    self._backend_said = backend_reason(result.content())
             return result
 
         transport.request = kept
@@ -173,7 +173,7 @@ class WarnOnceExporter(SpanExporter):
             self._warned = True
             _WARNED_ENDPOINTS.add(self.description)
             log.warning(
-                "ckptprof: could not export spans to %s (%s); training continues and "
+                "ckptprof: could not export spans to %s (%s); the run goes on and its "
                 "spans are still written to the local trace file.",
                 self.description,
                 reason,
@@ -194,18 +194,55 @@ class WarnOnceExporter(SpanExporter):
             self.inner.shutdown()
 
 
-def backend_reason(body: str) -> str | None:
-    """A refusal's body on one short line: a JSON error's message, else the text."""
-    text = body.strip()
-    if not text:
+def backend_reason(body: str | bytes) -> str | None:
+    """A refusal's body on one short line, from the shapes real backends send: a JSON
+    error's message (MLflow's ``message``; FastAPI's ``detail`` list of validation errors,
+    as MLflow 3's OTLP endpoint sends, as ``header x-mlflow-experiment-id: Field required``;
+    ``errors`` lists), an OTLP ``google.rpc.Status`` in protobuf or JSON, else the text."""
+    raw = body if isinstance(body, bytes) else body.encode("utf-8", "replace")
+    if not raw.strip():
         return None
-    with contextlib.suppress(ValueError, AttributeError):
-        doc = json.loads(text)
-        for key in ("message", "error", "detail", "reason"):
-            if isinstance(doc.get(key), str):
-                text = doc[key]
-                break
-    return " ".join(text.split())[:200]
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    reason = _json_reason(doc) if doc is not None else _status_reason(raw)
+    if reason is None:
+        reason = raw.decode("utf-8", "replace")
+    return " ".join(reason.split())[:200] or None
+
+
+def _json_reason(doc) -> str | None:
+    if isinstance(doc, str):
+        return doc
+    if isinstance(doc, list):
+        parts = [r for r in (_json_reason(item) for item in doc[:3]) if r]
+        return "; ".join(parts) or None
+    if not isinstance(doc, dict):
+        return None
+    if "msg" in doc and isinstance(doc["msg"], str):  # one pydantic validation error
+        where = " ".join(str(p) for p in doc.get("loc") or [] if p != "body")
+        return f"{where}: {doc['msg']}" if where else doc["msg"]
+    for key in ("message", "error", "detail", "errors", "reason", "error_message"):
+        if doc.get(key):
+            found = _json_reason(doc[key])
+            if found:
+                return found
+    return None
+
+
+def _status_reason(raw: bytes) -> str | None:
+    """The message of a protobuf ``google.rpc.Status`` (an OTLP/HTTP collector's refusal):
+    its first byte is the tag of field 1 (code) or 2 (message), never printable text."""
+    if raw[:1] not in (b"\x08", b"\x12"):
+        return None
+    with contextlib.suppress(Exception):
+        from google.rpc import status_pb2
+
+        status = status_pb2.Status.FromString(raw)
+        if status.message and status.message.isprintable():
+            return status.message
+    return None
 
 
 def _exporter_names() -> list[str]:

@@ -111,8 +111,9 @@ def requests_of(spans: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
             }
 
 
-def is_otlp_json(line: str) -> bool:
-    return line.lstrip().startswith('{"resourceSpans"')
+def is_otlp_document(doc: Any) -> bool:
+    """One OTLP/JSON export request (a line of an OTLP JSON-lines file)."""
+    return isinstance(doc, dict) and isinstance(doc.get("resourceSpans"), list)
 
 
 def protobuf_request(document: dict[str, Any]) -> bytes:
@@ -183,7 +184,7 @@ def replay(documents: Iterable[dict[str, Any]], timeout_s: float) -> tuple[int, 
             with urllib.request.urlopen(request, timeout=timeout_s) as answer:
                 answer.read()
         except urllib.error.HTTPError as exc:
-            said = backend_reason(exc.read().decode("utf-8", "replace")) or exc.reason
+            said = backend_reason(exc.read()) or exc.reason
             raise CkptprofError(
                 f"export --otlp: {where} refused the spans (HTTP {exc.code}: {said}); "
                 f"{sent} of the requests were sent before it"
@@ -201,4 +202,4 @@ def replay(documents: Iterable[dict[str, Any]], timeout_s: float) -> tuple[int, 
     return sent, spans
 
 
-__all__ = ["is_otlp_json", "otlp_span", "protobuf_request", "replay", "requests_of"]
+__all__ = ["is_otlp_document", "otlp_span", "protobuf_request", "replay", "requests_of"]

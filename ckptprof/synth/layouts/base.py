@@ -26,14 +26,19 @@ if TYPE_CHECKING:
     from ckptprof.synth.fill import RandomFiller
 
 
-def unreadable(path: str, exc: Exception):
-    """A loader failed on bytes that passed the chosen verify: name the file and the fix."""
+def unreadable(path: str, exc: Exception, verify: str | None = None):
+    """A loader failed on the file's bytes: name the file and the fix. ``verify`` is the
+    mode that checked those bytes before the loader ran (None: it ran before any check,
+    as index parsing does); only a check weaker than ``full`` is worth re-running."""
     from ckptprof.errors import VerifyError
 
     first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+    fix = "regenerate it (ckptprof synth generate --force) or restore a good copy"
+    if verify is not None and verify != "full":
+        fix = f"re-run with --verify full to check it against the manifest, or {fix}"
     return VerifyError(
         f"{path}: the {type(exc).__name__} while deserializing says the file is corrupt "
-        f"({first}); re-run with --verify full to check it against the manifest, or regenerate."
+        f"({first}); {fix}."
     )
 
 
