@@ -128,16 +128,36 @@ def linked_story(spans: list[dict]) -> tuple[dict, dict]:
     to_story = [link for link in restore["links"] if link["context"]["trace_id"]
                 == story["context"]["trace_id"] and not saved_by({"links": [link]})]  # fmt: skip
     assert [link["context"]["span_id"] for link in to_story] == [story["context"]["span_id"]]
-    # and to the save that wrote what it read, where that save's span reached the trace
-    # (a process killed right after its emergency save may lose its last spans)
+    # and to the save that wrote what it read: the emergency save under the story (its
+    # span ends, and is flushed, before the signal is passed on, so it is always there)
     paths = (restore["attributes"]["ckpt.path"], restore["attributes"]["ckpt.path"] + ".partial")
     saves = {s["context"]["span_id"]: s for s in spans if s["name"] == "ckpt.save"}
-    assert saved_by(restore)
-    for span_id in saved_by(restore):
-        if span_id in saves:
-            assert saves[span_id]["attributes"]["ckpt.path"] in paths
-            assert saves[span_id]["start_time"] < restore["start_time"]
+    (save_id,) = saved_by(restore)
+    assert save_id in saves, "the save the restore links to is not in the trace"
+    save = saves[save_id]
+    assert save["attributes"]["ckpt.path"] in paths
+    assert save["start_time"] < restore["start_time"]
+    (emergency,) = [s for s in spans if s["name"] == "ckpt.emergency_save"]
+    assert emergency["parent_id"] == story["context"]["span_id"]
+    assert save["parent_id"] == emergency["context"]["span_id"]
     return story, restore
+
+
+#: fixtures whose users share one resource and so run on one xdist worker: one SeaweedFS
+#: server for every S3 test, one apt-installed Chromium for the HTML tests
+SHARED_GROUPS = {"seaweed": "s3", "s3_bucket": "s3", "s3_env": "s3", "fault_proxy": "s3",
+                 "browser": "browser"}  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        groups = {SHARED_GROUPS[f] for f in item.fixturenames if f in SHARED_GROUPS}
+        if groups and item.get_closest_marker("xdist_group") is None:
+            (group,) = groups  # a test needs one shared resource at most
+            item.add_marker(pytest.mark.xdist_group(group))
+        if groups:  # it needs a server or a browser started: not for the quick tier
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

@@ -104,6 +104,28 @@ class _FrameworkLog(logging.Handler):
             self.messages.append(f"{record.levelname} {record.name}: {record.getMessage()}")
 
 
+#: threads of the guest (ckptprof's own and OpenTelemetry's) that a closed run stops
+GUEST_THREADS = ("ckptprof", "Otel")
+ENDING_DEADLINE_S = 15.0  # more than any of ckptprof's bounded waits at shutdown
+
+
+def _threads_once_ended() -> list[str]:
+    """The live threads, once the guest's threads that are ending have ended.
+
+    A run that is over may leave ckptprof's (or the SDK's) threads finishing what they
+    were asked to stop (a bounded flush, a poller joined with a timeout): they are waited
+    for, until only the job's own threads remain or the deadline passes (one still alive
+    then was left behind, and shows). The job's threads are taken as they are.
+    """
+    deadline = time.monotonic() + ENDING_DEADLINE_S
+    while time.monotonic() < deadline:
+        ending = [t for t in threading.enumerate() if t.name.startswith(GUEST_THREADS)]
+        if not ending:
+            break
+        ending[0].join(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+    return sorted(t.name for t in threading.enumerate())
+
+
 def observe(name: str, work: Path, run) -> dict:
     """Run one scenario and record what it left behind (``ddp_train`` and ``ddp_resume``,
     two launches of two processes, share one directory)."""
@@ -120,13 +142,13 @@ def observe(name: str, work: Path, run) -> dict:
             error, objects = [type(exc).__name__, _normalize(str(exc))], {}
     logging.getLogger().removeHandler(log)
     gc.collect()
-    time.sleep(0.2)  # threads that are ending end
+    threads = _threads_once_ended()  # not a sleep: awaited, however busy the machine
     return {
         "result": result,
         "error": error,
         "files": _files(directory),
         "handlers": {s: _handler_name(signal.getsignal(getattr(signal, s))) for s in SIGNALS},
-        "threads": sorted(t.name for t in threading.enumerate()),
+        "threads": threads,
         "fds": _fds(),
         "attributes": {label: _shape(obj) for label, obj in objects.items()},
         "warnings": sorted(

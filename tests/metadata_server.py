@@ -3,7 +3,10 @@
 Serves the documented formats: EC2 IMDSv2 (PUT /latest/api/token, then GETs that carry
 the token; 401 without it), GCE ``instance/preempted`` (``Metadata-Flavor: Google``
 required) and Azure Scheduled Events (``Metadata: true`` required). A notice appears
-``notice_after_s`` seconds after start; ``delay_s`` slows every answer.
+``notice_after_s`` seconds after start, or, with ``notice_after_s=None``, when the test
+calls :meth:`MetadataServer.post_notice` (an event, not a race with the clock);
+``delay_s`` slows every answer and clearing ``answering`` holds every answer until it is
+set again (a metadata service that has stopped answering).
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class MetadataServer:
-    def __init__(self, notice_after_s: float = 0.0, deadline_s: float = 120.0) -> None:
+    def __init__(self, notice_after_s: float | None = 0.0, deadline_s: float = 120.0) -> None:
         self.notice_after_s = notice_after_s
         self.deadline_s = deadline_s
         self.delay_s = 0.0
+        self.answering = threading.Event()  # clear it: requests are read, never answered
+        self.answering.set()
+        self.posted_at: float | None = None  # when post_notice() was called
         self.token = "test-imds-token"  # change it to expire the tokens handed out
         self.requests: list[tuple[str, str, dict]] = []
         self.started = time.time()
@@ -46,6 +52,7 @@ class MetadataServer:
 
             def _answer(self, status: int, body: bytes) -> None:
                 time.sleep(server.delay_s)
+                server.answering.wait(60)
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -61,18 +68,39 @@ class MetadataServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.answering.set()  # held requests end
         self.httpd.shutdown()
         self.httpd.server_close()
 
+    def post_notice(self) -> None:
+        """The notice appears now (for ``notice_after_s=None``)."""
+        self.posted_at = time.time()
+
+    @property
+    def notice_at(self) -> float | None:
+        """When the notice appears (epoch seconds); None: not yet posted."""
+        if self.posted_at is not None:
+            return self.posted_at
+        if self.notice_after_s is None:
+            return None
+        return self.started + self.notice_after_s
+
     @property
     def noticed(self) -> bool:
-        return time.time() - self.started >= self.notice_after_s
+        at = self.notice_at
+        return at is not None and time.time() >= at
 
     @property
     def deadline(self) -> datetime:
-        return datetime.fromtimestamp(
-            self.started + self.notice_after_s + self.deadline_s, tz=timezone.utc
-        )
+        """The deadline the notice announces (sent in whole seconds, as the clouds do)."""
+        at = self.notice_at
+        assert at is not None, "no notice posted"
+        return datetime.fromtimestamp(at + self.deadline_s, tz=timezone.utc)
+
+    @property
+    def deadline_ns(self) -> int:
+        """:attr:`deadline` as it goes on the wire: whole seconds, in epoch ns."""
+        return int(self.deadline.timestamp()) * 10**9
 
     def _record(self, handler) -> None:
         headers = {k.lower(): v for k, v in handler.headers.items()}

@@ -64,10 +64,36 @@ def find_weed() -> str | None:
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1 (all held open together while choosing)."""
-    socks = []
+    """``n`` distinct TCP ports on 127.0.0.1, free a moment ago, for a server started next
+    that binds them itself.
+
+    Drawn at random below the kernel's ephemeral range (where ``bind(0)`` and outgoing
+    connections get their ports), so no other process is handed one of them between this
+    check and the server's bind; two servers drawing the same port at the same moment is
+    what :meth:`SeaweedS3.start`'s retry on a port clash is for. All are held open together
+    while choosing: distinct, and each really bindable."""
+    import random
+
     try:
-        for _ in range(n):
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    pool = range(10000, ephemeral_low) if ephemeral_low > 11000 else range(0)
+    draw = random.SystemRandom()
+    socks: list[socket.socket] = []
+    try:
+        for _attempt in range(50 * n):
+            if len(socks) == n:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((LOOPBACK, draw.choice(pool) if pool else 0))
+            except OSError:  # someone's: draw again
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < n:  # no room below the ephemeral range: the kernel's choice
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((LOOPBACK, 0))
             socks.append(s)

@@ -64,12 +64,14 @@ def test_dest_without_manifest(tmp_path):
     assert_one_line_error(result, MANIFEST_NAME, "is missing")
 
 
+@pytest.mark.slow
 def test_file_missing_from_listing(ckpt_copy):
     (ckpt_copy / "checkpoint_rank0.pt").unlink()
     result = restore_cli(ckpt_copy)
     assert_one_line_error(result, "checkpoint_rank0.pt", "missing", "regenerate")
 
 
+@pytest.mark.slow
 def test_truncated_file(ckpt_copy):
     target = ckpt_copy / "checkpoint_rank0.pt"
     data = target.read_bytes()
@@ -78,6 +80,7 @@ def test_truncated_file(ckpt_copy):
     assert_one_line_error(result, "checkpoint_rank0.pt", "truncated")
 
 
+@pytest.mark.slow
 def test_flipped_byte_caught_by_full_verify(ckpt_copy):
     target = ckpt_copy / "checkpoint_rank0.pt"
     data = bytearray(target.read_bytes())
@@ -94,6 +97,7 @@ def test_corrupt_manifest(ckpt_copy):
     assert_one_line_error(result, MANIFEST_NAME, "not a valid ckptprof manifest")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,needles",
     [
@@ -125,6 +129,7 @@ def test_bad_generate_options(tmp_path, args, needles):
     assert not (tmp_path / "c").exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_not_enough_disk_is_checked_before_writing(tmp_path):
     dest = tmp_path / "huge"
     result = run_cli("synth", "generate", str(dest), "--model", "llama3-405b", "--layout", "dcp")
@@ -162,6 +167,7 @@ def test_bad_restore_option_values(ckpt_copy, args, needles):
     assert "ceiling" not in result.stdout  # refused before any work
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,needles",
     [
@@ -180,6 +186,7 @@ def test_options_that_do_not_fit_together(ckpt_copy, args, needles):
     assert "ceiling" not in result.stdout  # refused before any work
 
 
+@pytest.mark.slow
 def test_interrupted_generation_never_looks_complete(tmp_path, monkeypatch):
     """A failure mid-way leaves no manifest, so restore refuses the folder."""
     dest = tmp_path / "partial"
@@ -190,6 +197,7 @@ def test_interrupted_generation_never_looks_complete(tmp_path, monkeypatch):
     assert_one_line_error(restore_cli(dest), MANIFEST_NAME, "did not finish")
 
 
+@pytest.mark.slow
 def test_a_path_that_cannot_be_written_is_refused_before_anything_is_written(tmp_path):
     dest = tmp_path / "blocked"
     # a directory where the third data file must go: refused before the first file
@@ -208,6 +216,7 @@ def test_force_never_deletes_what_ckptprof_did_not_write(tmp_path):
     assert (dest / "my-training-run.pt").read_bytes() == b"precious"
 
 
+@pytest.mark.slow
 def test_corrupt_bytes_of_the_right_size_name_the_file(ckpt_copy):
     target = ckpt_copy / "checkpoint_rank0.pt"
     data = bytearray(target.read_bytes())
@@ -235,6 +244,7 @@ def _limit_files(soft: int, hard: int):
     return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.slow
 def test_more_files_than_open_files_allowed_restore(checkpoints):
     """Fetched bytes hold no descriptor: 301 files restore under a hard limit of 128
     (#17: this was refused with "raise ulimit -n to 730", beyond the hard limit)."""
@@ -244,6 +254,7 @@ def test_more_files_than_open_files_allowed_restore(checkpoints):
     assert "hot  x2" in capped.stdout
 
 
+@pytest.mark.slow
 def test_concurrency_beyond_the_open_file_limit_names_one_that_fits(checkpoints):
     many = checkpoints("torch", 1, optimizer=False, files=300)
     capped = restore_cli(many, "--concurrency", "200", preexec_fn=_limit_files(128, 128))
@@ -283,6 +294,7 @@ def test_manifest_with_wrong_types_is_one_line(ckpt_copy, change, needles):
     assert_one_line_error(result, str(ckpt_copy / MANIFEST_NAME), *needles, "regenerate")
 
 
+@pytest.mark.slow
 def test_sample_verify_passes_a_flip_outside_its_ranges_and_says_so(checkpoints, tmp_path):
     """By design `--verify sample` misses a byte outside its ranges; the report must say
     how much it checked (#17), while `--verify full` catches the same byte."""
@@ -340,6 +352,7 @@ def test_unexpected_errors_are_one_line_with_the_debug_hint(tmp_path, monkeypatc
         main(["report", "--interruptions", str(tmp_path)])
 
 
+@pytest.mark.slow
 def test_the_ceiling_probe_reads_enough_and_names_requests_the_files_hold(checkpoints, tmp_path):
     """#21 item 6: with 2000 files the probe read 578 kB and called it "one 16.78 MB
     request"; with --part-size 1G on a 66 MB file, "one 1.07 GB request"."""
@@ -363,6 +376,7 @@ def test_the_ceiling_probe_reads_enough_and_names_requests_the_files_hold(checkp
     assert f"one {big.part_size / 1e6:.2f} MB request" in big.describe()
 
 
+@pytest.mark.slow
 def test_a_corrupt_header_under_full_verify_does_not_advise_full_verify(checkpoints, tmp_path):
     """#21 item 11: a corrupt safetensors header under --verify full said "re-run with
     --verify full"."""
@@ -380,6 +394,7 @@ def test_a_corrupt_header_under_full_verify_does_not_advise_full_verify(checkpoi
     assert "re-run with --verify full" in assert_one_line_error(weaker, target.name)
 
 
+@pytest.mark.slow
 def test_memory_advice_never_names_the_strategy_in_use(checkpoints, tmp_path):
     """#21 item 13: --memory-budget 100G with pipelined advised "use --strategy pipelined"."""
     result = restore_cli(checkpoints("torch"), "--strategy", "pipelined", "--memory-budget",
@@ -391,6 +406,7 @@ def test_memory_advice_never_names_the_strategy_in_use(checkpoints, tmp_path):
         assert "use --strategy pipelined" in assert_one_line_error(staged, "of memory")
 
 
+@pytest.mark.slow
 def test_a_scale_below_the_shapes_floor_says_what_was_written(tmp_path):
     """#21 item 15: --scale 1e-9 wrote 5.7 MB labelled "x1e-09" without a word."""
     done = run_cli("synth", "generate", str(tmp_path / "tiny"), "--scale", "1e-9")
@@ -401,6 +417,7 @@ def test_a_scale_below_the_shapes_floor_says_what_was_written(tmp_path):
     assert "floored" not in plain.stdout
 
 
+@pytest.mark.slow
 def test_two_restores_into_one_out_refuse_the_second(checkpoints, tmp_path):
     """#21 item 16: of two restores writing one --out, the one whose results were
     overwritten still printed that path as its results."""

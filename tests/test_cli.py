@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import TINY_SCALE, read_spans, run_cli
 
 
@@ -48,6 +50,7 @@ def test_every_option_with_a_default_shows_it_in_help():
             assert "default" in shown, f"{where}: help does not show its default"
 
 
+@pytest.mark.slow
 def test_dry_run_plans_without_writing(tmp_path):
     dest = tmp_path / "plan"
     result = run_cli(
@@ -73,6 +76,7 @@ def test_dry_run_plans_without_writing(tmp_path):
     assert not dest.exists()
 
 
+@pytest.mark.slow
 def test_generate_restore_report_through_the_cli(tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     gen = run_cli(

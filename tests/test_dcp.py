@@ -18,6 +18,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from ckptprof.integrations import dcp as traced_dcp
 from tests.conftest import LOOPBACK_ENV, RESTORE_PHASES, children, spans_in
 
+pytestmark = pytest.mark.slow  # real jobs in fresh processes
+
 JOB = Path(__file__).with_name("dcp_job.py")
 SAVE_PHASES = {"ckpt.serialize", "ckpt.write", "ckpt.commit"}
 LOADED = RESTORE_PHASES - {"ckpt.first_step"}  # a bare dcp.load has no training step

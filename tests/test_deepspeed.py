@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,15 +26,11 @@ from tests.conftest import (
     spans_in,
 )
 
+pytestmark = pytest.mark.slow  # real training jobs
+
 pytest.importorskip("deepspeed")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "deepspeed_resume.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env() -> dict[str, str]:
@@ -46,8 +41,10 @@ def env() -> dict[str, str]:
 def command(directory: Path, phase: str, *flags: str, nproc: int = 1) -> list[str]:
     launcher = [sys.executable]
     if nproc > 1:
+        # --standalone: the rendezvous and the workers' store take ports the kernel gives
+        # them as they bind (no port picked, released and raced for by other processes)
         launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-        launcher += ["--master-port", str(free_port())]
+        launcher += ["--standalone", "--local-addr", "127.0.0.1"]
     return [*launcher, str(EXAMPLE), "--dir", str(directory), "--phase", phase, *flags]
 
 

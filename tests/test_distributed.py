@@ -17,6 +17,8 @@ import pytest
 from ckptprof.manifest import MANIFEST_NAME
 from tests.conftest import LOOPBACK_ENV, run_cli, spans_in
 
+pytestmark = pytest.mark.slow  # real training jobs
+
 SWEEP = ["--cache", "cold", "--concurrency", "2", "--repeat", "1", "--ceiling-gbps", "1"]
 
 
@@ -72,7 +74,8 @@ def test_each_rank_reads_its_own_file_and_the_straggler_is_named(checkpoints, tm
     is the job's RTO and is named."""
     path = checkpoints("torch", 2)
     out = tmp_path / "out"
-    done = job(path, out, 2, "--cache", "cold,hot", env={"CKPTPROF_TEST_SLOW_RANK": "1:1.5"})
+    delay = 1.5  # rank 1 sleeps this long inside its fetch
+    done = job(path, out, 2, "--cache", "cold,hot", env={"CKPTPROF_TEST_SLOW_RANK": f"1:{delay}"})
     assert done.returncode == 0, done.stderr
     doc = results(out)
     assert_one_job(doc, 2)
@@ -84,7 +87,24 @@ def test_each_rank_reads_its_own_file_and_the_straggler_is_named(checkpoints, tm
     assert job_["read_amplification"] == pytest.approx(
         (sum(size.values()) + small) / sum(size.values())
     )
-    assert job_["slowest_rank"] == 1 and job_["spread_s"] > 1.0
+    # the straggler, by order and not by the clock: in every run rank 1 (and only its fetch)
+    # holds the injected delay, so it is the slowest; the spread is the runs' own numbers,
+    # and at least the delay less the fast rank's whole time
+    assert job_["slowest_rank"] == 1 and job_["fastest_rank"] == 0
+    spreads = []
+    for cache in ("cold", "hot"):
+        wall = {r["rank"]: r["wall_s"] for r in doc["rank_runs"] if r["cache"] == cache}
+        fetch = {
+            r["rank"]: r["phases"]["fetch"]["busy_s"]
+            for r in doc["rank_runs"]
+            if r["cache"] == cache
+        }
+        assert fetch[1] >= delay - 0.01 and wall[1] >= fetch[1] - 1e-6  # where it was put
+        assert wall[1] > wall[0]
+        spreads.append(wall[1] - wall[0])
+        assert spreads[-1] >= delay - wall[0] - 0.01
+    assert job_["spread_s"] == pytest.approx(sum(spreads) / 2, abs=1e-6)  # their median
+    assert job_["spread_s"] > 0
     assert {r["rank"] for r in doc["runs"]} == {1}  # both runs: the straggler's time
     assert_one_trace_per_run(out, 2)
     assert {r["cache"] for r in doc["runs"]} == {"cold", "hot"}  # two runs, two traces
@@ -139,22 +159,36 @@ def test_dcp_saved_by_four_restored_by_two_three_and_four(nproc, checkpoints, tm
 
 def test_two_nodes_share_a_c10d_rendezvous(checkpoints, tmp_path):
     """Two torchrun launches (the two "nodes") meet at one c10d endpoint on 127.0.0.1:
-    the multi-node command of the README, with one rank per node."""
+    the multi-node command of the README, with one rank per node. The endpoint's store is
+    the test's, on a port the kernel gave it and held until the end: both nodes join it
+    (``is_host=false``), so no port is picked, released and raced for by another process
+    (the workers' own store is rank 0's agent's, also on a port of the kernel's choice)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
     path = checkpoints("torch", 2)
     out = tmp_path / "out"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300)
+    )
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
-        "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{store.port}",
+        "--rdzv-conf", "is_host=false",
         "--rdzv-id", "ckptprof-test", "-m", "ckptprof", "synth", "restore", str(path), *SWEEP,
         "--out", str(out),
     ]  # fmt: skip
     env = {**os.environ, **LOOPBACK_ENV}
     nodes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]  # fmt: skip
-    outputs = [node.communicate(timeout=300) for node in nodes]
+    try:
+        outputs = [node.communicate(timeout=300) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+        del store
     assert [node.returncode for node in nodes] == [0, 0], outputs
     doc = results(out)
     assert_one_job(doc, 2, nodes=2)
@@ -166,9 +200,13 @@ def test_two_nodes_share_a_c10d_rendezvous(checkpoints, tmp_path):
 def test_a_rank_that_dies_mid_restore_is_one_line_and_no_hang(checkpoints, tmp_path):
     path = checkpoints("torch", 2)
     out = tmp_path / "out"
+    # a rank left waiting for the dead one would fail only when its collective times out;
+    # the job's own timeout (under the test's 300 s) tells the two apart
+    collective_timeout_s = 240
     started = time.monotonic()
-    done = job(path, out, 2, env={"CKPTPROF_TEST_DIE_RANK": "1"})
-    assert time.monotonic() - started < 120  # torch's agent stops the other rank at once
+    env = {"CKPTPROF_TEST_DIE_RANK": "1", "CKPTPROF_DIST_TIMEOUT": str(collective_timeout_s)}
+    done = job(path, out, 2, env=env)
+    assert time.monotonic() - started < collective_timeout_s  # torch's agent stopped it
     assert done.returncode != 0
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("ckptprof: error")]

@@ -28,10 +28,37 @@ def record_one_restore(telemetry):
     return op
 
 
-def free_port() -> int:
+@contextlib.contextmanager
+def refused_port():
+    """A port on 127.0.0.1 where connections are refused: bound, never listening, and held
+    for the block, so no other process can take it meanwhile (a port picked, closed and
+    named later could be anyone's by then)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def shutdown_bound_s(otlp_timeout_s: float) -> float:
+    """The longest ``Telemetry.shutdown`` may wait: the sum of its bounded waits (the
+    collector's is its request timeout and a margin)."""
+    from ckptprof.tracing.export import (
+        FILE_FLUSH_TIMEOUT_S,
+        NETWORK_FLUSH_MARGIN_S,
+        PROVIDER_SHUTDOWN_TIMEOUT_S,
+    )
+
+    return (
+        FILE_FLUSH_TIMEOUT_S + otlp_timeout_s + NETWORK_FLUSH_MARGIN_S + PROVIDER_SHUTDOWN_TIMEOUT_S
+    )
 
 
 @pytest.fixture
@@ -86,20 +113,20 @@ def test_unwritable_trace_dir_is_one_warning(tmp_path, clean_otel_env, caplog):
 
 
 def test_unreachable_collector_is_one_warning_and_no_hang(tmp_path, clean_otel_env, caplog):
-    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
-    telemetry = setup_telemetry(tmp_path)
-    assert telemetry.network_processor is not None
-    with caplog.at_level(logging.WARNING):
-        started = time.monotonic()
-        for _ in range(5):
-            record_one_restore(telemetry)
-        recording = time.monotonic() - started
-        telemetry.shutdown()
-        total = time.monotonic() - started
-    # export runs in the background: recording itself never waits on the network,
-    # and shutdown gives up after a bounded wait (generous bounds: machines are noisy)
-    assert recording < 2.0
-    assert total < 15.0
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")  # the test's request timeout
+    with refused_port() as port:
+        clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        telemetry = setup_telemetry(tmp_path)
+        assert telemetry.network_processor is not None
+        assert telemetry.network_exporter.timeout_s == 2.0
+        with caplog.at_level(logging.WARNING):
+            for _ in range(5):
+                record_one_restore(telemetry)  # (never waits: see the next test)
+            started = time.monotonic()
+            telemetry.shutdown()
+            shutdown_s = time.monotonic() - started
+    # shutdown gives up after a bounded wait: its waits' sum, and scheduling slack
+    assert shutdown_s < shutdown_bound_s(2.0) + 5.0
     ours = [r for r in caplog.records if r.name == "ckptprof" and "could not export" in r.message]
     sdk = [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")]
     assert len(ours) == 1 and not sdk
@@ -107,15 +134,18 @@ def test_unreachable_collector_is_one_warning_and_no_hang(tmp_path, clean_otel_e
 
 
 @contextlib.contextmanager
-def collector(status: int = 200, answer: bytes = b""):
+def collector(status: int = 200, answer: bytes = b"", hold: threading.Event | None = None):
     """A real OTLP/HTTP receiver on 127.0.0.1: yields its endpoint and the bodies it got,
-    answering every request with ``status`` and ``answer``."""
+    answering every request with ``status`` and ``answer`` (with ``hold``: only once
+    ``hold`` is set; a request's body is in ``received`` as soon as it arrived)."""
     received: list[tuple[str, bytes]] = []
 
     class Collector(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server's naming
             body = self.rfile.read(int(self.headers["Content-Length"]))
             received.append((self.headers.get("Content-Type", ""), body))
+            if hold is not None:
+                hold.wait(120)
             self.send_response(status)
             self.send_header(
                 "Content-Type", "application/json" if answer else "application/x-protobuf"
@@ -132,21 +162,27 @@ def collector(status: int = 200, answer: bytes = b""):
     try:
         yield f"http://127.0.0.1:{server.server_port}", received
     finally:
+        if hold is not None:
+            hold.set()  # a held request ends, so the server can stop
         server.shutdown()
 
 
-def span_names(bodies) -> set[str]:
+def received_spans(bodies) -> list:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
 
-    names = set()
+    spans = []
     for _, body in bodies:
         request = ExportTraceServiceRequest.FromString(body)
         for rs in request.resource_spans:
             for ss in rs.scope_spans:
-                names.update(span.name for span in ss.spans)
-    return names
+                spans.extend(ss.spans)
+    return spans
+
+
+def span_names(bodies) -> set[str]:
+    return {span.name for span in received_spans(bodies)}
 
 
 def test_otlp_export_reaches_a_collector(tmp_path, clean_otel_env):
@@ -156,6 +192,53 @@ def test_otlp_export_reaches_a_collector(tmp_path, clean_otel_env):
         record_one_restore(telemetry)
         telemetry.shutdown()
     assert span_names(received) == {"ckpt.restore", "ckpt.list", "ckpt.fetch"}
+
+
+def test_recording_never_waits_on_the_collector(tmp_path, clean_otel_env):
+    """Export runs on the SDK's background thread: while the collector holds a batch
+    unanswered, restores are still recorded and returned to the caller; once it answers,
+    every span reaches it."""
+    clean_otel_env.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")  # the first batch goes at once
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "120")  # the hold never times out
+    hold = threading.Event()
+    with collector(hold=hold) as (endpoint, received):
+        clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        telemetry = setup_telemetry(tmp_path)
+        exporter = telemetry.network_exporter
+        finished: list[int] = []
+        export = exporter.export
+
+        def counted(spans):
+            try:
+                return export(spans)
+            finally:
+                finished.append(len(spans))
+
+        exporter.export = counted  # the processor's thread calls it on this instance
+        returned: list = []
+
+        def record(n: int) -> threading.Thread:
+            # on a thread of its own, so that a recording that waited on the collector
+            # fails the test at the join's deadline instead of hanging it
+            def run() -> None:
+                returned.extend(record_one_restore(telemetry).summary for _ in range(n))
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            return thread
+
+        first = record(1)
+        assert wait_for(lambda: received)  # the first batch is at the collector, held
+        first.join(60)
+        rest = record(5)
+        rest.join(60)
+        assert not first.is_alive() and not rest.is_alive()  # recording returned...
+        assert len(returned) == 6 and all(summary is not None for summary in returned)
+        assert finished == []  # ...and no export has ended: recording did not wait on it
+        hold.set()
+        telemetry.shutdown()
+    assert len(received_spans(received)) == 18 and sum(finished) == 18  # nothing lost
+    assert len(read_spans(telemetry.trace_file)) == 18
 
 
 def _status(message: str) -> bytes:
@@ -236,11 +319,12 @@ def test_a_refused_replay_names_the_short_reason(tmp_path, backend):
 
 
 def test_otel_traces_exporter_none_disables_otlp(tmp_path, clean_otel_env):
-    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
-    clean_otel_env.setenv("OTEL_TRACES_EXPORTER", "none")
-    telemetry = setup_telemetry(tmp_path)
-    assert telemetry.network_processor is None
-    telemetry.shutdown()
+    with refused_port() as port:
+        clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        clean_otel_env.setenv("OTEL_TRACES_EXPORTER", "none")
+        telemetry = setup_telemetry(tmp_path)
+        assert telemetry.network_processor is None
+        telemetry.shutdown()
 
 
 def test_cloud_detection_reads_local_files_only(tmp_path):
@@ -292,6 +376,7 @@ def test_a_collector_that_never_answers_is_one_warning_not_silence(
 ):
     """#17: the shutdown wait (2 s) was shorter than the request timeout (3 s), so spans
     sent to a collector that accepts but never answers were lost without a word."""
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "3")  # #17's request timeout
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)
@@ -324,7 +409,7 @@ def test_a_collector_that_never_answers_is_one_warning_not_silence(
     assert accepted  # the collector did take the connection
     ours = [r for r in caplog.records if r.name == "ckptprof" and "could not export" in r.message]
     assert len(ours) == 1 and f"127.0.0.1:{port}" in ours[0].message
-    assert waited < 30  # bounded: the request timeout and a margin, not minutes
+    assert waited < shutdown_bound_s(3.0) + 5.0  # bounded: the request timeout and a margin
     assert len(read_spans(telemetry.trace_file)) == 3  # the local file has everything
 
 

@@ -159,6 +159,7 @@ def test_enospc_while_staging_a_download_names_the_file(checkpoints, tmp_path):
         assert caught.value.errno == errno.ENOSPC
 
 
+@pytest.mark.slow
 def test_enospc_through_the_cli_names_the_file(checkpoints, tmp_path):
     out = tmp_path / "out"
     assert restore_cli(checkpoints("torch"), "--out", str(out)).returncode == 0
@@ -172,6 +173,7 @@ def test_enospc_through_the_cli_names_the_file(checkpoints, tmp_path):
 # ------------------------------------------------------------------ item 8: estimates
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "layout,kw",
     [
@@ -218,6 +220,7 @@ def test_too_few_inodes_are_refused_before_writing(tmp_path):
 # ------------------------------------------------------------------ #21 items 5, 7
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_fits_is_never_refused_for_headroom(tmp_path):
     """#21 item 7: a 144 MB checkpoint was refused on a 300 MB filesystem ("needs about
     429 MB") that `cp` of the same files fits: headroom was counted as checkpoint."""
@@ -232,6 +235,7 @@ def test_a_checkpoint_that_fits_is_never_refused_for_headroom(tmp_path):
         assert (small / "ckpt" / MANIFEST_NAME).exists()
 
 
+@pytest.mark.slow
 def test_cold_on_a_memory_filesystem_says_cold_is_impossible_there(checkpoints, tmp_path):
     """#21 item 5: on tmpfs a "cold" probe ran and then residency refused it with advice
     to re-run as root with --drop-caches."""

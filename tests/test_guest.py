@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RESTORE_PHASES, children, run_cli, spans_in
+
+pytestmark = pytest.mark.slow  # real jobs in fresh processes
 
 JOB = Path(__file__).with_name("guest_job.py")
 SCENARIOS = {
@@ -51,12 +52,6 @@ EXPECTED_ERRORS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(
     framework: str, scenarios: list[str], variant: str, root: Path, nproc: int = 1, fresh=True
 ) -> subprocess.CompletedProcess:
@@ -69,11 +64,11 @@ def launch(
     launcher = [sys.executable]
     if nproc > 1 and framework != "lightning":  # Lightning starts its own ranks
         launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-        launcher += ["--master-port", str(free_port())]
+        launcher += ["--standalone", "--local-addr", "127.0.0.1"]  # its own free port
     command = [*launcher, str(JOB), framework, ",".join(scenarios), "--variant", variant]
     command += ["--work", str(work), "--out", str(home / f"{scenarios[0]}.json")]
     env = {**os.environ, "CKPTPROF_STATE_DIR": str(home / "state"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, cwd=home, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, cwd=home, env=env, capture_output=True, text=True, timeout=400)
 
 
 def observe(framework, scenarios, variant, root: Path, **kwargs) -> dict:

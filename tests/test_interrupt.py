@@ -6,11 +6,14 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from ckptprof.errors import CkptprofError
+from ckptprof.interrupt import notice as notice_module
 from ckptprof.interrupt.notice import NoticeWatcher, parse_sources
 from ckptprof.interrupt.record import (
     RECORD_NAME,
@@ -31,10 +34,18 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
     return False
 
 
+def freeze_notice_clock(monkeypatch, now_ns: int) -> None:
+    """The notice module's wall clock stopped at ``now_ns`` (once the watcher has stopped,
+    only ``Notice.seconds_left`` reads it): the time left is exact, however busy the
+    machine."""
+    frozen = SimpleNamespace(time_ns=lambda: now_ns, monotonic=time.monotonic)
+    monkeypatch.setattr(notice_module, "time", frozen)
+
+
 @pytest.mark.parametrize(
     "source,name", [("aws", "aws-spot"), ("gcp", "gcp-preempted"), ("azure", "azure-preempt")]
 )
-def test_metadata_notice_appears_after_n_seconds(source, name):
+def test_metadata_notice_appears_after_n_seconds(source, name, monkeypatch):
     with MetadataServer(notice_after_s=0.5, deadline_s=120) as server:
         seen = []
         watcher = NoticeWatcher([source], seen.append, server.url, poll_interval_s=0.1).start()
@@ -44,36 +55,57 @@ def test_metadata_notice_appears_after_n_seconds(source, name):
             watcher.stop()
     notice = seen[0]
     assert notice.source == name
-    assert (notice.received_ns / 1e9) - server.started >= 0.5
-    if source == "gcp":  # GCE gives 30 s and says nothing more
-        assert notice.deadline_assumed and 29 < notice.seconds_left <= 30
-    else:
-        assert not notice.deadline_assumed and 100 < notice.seconds_left <= 121
+    assert (notice.received_ns / 1e9) - server.started >= 0.5  # not before the server said so
+    if source == "gcp":  # GCE gives 30 s and says nothing more: 30 s from when it was seen
+        assert notice.deadline_assumed
+        assert notice.deadline_ns - notice.received_ns == 30 * 10**9
+    else:  # the deadline the service announced, to the second it gave
+        assert not notice.deadline_assumed and notice.deadline_ns == server.deadline_ns
+    freeze_notice_clock(monkeypatch, notice.deadline_ns - 25 * 10**9)
+    assert notice.seconds_left == 25.0  # the deadline less the clock's now
+
+
+def gets(server) -> list:
+    return [r for r in server.requests if r[0] == "GET"]
+
+
+def puts(server) -> list:
+    return [r for r in server.requests if r[0] == "PUT"]
 
 
 def test_aws_uses_imdsv2_tokens():
-    with MetadataServer(notice_after_s=0.3) as server:
+    with MetadataServer(notice_after_s=None) as server:
         seen = []
         watcher = NoticeWatcher(["aws"], seen.append, server.url, poll_interval_s=0.1).start()
-        assert wait_for(lambda: seen)
-        watcher.stop()
+        try:
+            assert wait_for(lambda: len(gets(server)) >= 6)  # three polls without a notice
+            server.post_notice()
+            assert wait_for(lambda: seen)
+        finally:
+            watcher.stop()
     assert server.requests[0][:2] == ("PUT", "/latest/api/token")
-    gets = [r for r in server.requests if r[0] == "GET"]
-    assert gets and all(r[2].get("x-aws-ec2-metadata-token") for r in gets)
-    assert len([r for r in server.requests if r[0] == "PUT"]) == 1  # the token is reused
+    assert all(r[2].get("x-aws-ec2-metadata-token") == server.token for r in gets(server))
+    assert len(puts(server)) == 1  # the token is reused, poll after poll
+    assert seen[0].source == "aws-spot"
 
 
 def test_aws_fetches_a_new_token_after_a_401():
-    with MetadataServer(notice_after_s=0.6) as server:
+    with MetadataServer(notice_after_s=None) as server:
         seen = []
         watcher = NoticeWatcher(["aws"], seen.append, server.url, poll_interval_s=0.1).start()
-        assert wait_for(lambda: len(server.requests) >= 3)
-        server.token = "rotated"  # the token the poller holds now answers 401
-        assert wait_for(lambda: seen)
-        watcher.stop()
-    puts = [r for r in server.requests if r[0] == "PUT"]
-    assert len(puts) == 2  # one more token, then the notice
+        try:
+            assert wait_for(lambda: len(server.requests) >= 3)  # a token and one poll
+            server.token = "rotated"  # the token the poller holds now answers 401
+            assert wait_for(lambda: len(puts(server)) == 2)  # ...so it fetched another
+            server.post_notice()  # the notice comes after the rotation, whatever the pace
+            assert wait_for(lambda: seen)
+        finally:
+            watcher.stop()
+    assert len(puts(server)) == 2  # one more token, then the notice
     assert seen[0].source == "aws-spot"
+    second_put = [i for i, r in enumerate(server.requests) if r[0] == "PUT"][1]
+    after = server.requests[second_put + 1 :]
+    assert after and all(r[2].get("x-aws-ec2-metadata-token") == "rotated" for r in after)
 
 
 def test_cloud_hint_comes_from_local_dmi_files_only(tmp_path):
@@ -87,27 +119,44 @@ def test_cloud_hint_comes_from_local_dmi_files_only(tmp_path):
     assert suggest_metadata_source(["sigterm"], tmp_path) is None
 
 
-def test_dead_or_slow_metadata_endpoint_is_one_warning_and_never_blocks(caplog):
-    import socket
+def test_dead_or_slow_metadata_endpoint_is_one_warning_and_never_blocks(caplog, monkeypatch):
+    tries = {"aws": 0, "gcp": 0}
+    request = notice_module._request
 
-    with socket.socket() as s:
+    def counted(url, *args, **kwargs):
+        tries["gcp" if "/computeMetadata/" in url else "aws"] += 1
+        return request(url, *args, **kwargs)
+
+    monkeypatch.setattr(notice_module, "_request", counted)
+    # bound and never listening: every connection is refused, and no other process can
+    # take the port while the test runs
+    with socket.socket() as s, caplog.at_level(logging.WARNING, logger="ckptprof"):
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    with caplog.at_level(logging.WARNING, logger="ckptprof"):
-        start = time.monotonic()
         watcher = NoticeWatcher(["aws", "gcp"], None, dead, poll_interval_s=0.05).start()
-        time.sleep(0.5)
-        watcher.stop()
-        assert time.monotonic() - start < 5
+        try:
+            assert wait_for(lambda: min(tries.values()) >= 3)  # every source failed 3 times
+        finally:
+            watcher.stop()
     warnings = [r.message for r in caplog.records if "not answering" in r.message]
     assert len(warnings) == 2  # one per source, not one per poll
-    with MetadataServer(notice_after_s=0) as server:
-        server.delay_s = 3  # slower than the 1 s timeout
-        start = time.monotonic()
+    caplog.clear()
+    with MetadataServer(notice_after_s=0) as server, caplog.at_level(logging.WARNING, "ckptprof"):
+        server.answering.clear()  # it reads requests and never answers them
         watcher = NoticeWatcher(["gcp"], None, server.url, poll_interval_s=0.05).start()
-        time.sleep(0.2)
-        watcher.stop()
-        assert time.monotonic() - start < 5 and watcher.notice is None
+        try:
+            # start() returned while the poller's request is held by the server
+            assert wait_for(lambda: server.requests)
+            # the poller gives up on its own timeout while the server still holds it
+            assert wait_for(lambda: "not answering" in caplog.text)
+            assert not server.answering.is_set()
+        finally:
+            started = time.monotonic()
+            watcher.stop()
+            stopped_in = time.monotonic() - started
+        assert watcher.notice is None  # the answer (TRUE) never came
+        # stop() is bounded (it joins the poller for at most 3 request timeouts)
+        assert stopped_in <= 3 * notice_module.HTTP_TIMEOUT_S + 2.0
 
 
 def test_no_network_source_unless_asked(monkeypatch):
@@ -118,24 +167,28 @@ def test_no_network_source_unless_asked(monkeypatch):
         parse_sources("sigterm,ec2")
 
 
-def test_signal_notice_chains_the_previous_handler():
+def test_signal_notice_chains_the_previous_handler(monkeypatch):
     calls = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
     try:
         seen = []
         watcher = NoticeWatcher(["sigusr1"], seen.append, signal_grace_s=20).start()
+        sent = time.time_ns()
         os.kill(os.getpid(), signal.SIGUSR1)
         assert wait_for(lambda: seen)
         assert calls == []  # held until ckptprof has saved
         notice = seen[0]
         assert notice.source == "sigusr1" and notice.deadline_assumed
-        assert 19 < notice.seconds_left <= 20
+        assert sent <= notice.received_ns <= time.time_ns()  # noted when it came
+        assert notice.deadline_ns - notice.received_ns == 20 * 10**9  # the grace assumed
         watcher.chain()
         assert calls == [signal.SIGUSR1]
         watcher.stop()
         assert signal.getsignal(signal.SIGUSR1) is not watcher._on_signal
     finally:
         signal.signal(signal.SIGUSR1, previous)
+    freeze_notice_clock(monkeypatch, notice.received_ns + 10**9)
+    assert notice.seconds_left == 19.0  # a second after the signal
 
 
 def test_record_roundtrip_and_bad_records(tmp_path, caplog):
@@ -164,6 +217,7 @@ def test_record_roundtrip_and_bad_records(tmp_path, caplog):
 
 
 # ---------------------------------------------------------------------- synthetic mode
+@pytest.mark.slow
 def test_simulated_interruption_tells_the_whole_story(checkpoints, tmp_path):
     from tests.conftest import run_cli
 
@@ -189,6 +243,7 @@ def test_simulated_interruption_tells_the_whole_story(checkpoints, tmp_path):
     assert entry["rto_s"] > 0 and entry["save_s"] > 0
 
 
+@pytest.mark.slow
 def test_deadline_too_short_is_recorded_as_missed(checkpoints, tmp_path):
     from tests.conftest import run_cli
 
@@ -202,6 +257,7 @@ def test_deadline_too_short_is_recorded_as_missed(checkpoints, tmp_path):
     assert "missed_deadline" in story and "after the deadline" in story
 
 
+@pytest.mark.slow
 def test_report_without_interruptions_says_how_to_get_them(checkpoints, tmp_path):
     from tests.conftest import run_cli
 
@@ -416,6 +472,7 @@ def test_a_noted_signal_is_handed_on_when_no_step_boundary_comes(tmp_path, caplo
 
 
 # ---------------------------------------------------------------------- across ranks
+@pytest.mark.slow
 def test_a_notice_on_one_rank_saves_every_rank_at_the_same_step(tmp_path):
     """Two real ranks (gloo): rank 1 alone gets the signal; at the next step boundary both
     agree (one all-reduce) and both save at that step; rank 0 tells it as a peer's notice.

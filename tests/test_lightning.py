@@ -54,11 +54,12 @@ def run_example(directory: Path, phase: str, devices: int = 1, env=None):
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=400,
         env={**os.environ, **(env or {})},
     )
 
 
+@pytest.mark.slow
 def test_save_then_resume_last_in_a_fresh_process(tmp_path):
     first = run_example(tmp_path, "train")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -82,7 +83,11 @@ def test_save_then_resume_last_in_a_fresh_process(tmp_path):
     assert saved_by(restores[0]) == [newest["context"]["span_id"]]
     step = children(spans, restores[0])["ckpt.first_step"]["attributes"]
     parts = [step[f"ckpt.first_step.{p}_s"] for p in ("setup", "batch", "compute")]
-    assert all(p >= 0 for p in parts) and step["ckpt.first_step.batch_s"] > 0
+    # Lightning shows no fetch start: its start-up and the batch's fetch are batch_s, from
+    # the last load on, so setup_s is exactly nothing; the step itself (forward, backward,
+    # the optimizer's step) really runs, so compute_s is time
+    setup, batch, compute = parts
+    assert setup == 0 and batch > 0 and compute > 0, parts
     assert sum(parts) == pytest.approx(step["ckpt.busy_s"], abs=0.005)
     assert step["ckpt.first_step.batch_idx"] == 10  # Lightning resumed mid-epoch
     # the file is brought into the page cache once, then torch.load reads it from there
@@ -200,15 +205,13 @@ def test_teardown_undoes_every_patch_and_attach_is_idempotent(tmp_path):
     assert "load_checkpoint" not in vars(strategy)
 
 
+@pytest.mark.slow
 def test_unreachable_collector_does_not_break_training(tmp_path, monkeypatch, caplog):
-    import socket
+    from tests.test_export import refused_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
     callback = CkptProf(trace_dir=tmp_path / "t")
-    with caplog.at_level(logging.WARNING):
+    with refused_port() as port, caplog.at_level(logging.WARNING):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
         make_trainer(tmp_path, 10, callback).fit(TinyModel(), data())
         trainer = make_trainer(tmp_path, 12, callback)
         trainer.fit(TinyModel(), data(), ckpt_path="last")
@@ -293,6 +296,7 @@ def test_records_beside_the_checkpoints_only_when_asked(tmp_path):
     assert (tmp_path / "ckpt" / "last.ckpt.ckptprof.json").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     """A real SIGTERM: Lightning's own handler ends fit at the batch boundary; ckptprof
     saves last.ckpt there, and the resume in a new process links back."""
@@ -316,7 +320,7 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
         [sys.executable, str(EXAMPLE), *flags[:3], "--phase", "resume", "--steps", "20"],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=400,
         env={**os.environ, "CKPTPROF_NOTICE_SOURCES": ""},
     )
     assert resume.returncode == 0, resume.stderr[-3000:]
@@ -367,6 +371,7 @@ def test_strategies_that_checkpoint_themselves_are_traced(tmp_path):
     assert "load_checkpoint" not in vars(trainer.strategy)
 
 
+@pytest.mark.slow
 def test_an_unwritable_state_dir_is_named_once_and_training_goes_on(tmp_path, monkeypatch, caplog):
     """#21 item 12: the only output was `ckptprof: internal error in commit ignored:
     PermissionError(13, 'Permission denied')`."""

@@ -22,6 +22,8 @@ import pytest
 from tests.conftest import LOOPBACK_ENV, RESTORE_PHASES, children, ours_in, spans_in
 from tests.test_dcp import SAVE_PHASES
 
+pytestmark = pytest.mark.slow  # real jobs in fresh processes
+
 JOB = Path(__file__).with_name("lightning_mp_job.py")
 
 

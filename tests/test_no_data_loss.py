@@ -34,6 +34,7 @@ def snapshot(root) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("force", [False, True])
 def test_a_dangling_link_does_not_make_dest_look_empty(tmp_path, force):
     dest = tmp_path / "d"
@@ -57,16 +58,31 @@ def test_an_empty_dest_is_refused_not_the_current_folder(tmp_path):
     assert (tmp_path / "config.json").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_restore_ignores_an_unrelated_dangling_link(checkpoints, tmp_path):
+    """A dangling link the user left in the checkpoint folder: the restore reads every
+    file of the checkpoint and leaves the folder as it was, byte for byte, link and all."""
     import shutil
 
     dest = tmp_path / "ckpt"
     shutil.copytree(checkpoints("torch"), dest)
-    (dest / "notes").symlink_to(tmp_path / "nowhere")
+    nowhere = tmp_path / "nowhere"
+    (dest / "notes").symlink_to(nowhere)
+    before = snapshot(dest)
     result = restore_cli(dest)
     assert result.returncode == 0, result.stderr
+    assert snapshot(dest) == before  # every file as it was, byte for byte, and no new one
+    assert sorted(os.listdir(dest)) == sorted([*before, "notes"])  # nor a new link or folder
+    assert (dest / "notes").is_symlink() and os.readlink(dest / "notes") == str(nowhere)
+    assert not os.path.lexists(nowhere)  # nothing was made where it points
+    # and the restore read the checkpoint, every file the manifest names, not the link
+    files = json.loads((dest / MANIFEST_NAME).read_text())["files"]
+    (run,) = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
+    assert run["phases"]["fetch"]["files"] == len(files)
+    assert run["phases"]["fetch"]["bytes"] == sum(f["size"] for f in files.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("escape", ["../victim.txt", "/ABS/victim.txt", "sub/../../victim.txt"])
 def test_force_never_deletes_a_manifest_path_outside_dest(tmp_path, escape):
     dest = tmp_path / "ckpt"
@@ -103,6 +119,7 @@ def test_writes_and_deletes_never_follow_a_link_out_of_the_location(tmp_path):
     assert os.listdir(outside) == ["model.pt"] and (outside / "model.pt").read_text() == "precious"
 
 
+@pytest.mark.slow
 def test_an_interrupted_generate_can_be_replaced_with_force(tmp_path, monkeypatch):
     """#17: after a failed generate, `generate` said "pass --force" and --force refused."""
     dest = tmp_path / "partial"
@@ -203,6 +220,7 @@ def traced_results(tmp_path_factory):
     return root / "out"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["report --plot", "report --html", "export -o",
                                      "compare --plot"])  # fmt: skip
 def test_outputs_write_through_links_devices_and_fifos_never_replace_them(

@@ -12,6 +12,28 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from ckptprof import CheckpointTracer, Phase
 from ckptprof.phases import Attr
+from ckptprof.tracing import recorder as recorder_module
+
+
+class Clock:
+    """Stands in for the recorder's ``time`` module: a phase lasts exactly what the test
+    says, however busy the machine (as tests/test_report.py's clock)."""
+
+    def __init__(self) -> None:
+        self.ns = 1_800_000_000 * 10**9
+
+    def time_ns(self) -> int:
+        return self.ns
+
+    def advance(self, seconds: float) -> None:
+        self.ns += round(seconds * 1e9)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(recorder_module, "time", fake)
+    return fake
 
 
 @pytest.fixture
@@ -54,42 +76,51 @@ def test_restore_root_and_phase_children(memory):
     assert "ckpt.file" not in spans  # per-file spans are opt-in
 
 
-def test_overlapping_phases_keep_real_intervals(memory):
+def test_overlapping_phases_keep_real_intervals(memory, clock):
     """fetch of file 2 while file 1 deserializes: sum of phases exceeds wall time."""
     provider, exporter = memory
     tracer = CheckpointTracer(provider)
-    with tracer.restore() as op:
+    fetching, release = threading.Event(), threading.Event()
+    with tracer.restore() as op:  # t = 0
 
         def fetch_worker():
-            with op.phase(Phase.FETCH):
-                time.sleep(0.2)
+            with op.phase(Phase.FETCH):  # 0 .. 0.2, from another thread
+                fetching.set()
+                release.wait(30)
 
         worker = threading.Thread(target=fetch_worker)
         worker.start()
-        time.sleep(0.05)
-        with op.phase(Phase.DESERIALIZE):
-            time.sleep(0.2)
-        worker.join()
+        assert fetching.wait(30)  # the fetch is under way (an event, not a sleep)
+        clock.advance(0.05)
+        with op.phase(Phase.DESERIALIZE):  # 0.05 .. 0.25
+            clock.advance(0.15)
+            release.set()
+            worker.join(30)
+            assert not worker.is_alive()
+            clock.advance(0.05)
     summary = op.summary
     assert summary.phase_sum_s > summary.wall_s  # they overlapped
+    assert summary.wall_s == pytest.approx(0.25) and summary.phase_sum_s == pytest.approx(0.4)
     spans = by_name(exporter)
     fetch, deser = spans["ckpt.fetch"], spans["ckpt.deserialize"]
     assert deser.start_time < fetch.end_time  # intervals overlap in the trace too
+    assert fetch.attributes[Attr.BUSY_S] == pytest.approx(0.2)
+    assert deser.attributes[Attr.BUSY_S] == pytest.approx(0.2)
 
 
-def test_reentered_phase_busy_is_union_not_span(memory):
+def test_reentered_phase_busy_is_union_not_span(memory, clock):
     provider, exporter = memory
     tracer = CheckpointTracer(provider)
     with tracer.restore() as op:
         with op.phase(Phase.FETCH):
-            time.sleep(0.05)
-        time.sleep(0.1)
+            clock.advance(0.05)
+        clock.advance(0.1)  # between the two entries: in the phase's span, not its busy time
         with op.phase(Phase.FETCH):
-            time.sleep(0.05)
+            clock.advance(0.05)
     fetch = by_name(exporter)["ckpt.fetch"]
     span_s = (fetch.end_time - fetch.start_time) / 1e9
-    assert span_s >= 0.2
-    assert fetch.attributes[Attr.BUSY_S] == pytest.approx(0.1, abs=0.04)
+    assert span_s == pytest.approx(0.2)
+    assert fetch.attributes[Attr.BUSY_S] == pytest.approx(0.1)
 
 
 def test_per_file_spans_when_asked(memory):

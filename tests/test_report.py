@@ -431,17 +431,91 @@ def test_cli_parser_help_and_defaults(three_restores, capsys):
     assert "RTO median 2.000 s" in capsys.readouterr().out
 
 
-def test_plot_writes_a_png(results_dir, three_restores, tmp_path):
+def bar_chart(ax) -> dict:
+    """What a phase-bars axes shows, read back from its artists: the bars' labels (top
+    to bottom), each phase's stacked bars (widths and where they start), the black RTO
+    ticks, the repeats' min–max lines and the RTO notes."""
+    lines = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines]
+    return {
+        "title": ax.get_title(),
+        "labels": [t.get_text() for t in ax.get_yticklabels()],
+        "legend": [t.get_text() for t in ax.get_legend().get_texts()],
+        "widths": {c.get_label(): [p.get_width() for p in c.patches] for c in ax.containers},
+        "lefts": {c.get_label(): [p.get_x() for p in c.patches] for c in ax.containers},
+        "rto": [x[0] for x, y in lines if x[0] == x[1] and y[0] != y[1]],
+        "spread": [tuple(x) for x, y in lines if y[0] == y[1]],
+        "notes": [t.get_text() for t in ax.texts],
+    }
+
+
+def assert_stacked(chart: dict) -> None:
+    """Every phase's bar starts where the phases before it (in legend order) end."""
+    ends = [0.0] * len(chart["labels"])
+    for phase in chart["legend"]:
+        assert chart["lefts"][phase] == pytest.approx(ends), phase
+        ends = [a + w for a, w in zip(ends, chart["widths"][phase], strict=True)]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(height, width) in pixels of the image at ``path`` (a real PNG, read back)."""
+    from matplotlib.image import imread
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return imread(path).shape[:2]
+
+
+def drawn_at(fig, dpi: int = 110) -> tuple[int, int]:
+    width, height = fig.get_size_inches()
+    return round(height * dpi), round(width * dpi)
+
+
+def test_plot_writes_a_png(results_dir, three_restores, tmp_path, monkeypatch):
+    """The PNG is the figure drawn from the report: one bar per sweep setting and per
+    trace group, phases stacked at their medians, RTO ticks and min–max lines at the
+    repeats' wall times, and fetch GB/s against concurrency with the ceiling."""
     pytest.importorskip("matplotlib")
     from ckptprof.cli.report import print_report
+    from ckptprof.report import plot
 
+    figures, draw = [], plot.summary_figure
+    monkeypatch.setattr(plot, "summary_figure", lambda r: figures.append(draw(r)) or figures[-1])
     out = tmp_path / "report.png"
     written = write_plot(aggregate(load([results_dir, three_restores])), out)
     assert written == out
+    (fig,) = figures
+    assert png_size(out) == drawn_at(fig)  # the file is this figure
+    top, bottom = fig.axes
+    bars = bar_chart(top)
+    assert bars["title"] == "Where the time goes, per configuration"
+    # results.json's sweep (medians of its repeats), then the traces' group of 3 restores
+    assert bars["labels"] == ["cold c=1", "cold c=16", "hot c=16", "restore torch posix cold c=8"]
+    assert bars["legend"] == ["list", "fetch", "verify", "deserialize", "reshard", "first_step"]
+    assert bars["widths"] == {
+        "list": pytest.approx([0.01, 0.01, 0.01, 0.02]),
+        "fetch": pytest.approx([3.2, 1.1, 0.2, 0.2]),
+        "verify": pytest.approx([0.1, 0.1, 0.1, 0.0]),  # the traces recorded no verify
+        "deserialize": pytest.approx([0.2, 0.2, 0.2, 0.0]),
+        "reshard": pytest.approx([0.05, 0.05, 0.05, 0.0]),
+        "first_step": pytest.approx([0.1, 0.1, 0.1, 0.1]),
+    }
+    assert_stacked(bars)
+    assert bars["rto"] == pytest.approx([4.2, 1.6, 0.6, 2.0])
+    spread = [(4.0, 4.4), (1.5, 1.7), (1.0, 3.0)]  # hot c=16 ran once
+    assert bars["spread"] == [pytest.approx(line) for line in spread]
+    assert bars["notes"] == ["RTO 4.2 s", "RTO 1.6 s", "RTO 0.6 s", "RTO 2 s"]
+    assert bottom.get_title() == "Fetch throughput vs concurrency"
+    assert [t.get_text() for t in bottom.get_xticklabels()] == ["1", "16"]
+    curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+              for line in bottom.lines}  # fmt: skip
+    assert curves.keys() == {"cold", "hot", "ceiling 1.50 GB/s"}
+    assert curves["cold"][0] == [1, 16] and curves["cold"][1] == pytest.approx([1.2 / 3.2, 1.1])
+    assert curves["hot"][0] == [16] and curves["hot"][1] == pytest.approx([1.2 / 0.2])
+    assert curves["ceiling 1.50 GB/s"][1] == [1.5, 1.5]
+    # the CLI's path draws the same way: the sweep alone, three bars
     print_report([str(results_dir)], plot=str(tmp_path / "again.png"))
-    assert (tmp_path / "again.png").read_bytes()[:4] == b"\x89PNG"
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert out.stat().st_size > 10_000
+    again = figures[-1]
+    assert png_size(tmp_path / "again.png") == drawn_at(again)
+    assert bar_chart(again.axes[0])["labels"] == ["cold c=1", "cold c=16", "hot c=16"]
     assert not list(tmp_path.glob(".report.png.*"))  # no temp file left behind
 
 
@@ -653,8 +727,10 @@ def test_compare_ranks_like_settings_and_prices_them(tmp_path):
     assert result.regressions == []  # faster is never a regression
 
 
+@pytest.mark.slow
 def test_compare_plot_draws_one_bar_per_source_and_setting(tmp_path):
-    from matplotlib.image import imread
+    from ckptprof.report.compare import compare
+    from ckptprof.report.plot import compare_figure
 
     base = write_results(tmp_path / "ext4", results_doc())
     fast = write_results(tmp_path / "fsx", slowed(results_doc(), 0.5, 0.4))
@@ -662,22 +738,33 @@ def test_compare_plot_draws_one_bar_per_source_and_setting(tmp_path):
     done = run_cli("compare", str(base), str(fast), "--plot", str(target))
     assert done.returncode == 0, done.stderr
     assert f"plot written to {target}" in done.stderr
-    height, width, _ = imread(target).shape
-    settings = len(
-        {(r.get("strategy"), r["cache"], r["concurrency"]) for r in results_doc()["runs"]}
-    )
-    assert width > 800 and height > 40 * 2 * settings  # a bar per source for every setting
-    from ckptprof.report.compare import compare
-    from ckptprof.report.plot import compare_figure
-
-    ax = compare_figure(compare([str(base), str(fast)])).axes[0]
-    labels = [t.get_text() for t in ax.get_yticklabels()]
-    assert len(labels) == 2 * settings and any(label.endswith("(base)") for label in labels)
+    fig = compare_figure(compare([str(base), str(fast)]))
+    assert png_size(target) == drawn_at(fig)  # the CLI wrote this figure: 6 bars tall
+    bars = bar_chart(fig.axes[0])
+    assert bars["title"] == "Compared: median seconds per phase, fastest first within each setting"
+    # per setting, one bar per source, fastest first (fsx: half the RTO), the base marked
+    assert bars["labels"] == [
+        f"{setting}: {source}"
+        for setting in ("cold c=1", "cold c=16", "hot c=16")
+        for source in (fast, f"{base} (base)")
+    ]
+    assert bars["legend"] == ["list", "fetch", "verify", "deserialize", "reshard", "first_step"]
+    # fsx's fetch is 0.4 of the base's median fetch in every setting; the rest the same
+    assert bars["widths"]["fetch"] == pytest.approx([1.28, 3.2, 0.44, 1.1, 0.08, 0.2])
+    for phase, seconds in (("list", 0.01), ("verify", 0.1), ("deserialize", 0.2),
+                           ("reshard", 0.05), ("first_step", 0.1)):  # fmt: skip
+        assert bars["widths"][phase] == pytest.approx([seconds] * 6), phase
+    assert_stacked(bars)
+    assert bars["rto"] == pytest.approx([2.1, 4.2, 0.8, 1.6, 0.3, 0.6])
+    spread = [(2.0, 2.2), (4.0, 4.4), (0.75, 0.85), (1.5, 1.7)]  # hot c=16 ran once
+    assert bars["spread"] == [pytest.approx(line) for line in spread]
+    assert bars["notes"] == [f"RTO {s} s" for s in ("2.1", "4.2", "0.8", "1.6", "0.3", "0.6")]
     missing = tmp_path / "none" / "c.png"
     bad = run_cli("compare", str(base), str(fast), "--plot", str(missing))
     assert bad.returncode != 0 and f"folder {missing.parent} does not exist" in bad.stderr
 
 
+@pytest.mark.slow
 def test_the_gate_fails_only_beyond_the_limit_and_the_spread(tmp_path):
     base = write_results(tmp_path / "base", results_doc())
     slower = write_results(tmp_path / "slower", slowed(results_doc(), 1.3, 1.3))
@@ -722,6 +809,7 @@ def test_reshard_first_step_and_noise_hints():
     assert "RTO 8.00-16.60 s around a median of 10.00 s, ±66%" in noise.message
 
 
+@pytest.mark.slow
 def test_the_runner_writes_what_the_report_reads_with_one_summary_rule(checkpoints, tmp_path):
     """results.json as the restore writes it passes the schema the report reads, and a
     file without its summary reports the same medians: both come from results_schema."""
@@ -897,6 +985,7 @@ def test_results_and_their_own_traces_count_each_restore_once(results_dir, clock
     assert "restore group" not in text and text.count("ceiling:") == 1
 
 
+@pytest.mark.slow
 def test_output_degrades_to_ascii_where_the_stream_cannot_encode(tmp_path):
     """#21 item 9: `LC_ALL=C PYTHONUTF8=0 ckptprof report out` crashed on '…'."""
     folder = write_results(tmp_path / "run", results_doc())

