@@ -451,3 +451,20 @@ def test_the_otlp_request_timeout_is_the_sdks_own(clean_otel_env):
     assert otlp_timeout_s() == 10.0  # a busy backend gets the SDK's time
     clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "25")
     assert otlp_timeout_s() == 25.0
+
+
+def test_a_replay_to_a_collector_that_accepts_and_never_answers_is_bounded(tmp_path):
+    """#22: replay was tried against a refused port only, so a missing request timeout
+    would have passed. This collector reads the request and never answers."""
+    telemetry = setup_telemetry(tmp_path, otlp=False)
+    record_one_restore(telemetry)
+    telemetry.shutdown()
+    never = threading.Event()
+    with collector(hold=never) as (endpoint, received):
+        done = run_cli("export", "--otlp", str(telemetry.trace_file), timeout=120,
+                       env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                            "OTEL_EXPORTER_OTLP_TIMEOUT": "2"})  # fmt: skip
+        assert received  # the request arrived: the wait was for an answer
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert f"no answer from {endpoint}/v1/traces within 2 s" in lines[0]
