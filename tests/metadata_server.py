@@ -30,6 +30,7 @@ class MetadataServer:
         self.token = "test-imds-token"  # change it to expire the tokens handed out
         self.requests: list[tuple[str, str, dict]] = []
         self.started = time.time()
+        self.first_served_ns = 0  # when a notice was first in an answer (epoch ns)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -47,7 +48,10 @@ class MetadataServer:
 
             def do_GET(self):
                 server._record(self)
+                noticed = server.noticed
                 status, body = server._route(self.path, self.headers)
+                if noticed and status == 200 and not server.first_served_ns:
+                    server.first_served_ns = time.time_ns()
                 self._answer(status, body)
 
             def _answer(self, status: int, body: bytes) -> None:

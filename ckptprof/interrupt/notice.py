@@ -332,14 +332,16 @@ class _AwsPoller:
         return status, body
 
     def check(self) -> Notice | None:
-        now = time.time_ns()
         status, body = self._get("/latest/meta-data/spot/instance-action")
-        if status == 200:
+        if status == 200:  # received when the answer came, as for the other clouds
             action = json.loads(body)
-            return Notice("aws-spot", now, _iso_ns(action["time"]), detail=action.get("action", ""))
+            return Notice(
+                "aws-spot", time.time_ns(), _iso_ns(action["time"]), detail=action.get("action", "")
+            )
         status, body = self._get("/latest/meta-data/events/recommendations/rebalance")
         if status == 200:
-            return Notice("aws-rebalance", now, None, detail=json.loads(body).get("noticeTime", ""))
+            notice_time = json.loads(body).get("noticeTime", "")
+            return Notice("aws-rebalance", time.time_ns(), None, detail=notice_time)
         return None
 
 
