@@ -13,20 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ckptprof import CheckpointTracer, Phase
 from ckptprof.phases import Attr
 from ckptprof.tracing import recorder as recorder_module
-
-
-class Clock:
-    """Stands in for the recorder's ``time`` module: a phase lasts exactly what the test
-    says, however busy the machine (as tests/test_report.py's clock)."""
-
-    def __init__(self) -> None:
-        self.ns = 1_800_000_000 * 10**9
-
-    def time_ns(self) -> int:
-        return self.ns
-
-    def advance(self, seconds: float) -> None:
-        self.ns += round(seconds * 1e9)
+from tests.test_report import Clock  # the recorder's fake clock
 
 
 @pytest.fixture
