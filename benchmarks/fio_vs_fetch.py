@@ -47,7 +47,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ckptprof.fetch import HostBuffer, fetch, plan_reads
+from ckptprof.io.buffers import HostBuffer
+from ckptprof.io.requests import whole_files
+from ckptprof.io.transfer import fetch
 from ckptprof.manifest import MANIFEST_NAME, hash_full
 from ckptprof.storage.base import ObjectInfo
 from ckptprof.storage.posix import PosixStorage, mount_of
@@ -409,7 +411,7 @@ class Bench:
         self.total = sum(f.size for f in files)
         self.part = part
         self.dev = dev
-        self.reqs = [r for r in plan_reads(files, part) if r.length]
+        self.reqs = [r for r in whole_files({f.path: f.size for f in files}, part) if r.length]
         self._scratch: dict[int, HostBuffer] = {}
         self._links: tempfile.TemporaryDirectory | None = None
         self.fio_files = self._fio_filenames()

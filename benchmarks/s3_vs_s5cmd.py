@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ckptprof.fetch import download, fetch  # noqa: E402
+from ckptprof.io.transfer import download, fetch  # noqa: E402
 from ckptprof.manifest import MANIFEST_NAME  # noqa: E402
 from ckptprof.storage import open_storage  # noqa: E402
 from ckptprof.synth.generate import generate  # noqa: E402

@@ -4,10 +4,9 @@ The core is framework-free and light to import: torch, boto3 and the training
 frameworks are imported lazily by the modules that need them.
 """
 
+from ckptprof._version import __version__
 from ckptprof.errors import CkptprofError
 from ckptprof.phases import Phase
 from ckptprof.tracing.recorder import CheckpointTracer
-
-__version__ = "0.1.0"
 
 __all__ = ["CheckpointTracer", "CkptprofError", "Phase", "__version__"]

@@ -19,13 +19,15 @@ import threading
 import time
 from array import array
 
+from ckptprof.phases import Attr
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SAMPLE_S = 0.005
-PEAK_RSS = "ckpt.memory.peak_rss_bytes"
-START_RSS = "ckpt.memory.start_rss_bytes"
-DEVICE_PEAK = "ckpt.memory.device_peak_bytes"
+PEAK_RSS = Attr.MEMORY_PEAK_RSS_BYTES
+START_RSS = Attr.MEMORY_START_RSS_BYTES
+DEVICE_PEAK = Attr.MEMORY_DEVICE_PEAK_BYTES
 #: on a restore: the resident memory of the process that saved, while it trained
-TRAINING_RSS = "ckpt.memory.training_rss_bytes"
+TRAINING_RSS = Attr.MEMORY_TRAINING_RSS_BYTES
 
 
 def rss_bytes() -> int:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ckptprof import schema
-from ckptprof.phases import RESTORE_PHASES
+from ckptprof.phases import RESTORE_PHASES, Phase, fused_phases
 
 RESULTS_NAME = "results.json"
 
@@ -25,6 +25,8 @@ _PHASE = schema.record(
         "gbps": schema.optional(_SECONDS),
         "emulated": schema.boolean(),
         "emulation_reason": schema.optional(schema.text()),
+        "fused": schema.optional(schema.text()),  # an Attr.FUSED value
+        "lazy": schema.boolean(),  # fetch: Attr.FETCH_LAZY
     },
     required=("busy_s",),
 )
@@ -128,6 +130,24 @@ def fraction_of_ceiling(gbps: float | None, ceiling_gbps: float | None, cache: A
     return gbps / ceiling_gbps
 
 
+def fetch_unbounded(phases: Mapping[str, Any]) -> str | None:
+    """Why a fetch's GB/s is no storage read to hold against the ceiling: ``"fused"`` where
+    fetch ran as one interval with other phases (it, or another phase, carries
+    ``Attr.FUSED`` naming fetch), ``"lazy"`` where the loader reads pages on demand (mmap:
+    the fetch interval only warms the cache, some reads happen later inside deserialize);
+    None where its fraction of the ceiling means what it says. ``phases``: phase name →
+    its entry as results.json holds it (``fused``, ``lazy``)."""
+    entries = [e for e in phases.values() if isinstance(e, Mapping)]
+    fetch = phases.get(Phase.FETCH.value)
+    if any(Phase.FETCH.value in fused_phases(e["fused"]) for e in entries if e.get("fused")):
+        return "fused"
+    if isinstance(fetch, Mapping) and fetch.get("fused"):
+        return "fused"
+    if isinstance(fetch, Mapping) and fetch.get("lazy"):
+        return "lazy"
+    return None
+
+
 def summarize(runs: Sequence[Mapping[str, Any]], ceiling_gbps: float | None) -> list[dict]:
     """``summary`` of results.json: per strategy × cache state × concurrency, the RTO and
     each phase's min/median/max, the median fetch GB/s and its fraction of the ceiling.
@@ -170,6 +190,8 @@ def summarize(runs: Sequence[Mapping[str, Any]], ceiling_gbps: float | None) -> 
         if gbps:
             entry["fetch_gbps_median"] = statistics.median(gbps)
             fraction = fraction_of_ceiling(entry["fetch_gbps_median"], ceiling_gbps, cache)
+            if any(fetch_unbounded(r.get("phases") or {}) for r in items):
+                fraction = None  # no storage read of its own: nothing to hold to the ceiling
             if fraction is not None:
                 entry["fraction_of_ceiling"] = fraction
         out.append(entry)
@@ -179,6 +201,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], ceiling_gbps: float | None) -> 
 __all__ = [
     "RESULTS_NAME",
     "RESULTS_SCHEMA",
+    "fetch_unbounded",
     "fraction_of_ceiling",
     "spread",
     "summarize",

@@ -31,16 +31,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 from torch.distributed.checkpoint import StorageReader, StorageWriter
 
 from ckptprof.integrations.patching import Patcher
-from ckptprof.integrations.session import TracingSession, phase_or_nothing
+from ckptprof.integrations.session import TracingSession
 from ckptprof.phases import Attr, Phase
-from ckptprof.tracing.recorder import Operation, uncovered
+from ckptprof.tracing.dcp_reader import TracedReader, storage_attributes
+from ckptprof.tracing.recorder import Operation, phase_or_nothing
 
 FRAMEWORK = "dcp"
 log = logging.getLogger("ckptprof")
@@ -62,12 +62,15 @@ class _Call:
         session = self.session
         framework_op = session.restore_op if self.kind == "restore" else session.save_op
         if self.join and framework_op is not None and not framework_op.finished:
-            framework_op.set_attributes({Attr.FORMAT: "dcp", "ckpt.dcp": True})
+            framework_op.set_attributes({Attr.FORMAT: "dcp", Attr.DCP: True})
             self.op, self.owned = framework_op, False
             return
         begin = session.begin_restore if self.kind == "restore" else session.begin_save
         self.op = begin({Attr.FRAMEWORK: FRAMEWORK, Attr.FORMAT: "dcp", **attributes})
         self.owned = True
+
+    def warn_once(self, key: str, exc: BaseException) -> None:
+        self.session.warn_once(key, exc)
 
     def end(self, error: BaseException | None = None) -> None:
         if not self.owned:
@@ -80,184 +83,15 @@ class _Call:
         self.op = None
 
 
-class _TimedStream:
-    """A file stream whose reads are ``fetch`` intervals with their bytes."""
-
-    def __init__(self, stream, record) -> None:
-        self._stream, self._record = stream, record
-
-    def read(self, size=-1):
-        start = time.time_ns()
-        data = self._stream.read(size)
-        self._record(start, time.time_ns(), len(data))
-        return data
-
-    def readinto(self, buffer):
-        start = time.time_ns()
-        n = self._stream.readinto(buffer)
-        self._record(start, time.time_ns(), n or 0)
-        return n
-
-    def __getattr__(self, name: str) -> Any:  # seek, tell, seekable, readable, close, …
-        return getattr(self._stream, name)
-
-
-class _TimedFileSystem:
-    """A reader's ``fs`` for one ``read_data``: the same, with timed streams."""
-
-    def __init__(self, fs, record) -> None:
-        self._fs, self._record = fs, record
-
-    @contextlib.contextmanager
-    def create_stream(self, path, mode):
-        with self._fs.create_stream(path, mode) as stream:
-            yield _TimedStream(stream, self._record) if "r" in mode else stream
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fs, name)
-
-
-class _TimedPlanner:
-    """The load planner of one ``read_data``: ``resolve_tensor`` → ``commit_tensor`` (the
-    copy into the target tensor) and ``load_bytes`` are ``reshard``."""
-
-    def __init__(self, planner, record) -> None:
-        self._planner, self._record = planner, record
-        self._open: dict[int, int] = {}  # thread -> start of its item's copy
-
-    def resolve_tensor(self, read_item):
-        self._open[threading.get_ident()] = time.time_ns()
-        return self._planner.resolve_tensor(read_item)
-
-    def commit_tensor(self, read_item, tensor):
-        try:
-            return self._planner.commit_tensor(read_item, tensor)
-        finally:
-            start = self._open.pop(threading.get_ident(), None)
-            if start is not None:
-                self._record(start, time.time_ns())
-
-    def load_bytes(self, read_item, value):
-        start = time.time_ns()
-        try:
-            return self._planner.load_bytes(read_item, value)
-        finally:
-            self._record(start, time.time_ns())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._planner, name)
-
-
-class TracedStorageReader(StorageReader):
+class TracedStorageReader(TracedReader):
     """``reader``, traced as a ``ckpt.restore`` per load (see the module docstring)."""
 
     def __init__(
         self, reader: StorageReader, session: TracingSession | None = None, join: bool = False
     ) -> None:
-        self.reader = reader
-        self._session = session or _default().session
-        self._call = _Call(self._session, "restore", join)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["reader"], name)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return False  # DCP never picks a wrapper from a checkpoint id: it is handed one
-
-    def reset(self, checkpoint_id=None) -> None:
-        self._call.begin(_where(self.reader, checkpoint_id))
-        return self.reader.reset(checkpoint_id)
-
-    def read_metadata(self, *args, **kwargs):
-        self._call.begin(_where(self.reader, None))
-        with phase_or_nothing(self._call.op, Phase.LIST):
-            metadata = self.reader.read_metadata(*args, **kwargs)
-        self._verify(metadata)
-        return metadata
-
-    def _verify(self, metadata) -> None:
-        """``verify``: a local folder's data files against the metadata just read (sizes,
-        no extra read); a problem is a warning on the span — DCP's own error follows."""
-        import os
-
-        op, folder = self._call.op, getattr(self.reader, "path", None)
-        if op is None or folder is None or not os.path.isdir(str(folder)):
-            return
-        try:
-            from ckptprof.integrity import check_dcp
-
-            with op.phase(Phase.VERIFY, **{"ckpt.verify.method": "dcp metadata"}) as stats:
-                found = check_dcp(str(folder), getattr(metadata, "storage_data", None) or {})
-                if found.problem is not None:
-                    stats.attributes["ckpt.verify.problem"] = found.problem
-                    log.warning("ckptprof: dcp %s: %s", folder, found.problem)
-        except Exception as exc:  # noqa: BLE001
-            self._session.warn_once("dcp.verify", exc)
-
-    def set_up_storage_reader(self, metadata, is_coordinator: bool, *args, **kwargs) -> None:
-        with phase_or_nothing(self._call.op, Phase.RESHARD):
-            return self.reader.set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
-
-    def prepare_local_plan(self, plan):
-        with phase_or_nothing(self._call.op, Phase.RESHARD):
-            return self.reader.prepare_local_plan(plan)
-
-    def prepare_global_plan(self, plans):
-        with phase_or_nothing(self._call.op, Phase.RESHARD):
-            return self.reader.prepare_global_plan(plans)
-
-    def read_data(self, plan, planner):
-        op = self._call.op
-        if op is None:
-            return self.reader.read_data(plan, planner)
-        fetched: list[tuple[int, int]] = []
-        copies: list[tuple[int, int]] = []
-        lock = threading.Lock()
-        nbytes = [0]
-
-        def fetch(start: int, end: int, n: int) -> None:
-            with lock:
-                fetched.append((start, end))
-                nbytes[0] += n
-
-        def copy(start: int, end: int) -> None:
-            with lock:
-                copies.append((start, end))
-
-        fs = getattr(self.reader, "fs", None)
-        swapped = fs is not None and hasattr(fs, "create_stream")
-        start, error = time.time_ns(), None
-        try:
-            if swapped:
-                self.reader.fs = _TimedFileSystem(fs, fetch)
-            return self.reader.read_data(plan, _TimedPlanner(planner, copy))
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            if swapped:
-                self.reader.fs = fs  # the user's reader as it was
-            self._record_read(op, start, fetched, copies, nbytes[0], swapped)
-            self._call.end(error)
-
-    def _record_read(self, op, start, fetched, copies, nbytes, timed_reads) -> None:
-        try:
-            end = time.time_ns()
-            for interval in fetched:
-                op.add_interval(Phase.FETCH, *interval)
-            for interval in copies:
-                op.add_interval(Phase.RESHARD, *interval)
-            for gap in uncovered(start, end, sorted(fetched + copies)):
-                op.add_interval(Phase.DESERIALIZE, *gap)
-            if timed_reads:
-                op.add_bytes(Phase.FETCH, nbytes)
-            else:
-                op.set_phase_attributes(
-                    Phase.DESERIALIZE, **{"ckpt.fused": "fetch+deserialize (the reader's own)"}
-                )
-        except Exception as exc:  # noqa: BLE001 - a guest's bookkeeping never fails a load
-            self._session.warn_once("dcp.read_data", exc)
+        session = session or _default().session
+        super().__init__(reader, _Call(session, "restore", join))
+        self._session = session
 
 
 class TracedStorageWriter(StorageWriter):
@@ -279,14 +113,14 @@ class TracedStorageWriter(StorageWriter):
         return False  # DCP never picks a wrapper from a checkpoint id: it is handed one
 
     def reset(self, checkpoint_id=None) -> None:
-        self._call.begin(_where(self.writer, checkpoint_id))
+        self._call.begin(storage_attributes(self.writer, checkpoint_id))
         return self.writer.reset(checkpoint_id)
 
     def storage_meta(self):
         return self.writer.storage_meta()
 
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
-        self._call.begin(_where(self.writer, None))
+        self._call.begin(storage_attributes(self.writer, None))
         self._coordinator = is_coordinator  # only the coordinator's save ends in finish()
         with phase_or_nothing(self._call.op, Phase.SERIALIZE):
             return self.writer.set_up_storage_writer(is_coordinator, *args, **kwargs)
@@ -303,7 +137,7 @@ class TracedStorageWriter(StorageWriter):
         op = self._call.op
         if op is None:
             return self.writer.write_data(plan, planner)
-        with op.phase(Phase.WRITE, **{"ckpt.fused": "serialize+write (write_data)"}):
+        with op.phase(Phase.WRITE, **{Attr.FUSED: "serialize+write (write_data)"}):
             future = self.writer.write_data(plan, planner)
             results = future.wait() if hasattr(future, "wait") else None
         try:
@@ -336,14 +170,6 @@ def _flat(results) -> list:
     for r in results:
         out += _flat(r) if isinstance(r, list) else [r]
     return out
-
-
-def _where(storage, checkpoint_id) -> dict:
-    path = checkpoint_id if checkpoint_id is not None else getattr(storage, "path", None)
-    attrs = {"ckpt.dcp.storage": type(storage).__name__}
-    if path is not None:
-        attrs[Attr.PATH] = str(path)
-    return attrs
 
 
 # ---------------------------------------------------------------------- instrument()

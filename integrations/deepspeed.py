@@ -248,8 +248,8 @@ class DeepSpeedInstrumentor(Instrumentor):
             self.session.warn_once("list", exc)
             self._listing = None
         # nested in another adapter's restore, the path stays the host's (its checkpoint)
-        path_key = "ckpt.deepspeed.path" if self._nested else Attr.PATH
-        op.set_attributes({path_key: folder, "ckpt.universal": bool(universal)})
+        path_key = Attr.DEEPSPEED_PATH if self._nested else Attr.PATH
+        op.set_attributes({path_key: folder, Attr.UNIVERSAL: bool(universal)})
         if self._listing is None or universal or engine.zero_optimization_stage() == 0:
             if universal and self._listing is not None:
                 self._fetch_tree(op, folder)
@@ -296,8 +296,8 @@ class DeepSpeedInstrumentor(Instrumentor):
                 )
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 torch.distributed.barrier()
-        path_key = "ckpt.deepspeed.path" if self._nested else Attr.PATH
-        op.set_attributes({"ckpt.universal": True, path_key: os.path.join(load_dir, target)})
+        path_key = Attr.DEEPSPEED_PATH if self._nested else Attr.PATH
+        op.set_attributes({Attr.UNIVERSAL: True, path_key: os.path.join(load_dir, target)})
         self._fetch_tree(op, os.path.join(load_dir, target))
         return target
 
@@ -321,8 +321,8 @@ class DeepSpeedInstrumentor(Instrumentor):
                 op.set_phase_attributes(
                     Phase.FETCH,
                     **{
-                        "ckpt.fetch.repeated_reads": sum(repeats.values()),
-                        "ckpt.fetch.repeated_bytes": sum(n * _size(p) for p, n in repeats.items()),
+                        Attr.FETCH_REPEATED_READS: sum(repeats.values()),
+                        Attr.FETCH_REPEATED_BYTES: sum(n * _size(p) for p, n in repeats.items()),
                     },
                 )
             listing = self._listing
@@ -404,7 +404,7 @@ class DeepSpeedInstrumentor(Instrumentor):
                 if op is not None and engine.checkpoint_engine.is_decoupled():
                     # files are still being written by DeepSpeed's writer process; the commit
                     # (and this rank's record) happen at the next optimizer step
-                    op.set_phase_attributes(Phase.WRITE, **{"ckpt.write.async": True})
+                    op.set_phase_attributes(Phase.WRITE, **{Attr.WRITE_ASYNC: True})
                     self._pending = (folder, names, op.span_context, engine.global_steps)
                 elif op is not None:
                     self.files.commit_folder(folder, names, op, engine.global_steps)
@@ -426,7 +426,7 @@ class DeepSpeedInstrumentor(Instrumentor):
             attrs[Attr.WORLD_SIZE] = self.engine.world_size
             op = self.session.begin_background_save(attrs, queued_by)
             if op is not None:
-                op.set_phase_attributes(Phase.COMMIT, **{"ckpt.commit.waits_for_writer": True})
+                op.set_phase_attributes(Phase.COMMIT, **{Attr.COMMIT_WAITS_FOR_WRITER: True})
             try:
                 result = timed(op, Phase.COMMIT, original, *args, **kwargs)
             except BaseException as exc:

@@ -155,7 +155,7 @@ def link_to_saves(op: Operation, records: Iterable[SaveRecord]) -> None:
             memory.append(record.rss_bytes)
         if record.span_id and record.span_id not in seen:
             seen.add(record.span_id)
-            op.link_to(record.trace_id, record.span_id, **{"ckpt.link": "saved_by"})
+            op.link_to(record.trace_id, record.span_id, **{Attr.LINK: "saved_by"})
     if paces:  # what the steps after the resume are compared with
         op.set_attributes({BEFORE_SAVE: round(statistics.median(paces), 6)})
     if memory:  # and the memory it peaks at (one rank's: the records are per rank)
@@ -373,8 +373,8 @@ class CheckpointFiles:
             op.set_phase_attributes(
                 Phase.VERIFY,
                 **{
-                    "ckpt.verify.problems": len(tally.problems),
-                    "ckpt.verify.problem": tally.problems[0],
+                    Attr.VERIFY_PROBLEMS: len(tally.problems),
+                    Attr.VERIFY_PROBLEM: tally.problems[0],
                 },
             )
         if self.strict:
@@ -404,7 +404,7 @@ class CheckpointFiles:
                     op.add_bytes(Phase.VERIFY, found.checked_bytes)
             methods = self._tally(op).methods
             methods.add(method)
-            stats.attributes["ckpt.verify.method"] = ", ".join(sorted(methods))
+            stats.attributes[Attr.VERIFY_METHOD] = ", ".join(sorted(methods))
         if problem is not None:
             self.problem(path, problem, op)
 

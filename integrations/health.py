@@ -15,15 +15,14 @@ import threading
 import time
 from collections import deque
 
-from ckptprof.phases import AFTER_RESUME_SPAN
+from ckptprof.phases import Attr
 
 log = logging.getLogger("ckptprof")
 
 HEALTH_STEPS = 10  # steps after the resume's first step that are timed
 RECENT_STEPS = 32  # steps before a save whose median is recorded with it
 SLOWER_RATIO = 1.25  # after/before above this is worth a warning
-PREFIX = AFTER_RESUME_SPAN + "."
-BEFORE_SAVE = "ckpt.before_save.step_median_s"  # on the restore: the steps before its save
+BEFORE_SAVE = Attr.BEFORE_SAVE_STEP_MEDIAN_S  # on the restore: the steps before its save
 
 
 class StepClock:
@@ -80,12 +79,12 @@ class AfterResume:
 
     def attributes(self) -> dict[str, float | int]:
         attrs: dict[str, float | int] = {
-            PREFIX + "steps": len(self.times),
-            PREFIX + "step_median_s": round(statistics.median(self.times), 6),
+            Attr.AFTER_RESUME_STEPS: len(self.times),
+            Attr.AFTER_RESUME_STEP_MEDIAN_S: round(statistics.median(self.times), 6),
         }
         if self.before_s:
-            attrs[PREFIX + "before_save_step_median_s"] = round(self.before_s, 6)
-            attrs[PREFIX + "slowdown"] = round(self.slowdown or 0.0, 4)
+            attrs[Attr.AFTER_RESUME_BEFORE_SAVE_STEP_MEDIAN_S] = round(self.before_s, 6)
+            attrs[Attr.AFTER_RESUME_SLOWDOWN] = round(self.slowdown or 0.0, 4)
         return attrs
 
     def warn_if_slower(self) -> None:

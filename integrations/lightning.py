@@ -9,7 +9,7 @@ every strategy implements (the patch table below):
   own loader — called unchanged, so Lightning's errors stay Lightning's — is
   ``deserialize``. A directory or a URL (strategies that read shards themselves, remote
   storage) is read by the loader alone: one ``deserialize`` interval marked
-  ``ckpt.fused_fetch`` — except a sharded checkpoint read through
+  ``ckpt.fused`` (fetch+deserialize) — except a sharded checkpoint read through
   ``torch.distributed.checkpoint`` (ModelParallel, FSDP ``sharded``): while the loader
   runs, ``dcp.load`` is routed through the traced reader (integrations/dcp.py), whose
   list / verify / fetch / reshard / deserialize join this restore (the same for
@@ -42,7 +42,7 @@ from ckptprof.integrations.dcp import routed
 from ckptprof.integrations.instrumentor import GuestCallback, Instrumentor
 from ckptprof.integrations.patching import Target, argument
 from ckptprof.integrations.session import timed
-from ckptprof.phases import Attr, Phase
+from ckptprof.phases import Attr, Phase, fused_value
 
 
 def _overrides(strategy, name: str) -> bool:
@@ -125,9 +125,10 @@ class LightningInstrumentor(Instrumentor):
         it; on the framework's exit paths too, so it never raises."""
         try:
             op.add_interval_around(Phase.DESERIALIZE, start, end)
-            attributes: dict[str, Any] = {"ckpt.loader": self._loader()}
+            loader = self._loader()
+            attributes: dict[str, Any] = {Attr.LOADER: loader}
             if Phase.FETCH.value not in op.phase_stats():  # the loader read it all itself
-                attributes["ckpt.fused_fetch"] = True
+                attributes[Attr.FUSED] = fused_value((Phase.FETCH, Phase.DESERIALIZE), loader)
             op.set_phase_attributes(Phase.DESERIALIZE, **attributes)
         except Exception as exc:  # noqa: BLE001 - ckptprof's own trouble, never the job's
             self.session.warn_once("load", exc)
@@ -180,7 +181,7 @@ class LightningInstrumentor(Instrumentor):
             self._first_batch = (op.latest_end_before(now), now)
             op.set_phase_attributes(
                 Phase.FIRST_STEP,
-                **{"ckpt.first_step.batch_idx": batch_idx, "ckpt.first_step.batch_includes":
+                **{Attr.FIRST_STEP_BATCH_IDX: batch_idx, Attr.FIRST_STEP_BATCH_INCLUDES:
                    "the fit loop's start-up (Lightning shows no fetch start)"},
             )  # fmt: skip
 
@@ -217,7 +218,7 @@ class LightningInstrumentor(Instrumentor):
                 op.add_interval(Phase.SERIALIZE, started, time.time_ns())
             queued = self._background_layer()
             if queued:
-                op.set_phase_attributes(Phase.WRITE, **{"ckpt.write.async": True})
+                op.set_phase_attributes(Phase.WRITE, **{Attr.WRITE_ASYNC: True})
                 self._queued[path] = op.span_context
             start = time.time_ns()
             try:

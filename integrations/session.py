@@ -16,11 +16,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ckptprof.integrations.health import AFTER_RESUME_SPAN, BEFORE_SAVE, AfterResume, StepClock
+from ckptprof.integrations.health import BEFORE_SAVE, AfterResume, StepClock
 from ckptprof.memory import MemoryWatch
-from ckptprof.phases import Attr, Phase
+from ckptprof.phases import AFTER_RESUME_SPAN, Attr, Phase
 from ckptprof.tracing.export import Telemetry, setup_telemetry
-from ckptprof.tracing.recorder import CheckpointTracer, Operation, OperationSummary
+from ckptprof.tracing.recorder import (
+    CheckpointTracer,
+    Operation,
+    OperationSummary,
+    phase_or_nothing,
+)
 
 log = logging.getLogger("ckptprof")
 GUEST_SAMPLE_S = 0.01  # the memory sampler's period inside a training job
@@ -229,7 +234,7 @@ class TracingSession:
                 op.set_phase_attributes(Phase.FIRST_STEP, **parts)
             if skipped_batches is not None:
                 op.set_phase_attributes(
-                    Phase.FIRST_STEP, **{"ckpt.first_step.skipped_batches": skipped_batches}
+                    Phase.FIRST_STEP, **{Attr.FIRST_STEP_SKIPPED_BATCHES: skipped_batches}
                 )
             op.set_attributes({Attr.STEP: step, **attributes})
         except Exception as exc:  # noqa: BLE001
@@ -292,7 +297,7 @@ class TracingSession:
             self.start()
             recent = self.steps.median()
             if recent is not None:  # the pace the resume will be compared with
-                attributes = {**attributes, "ckpt.save.step_median_s": round(recent, 6)}
+                attributes = {**attributes, Attr.SAVE_STEP_MEDIAN_S: round(recent, 6)}
             self.save_op = self.tracer.save(self._attrs(attributes), parent=self.save_parent)
             return self.save_op
         except Exception as exc:  # noqa: BLE001
@@ -333,7 +338,7 @@ class TracingSession:
             if self.tracer is None:
                 return None
             links = [Link(queued_by)] if queued_by is not None else None
-            attrs = self._attrs({**attributes, "ckpt.save.background": True})
+            attrs = self._attrs({**attributes, Attr.SAVE_BACKGROUND: True})
             return self.tracer.save(attrs, links=links)
         except Exception as exc:  # noqa: BLE001
             self.warn_once("background_save", exc)
@@ -352,9 +357,9 @@ def first_step_parts(
     setup_s = (fetched_from - start_ns) / 1e9
     batch_s = (fetched_to - fetched_from) / 1e9
     return {
-        "ckpt.first_step.setup_s": round(setup_s, 6),
-        "ckpt.first_step.batch_s": round(batch_s, 6),
-        "ckpt.first_step.compute_s": round(max(busy_s - setup_s - batch_s, 0.0), 6),
+        Attr.FIRST_STEP_SETUP_S: round(setup_s, 6),
+        Attr.FIRST_STEP_BATCH_S: round(batch_s, 6),
+        Attr.FIRST_STEP_COMPUTE_S: round(max(busy_s - setup_s - batch_s, 0.0), 6),
     }
 
 
@@ -364,11 +369,6 @@ def timed(op: Operation | None, phase: Phase | str, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     with op.phase(phase):
         return fn(*args, **kwargs)
-
-
-def phase_or_nothing(op: Operation | None, phase: Phase | str):
-    """``op.phase(phase)``, or a no-op block without an operation."""
-    return op.phase(phase) if op is not None else contextlib.nullcontext()
 
 
 __all__ = ["TracingSession", "phase_or_nothing", "shared_run_id", "timed"]

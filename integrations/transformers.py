@@ -217,7 +217,7 @@ class TransformersInstrumentor(Instrumentor):
                 converted = [n for n in missing if _WEIGHTS.match(n)]
                 if converted:
                     op.set_phase_attributes(
-                        Phase.VERIFY, **{"ckpt.verify.weights_converted": ", ".join(converted)}
+                        Phase.VERIFY, **{Attr.VERIFY_WEIGHTS_CONVERTED: ", ".join(converted)}
                     )
                 missing = [n for n in missing if n not in converted]
             self.files.report_missing(listing, missing, op)
@@ -349,7 +349,7 @@ class TransformersInstrumentor(Instrumentor):
             if op is not None:  # building the ZeRO engine partitions what the load fills
                 op.add_interval(Phase.RESHARD, start, time.time_ns())
                 op.set_phase_attributes(
-                    Phase.RESHARD, **{"ckpt.reshard.includes": "accelerate.prepare (DeepSpeed)"}
+                    Phase.RESHARD, **{Attr.RESHARD_INCLUDES: "accelerate.prepare (DeepSpeed)"}
                 )
             wrapped = getattr(self.trainer.accelerator, "deepspeed_engine_wrapped", None)
             engine = getattr(wrapped, "engine", None)
@@ -561,8 +561,8 @@ class _SaveGroups:
             self.op.set_phase_attributes(
                 Phase.WRITE,
                 **{
-                    f"ckpt.write.{group}_s": round((end_ns - start_ns) / 1e9, 6),
-                    f"ckpt.write.{group}_bytes": nbytes,
+                    Attr.phase_key(Phase.WRITE, f"{group}_s"): round((end_ns - start_ns) / 1e9, 6),
+                    Attr.phase_key(Phase.WRITE, f"{group}_bytes"): nbytes,
                 },
             )
 
@@ -578,7 +578,7 @@ class _SaveGroups:
         if limit and self.last_end_ns is not None and trainer.args.should_save:
             self.op.add_interval(ROTATE, self.last_end_ns, time.time_ns())
             self.op.set_phase_attributes(
-                ROTATE, **{"ckpt.rotate.limit": limit, "ckpt.rotate.removed": len(removed)}
+                ROTATE, **{Attr.ROTATE_LIMIT: limit, Attr.ROTATE_REMOVED: len(removed)}
             )
         self.op.set_phase_attributes(Phase.WRITE, **{Attr.FILES: len(self.written)})
         self.op.set_attributes({Attr.FORMAT: _weights_format(self.written)})

@@ -148,7 +148,7 @@ def test_enospc_while_writing_a_checkpoint_file_names_it(tmp_path):
 
 
 def test_enospc_while_staging_a_download_names_the_file(checkpoints, tmp_path):
-    from ckptprof.fetch import download
+    from ckptprof.io.transfer import download
     from ckptprof.storage.posix import PosixStorage
 
     source = PosixStorage(str(checkpoints("torch")))

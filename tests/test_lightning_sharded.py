@@ -93,7 +93,7 @@ def test_a_sharded_resume_has_every_phase_and_each_rank_reads_its_part(sharded):
         phases = children(spans, restore)
         assert set(phases) == RESTORE_PHASES  # not one fused deserialize
         deserialize = phases["ckpt.deserialize"]["attributes"]
-        assert "ckpt.fused_fetch" not in deserialize  # DCP's reads are measured
+        assert "ckpt.fused" not in deserialize  # DCP's reads are measured
         assert deserialize["ckpt.loader"] == "ModelParallelStrategy.load_checkpoint"
         rank_bytes = phases["ckpt.fetch"]["attributes"]["ckpt.bytes"]
         assert 0 < rank_bytes <= data

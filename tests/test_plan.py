@@ -16,6 +16,7 @@ from ckptprof.synth.plan import (
     whole_pieces,
 )
 from ckptprof.synth.presets import PRESETS, get_preset
+from ckptprof.io.requests import RequestPolicy, RequestSummary
 from ckptprof.synth.readplan import Source, flat_sources, plan_copies, plan_reads
 
 
@@ -147,7 +148,7 @@ def test_copies_reshard_two_saved_ranks_into_three():
 
 def test_one_rank_reads_only_its_rows():
     targets = plan_targets_for("w", (10, 4), world=2, ranks=[1])
-    reads = plan_reads(plan_copies(targets, _saved_in_two_files()), part_size=16, gap=0)
+    reads = plan_reads(plan_copies(targets, _saved_in_two_files()), RequestPolicy(16, 0, True))
     assert {r.path for r in reads} == {"b"}  # rank 1's rows all live in the second file
     assert sum(r.length for r in reads) == 5 * 8
     assert all(r.length <= 16 for r in reads)
@@ -160,12 +161,54 @@ def test_small_gaps_are_read_through_and_whole_files_read_whole():
         Source("f", 100, (GROUP_MODEL, "w"), "bfloat16", 8, 40),  # bytes 100:164
     ]
     copies = plan_copies(plan_targets_for("w", (10, 4)), sources)
-    merged = plan_reads(copies, part_size=1 << 20, gap=200)
+    merged = plan_reads(copies, RequestPolicy(1 << 20, 200, True))
     assert [(r.offset, r.length) for r in merged] == [(0, 164)]
-    apart = plan_reads(copies, part_size=1 << 20, gap=10)
+    apart = plan_reads(copies, RequestPolicy(1 << 20, 10, True))
     assert [(r.offset, r.length) for r in apart] == [(0, 16), (100, 64)]
-    whole = plan_reads(copies, part_size=1 << 20, whole_files={"f": 500})
+    whole = plan_reads(copies, RequestPolicy(1 << 20, 10, True), {"f": 500})
     assert [(r.offset, r.length) for r in whole] == [(0, 500)]
+
+
+def _many_small_tensors(n: int, nbytes: int, gap: int):
+    """``n`` one-row tensors of ``nbytes`` each in one file, ``gap`` bytes apart (headers)."""
+    sources, targets = [], []
+    for i in range(n):
+        sources.append(Source("f", i * (nbytes + gap), (GROUP_MODEL, f"w{i}"), "bfloat16",
+                              0, nbytes // 2))  # fmt: skip
+        targets += plan_targets_for(f"w{i}", (1, nbytes // 2))
+    return plan_copies(targets, sources)
+
+
+def test_on_an_object_store_small_tensors_become_a_few_part_size_requests():
+    # 1,000 tensors of 40 KiB with 4 KiB headers between them: one GET per tensor would
+    # be 1,000 round trips; the object-store policy reads through the headers
+    copies = _many_small_tensors(1000, 40 << 10, 4 << 10)
+    summary = RequestSummary()
+    part = 16 << 20
+    reads = plan_reads(copies, RequestPolicy(part, 4 << 20, False), direct=True, summary=summary)
+    span = 1000 * (44 << 10) - (4 << 10)
+    assert summary.requests == -(-span // part) == len(reads)
+    assert all(r.length <= part for r in reads)
+    assert summary.attributes()["ckpt.fetch.read_beyond_bytes"] == 999 * (4 << 10)
+    # every copy still lands: buffered reads carry them
+    assert sum(c.length for r in reads for c in r.copies) == 1000 * (40 << 10)
+
+
+def test_where_requests_are_cheap_they_are_cut_at_tensors_and_land_in_place():
+    copies = _many_small_tensors(4, 40 << 10, 4 << 10)
+    reads = plan_reads(copies, RequestPolicy(16 << 20, 64 << 10, True), direct=True)
+    assert len(reads) == 4 and all(r.into is not None for r in reads)
+    assert [r.into.target for r in reads] == [0, 1, 2, 3]
+
+
+def test_an_object_store_request_inside_one_tensor_lands_in_place():
+    # a 40 MiB tensor on an object store: three part-size GETs, the two inside it straight
+    # into the state, and the one that also holds the next tensor through a buffer
+    copies = _many_small_tensors(2, 40 << 20, 0)
+    reads = plan_reads(copies, RequestPolicy(16 << 20, 4 << 20, False), direct=True)
+    assert [r.length for r in reads] == [16 << 20] * 5
+    assert [r.into is not None for r in reads] == [True, True, False, True, True]
+    assert sum(c.length for c in reads[2].copies) == 16 << 20
 
 
 def test_a_zero_flat_partition_is_cut_back_into_tensors():

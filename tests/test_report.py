@@ -1009,3 +1009,112 @@ def test_a_stalled_request_is_named_by_a_hint():
     steady = breakdown(rto=15.7, fetch=(13.0, None, None, False))
     steady.phase("fetch").details["slowest_request_s"] = 0.4
     assert "stall" not in codes(steady)
+
+
+# --------------------------------------------------------------------- fused and lazy phases
+def test_a_fused_deserialize_and_a_lazy_fetch_are_marked_in_text_and_json(tmp_path, clock):
+    """A phase span carrying ckpt.fused is shown as the phases it stands for; a fetch
+    carrying ckpt.fetch.lazy is said to be lazy, in the table and in the JSON."""
+
+    def record(tracer):
+        with tracer.restore(COLD) as op:
+            t0 = clock.ns
+            op.add_interval(Phase.FETCH, t0, t0 + ns(0.5))
+            op.add_interval(Phase.DESERIALIZE, t0 + ns(0.5), t0 + ns(1.7))
+            op.add_bytes(Phase.FETCH, 1200 * MB)
+            op.set_phase_attributes(Phase.FETCH, **{Attr.FETCH_LAZY: True})
+            op.set_phase_attributes(
+                Phase.DESERIALIZE, **{Attr.FUSED: "deserialize+reshard (dcp.load)"}
+            )
+            clock.advance(2.0)
+
+    trace = write_trace(tmp_path, record)
+    spans = {s["name"]: s for s in map(json.loads, trace.read_text().splitlines())}
+    assert spans["ckpt.deserialize"]["attributes"]["ckpt.fused"] == "deserialize+reshard (dcp.load)"
+    assert spans["ckpt.fetch"]["attributes"]["ckpt.fetch.lazy"] is True
+    report = aggregate(load([trace]))
+    text = render_text(report)
+    deserialize = next(line for line in text.splitlines() if line.startswith("  deserialize "))
+    assert re.search(r"deserialize\s+1\.200\s.*\(fused: deserialize\+reshard, dcp\.load\)$",
+                     deserialize)  # fmt: skip
+    fetch = next(line for line in text.splitlines() if line.startswith("  fetch "))
+    assert re.search(r"fetch\s+0\.500\s.*\(lazy: pages read on demand", fetch)
+    phases = {p["phase"]: p for p in json.loads(render_json(report))["groups"][0]["breakdown"]
+              ["phases"]}  # fmt: skip
+    assert phases["deserialize"]["fused"] == "deserialize+reshard (dcp.load)"
+    assert phases["deserialize"]["fused_phases"] == ["deserialize", "reshard"]
+    assert phases["deserialize"]["lazy"] is False
+    assert phases["fetch"]["lazy"] is True and phases["fetch"]["fused"] is None
+    assert "fused_phases" not in phases["fetch"]
+
+
+def fused_and_lazy_doc() -> dict:
+    """The fixture with a lazy fetch at cold c=1 (the runner's summary still says 25%), a
+    deserialize fused with fetch at hot c=16, and a 0.9 GB/s ceiling that cold c=16's
+    1.1 GB/s fetch exceeds."""
+    doc = results_doc()
+    doc["ceiling"]["read_gbps"] = 0.9
+    for run in doc["runs"]:
+        if (run["cache"], run["concurrency"]) == ("cold", 1):
+            run["phases"]["fetch"]["lazy"] = True
+        if run["cache"] == "hot":
+            run["phases"]["deserialize"]["fused"] = "fetch+deserialize (the reader's own)"
+    return doc
+
+
+def test_a_lazy_fetch_has_no_fraction_of_the_ceiling_and_one_above_it_is_capped(tmp_path):
+    from ckptprof import schema
+    from ckptprof.results_schema import RESULTS_SCHEMA, summarize
+
+    doc = fused_and_lazy_doc()
+    schema.require(doc, RESULTS_SCHEMA, "results.json", "")  # fused and lazy are valid
+    folder = write_results(tmp_path / "run", doc)
+    report = aggregate(load([folder]))
+    (sweep,) = report.sweeps
+    cold1, cold16, hot16 = sweep.rows
+    assert (cold1.fraction_of_ceiling, cold1.ceiling_mark) == (None, "lazy")  # not the 25%
+    assert cold1.breakdown.phase("fetch").lazy
+    assert cold16.fraction_of_ceiling == 1.0 and cold16.ceiling_mark == "capped"
+    assert cold16.fraction_above_ceiling == pytest.approx(1.1 / 0.9)
+    assert hot16.breakdown.phase("deserialize").fused_phases == ("fetch", "deserialize")
+    assert hot16.fraction_of_ceiling is None and hot16.ceiling_mark is None  # hot: no ceiling
+    text = render_text(report)
+    assert re.search(r"^  cold\s+1\s.*\s0\.38\s+lazy$", text, flags=re.M)
+    assert re.search(r"^  cold\s+16\s.*\s1\.10\s+100%\+$", text, flags=re.M)
+    assert "122%" not in text.replace("cold c=16 122%", "")  # only in the note
+    flat = " ".join(text.split())
+    assert "fetch is lazy: the loader reads pages on demand (mmap)" in flat
+    assert "100%+: fetch measured above the storage ceiling (cold c=16 122%), shown capped" in flat
+    assert "deserialize is fused: one interval for fetch+deserialize (the reader's own)" in flat
+    assert all(len(line) <= 100 for line in text.splitlines())
+    rows = json.loads(render_json(report))["sweeps"][0]["rows"]
+    assert [(r["fraction_of_ceiling"], r["ceiling_mark"]) for r in rows] == [
+        (None, "lazy"), (1.0, "capped"), (None, None)
+    ]
+    assert rows[1]["fraction_above_ceiling"] == pytest.approx(1.1 / 0.9)
+    # the runner's own summary leaves the lazy cell's fraction out, by the same rule
+    cells = {(e["cache"], e["concurrency"]): e for e in summarize(doc["runs"], 0.9)}
+    assert "fraction_of_ceiling" not in cells[("cold", 1)]
+    assert cells[("cold", 16)]["fraction_of_ceiling"] == pytest.approx(1.1 / 0.9)
+
+
+def test_the_html_report_marks_fused_lazy_and_capped_fetches(tmp_path, clock):
+    pytest.importorskip("matplotlib")
+    from ckptprof.report.html import render_html
+
+    def record(tracer):
+        with tracer.restore(COLD) as op:
+            t0 = clock.ns
+            op.add_interval(Phase.DESERIALIZE, t0, t0 + ns(1.2))
+            op.set_phase_attributes(
+                Phase.DESERIALIZE, **{Attr.FUSED: "deserialize+reshard (dcp.load)"}
+            )
+            clock.advance(1.5)
+
+    folder = write_results(tmp_path / "run", fused_and_lazy_doc())
+    page = render_html(aggregate(load([folder, write_trace(tmp_path / "t", record)])))
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", page)
+    assert "lazy" in cells and "100%+" in cells and "133%" not in page
+    assert "0.200 (fused)" in cells  # hot c=16's deserialize
+    assert "deserialize 1.200 (fused: deserialize+reshard, dcp.load)" in page
+    assert "fetch is lazy: the loader reads pages on demand (mmap)" in page

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from ckptprof.errors import StorageError
-from ckptprof.fetch import fetch
+from ckptprof.io.transfer import fetch
 from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.phases import RESTORE_PHASES
 from ckptprof.storage import open_storage

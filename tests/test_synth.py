@@ -12,7 +12,7 @@ import torch
 from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.phases import RESTORE_PHASES
 from ckptprof.storage.pagecache import resident_fraction
-from ckptprof.synth.ranges import STRATEGIES
+from ckptprof.synth.strategies import BUILTIN as STRATEGIES
 from ckptprof.synth.restore import RestoreOptions, run_restore
 from tests.conftest import SMALL_SCALE, read_spans
 
@@ -448,7 +448,7 @@ def test_direct_io_fetch_bypasses_the_page_cache(checkpoints, tmp_path):
     data = [i.path for i in storage.list() if i.path.endswith(".pt")]
     storage.evict(data)
     storage.direct_io = True
-    from ckptprof.fetch import fetch
+    from ckptprof.io.transfer import fetch
 
     buffers = fetch(storage, storage.list(), 2, part_size=1 << 20, progress=False)
     for buf in buffers.values():
@@ -475,7 +475,7 @@ def test_fetched_files_are_loaded_in_place_without_descriptors(checkpoints):
 
     from safetensors.torch import load_file
 
-    from ckptprof.fetch import fetch
+    from ckptprof.io.transfer import fetch
     from ckptprof.storage.posix import PosixStorage
     from ckptprof.synth.layouts.safetensors_hf import read_safetensors
     from ckptprof.synth.layouts.torchfile import load_fetched

@@ -18,6 +18,7 @@ from ckptprof.cli.options import (
 from ckptprof.synth import ranges
 from ckptprof.synth.layouts import LAYOUT_NAMES
 from ckptprof.synth.presets import PRESETS
+from ckptprof.synth.strategies import registry as strategy_registry
 
 DEMO_EXAMPLES = """examples:
   ckptprof demo                                   # llama2-7b at 1% scale, ~0.7 GB, about a minute
@@ -79,7 +80,7 @@ def add_parser(commands) -> None:
     )
     demo.add_argument(
         "--strategy",
-        type=choice_list(ranges.STRATEGIES + ranges.OPTIONAL_STRATEGIES),
+        type=choice_list(strategy_registry.NAMES),
         default=None,
         help="restore strategies side by side (default staged,pipelined; pipelined with --full)",
     )

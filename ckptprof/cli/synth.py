@@ -20,6 +20,7 @@ from ckptprof.manifest import VERIFY_MODES
 from ckptprof.synth import ranges
 from ckptprof.synth.layouts import LAYOUT_NAMES
 from ckptprof.synth.presets import PRESETS
+from ckptprof.synth.strategies import registry as strategy_registry
 
 GENERATE_EXAMPLES = """examples:
   ckptprof synth generate /mnt/fsx/ckpt --model llama2-7b --layout safetensors
@@ -129,7 +130,7 @@ def add_parser(commands) -> None:
     )
     res.add_argument(
         "--strategy",
-        type=choice_list(ranges.STRATEGIES + ranges.OPTIONAL_STRATEGIES),
+        type=choice_list(strategy_registry.NAMES),
         default=("pipelined",),
         help="how bytes become state, comma-separated to compare side by side: staged "
         "(everything into memory, then load), pipelined (only what the rank needs, loaded "

@@ -15,7 +15,7 @@ guard does the rest:
 * resumed process: the restore reads the record, links to the notice span, and at the
   first step records ``ckpt.interruption.downtime_s`` (notice → this process started),
   ``…recovery_s`` (notice → first step), ``…steps_lost`` and the cost at
-  ``$CKPTPROF_COST_PER_HOUR`` (default :data:`DEFAULT_COST_PER_HOUR`).
+  ``$CKPTPROF_COST_PER_HOUR`` (default :data:`ckptprof.cost.DEFAULT_COST_PER_HOUR`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ckptprof.cost import COST_ENV as COST_ENV
+from ckptprof.cost import DEFAULT_COST_PER_HOUR as DEFAULT_COST_PER_HOUR
+from ckptprof.cost import cost_per_hour
 from ckptprof.interrupt.notice import Notice, NoticeWatcher
 from ckptprof.interrupt.record import (
     FAILED,
@@ -40,22 +43,15 @@ from ckptprof.interrupt.record import (
     read_record,
     write_record,
 )
+from ckptprof.phases import INTERRUPTION_SPAN, Attr, Phase
 
 log = logging.getLogger("ckptprof")
 
-COST_ENV = "CKPTPROF_COST_PER_HOUR"
-#: on-demand $/hour of one 8×A100 instance (AWS p4d.24xlarge, us-east-1 list price);
-#: set ``CKPTPROF_COST_PER_HOUR`` (or ``cost_per_hour=``) to yours
-DEFAULT_COST_PER_HOUR = 32.77
 #: the shortest wait of a noted signal for a step boundary before it is handed on
 MIN_HANDOFF_S = 3.0
 #: the source of a notice another rank saw (agreed at a step boundary)
 PEER_SOURCE = "peer"
-NOTICE_SPAN, INTERRUPTION_SPAN, EMERGENCY_SAVE_SPAN = (
-    "ckpt.notice",
-    "ckpt.interruption",
-    "ckpt.emergency_save",
-)
+NOTICE_SPAN, EMERGENCY_SAVE_SPAN = Phase.NOTICE.span_name, Phase.EMERGENCY_SAVE.span_name
 
 
 class GuardHost(Protocol):
@@ -71,12 +67,6 @@ class GuardHost(Protocol):
     def start(self) -> None: ...
 
     def warn_once(self, where: str, exc: BaseException) -> None: ...
-
-
-def cost_per_hour(value: float | None = None) -> float:
-    if value is not None:
-        return float(value)
-    return float(os.environ.get(COST_ENV, DEFAULT_COST_PER_HOUR))
 
 
 def process_start_ns() -> int:
@@ -250,7 +240,7 @@ class InterruptionGuard:
                 self.inst.start()
                 tracer = self.inst.tracer
                 attrs = _notice_attributes(notice, self.last_step)
-                attrs["ckpt.rank"] = getattr(self.inst, "rank", 0)
+                attrs[Attr.RANK] = getattr(self.inst, "rank", 0)
                 self._root = tracer.start_span(INTERRUPTION_SPAN, attrs, notice.received_ns)
                 from opentelemetry import trace
 
@@ -414,9 +404,9 @@ class InterruptionGuard:
         started = self._restart_ns = restart_ns or process_start_ns()
         attrs = {
             **as_attributes(record),
-            "ckpt.interruption.downtime_s": round((started - record.notice_ns) / 1e9, 3),
+            Attr.INTERRUPTION_DOWNTIME_S: round((started - record.notice_ns) / 1e9, 3),
         }
-        return [Link(ctx, {"ckpt.link": "interrupted_by"})], attrs
+        return [Link(ctx, {Attr.LINK: "interrupted_by"})], attrs
 
     def resumed(self, op, restored_step: int) -> None:
         """At the first step after a linked restore: recovery time, steps lost, cost."""
@@ -431,12 +421,12 @@ class InterruptionGuard:
             rate = self.cost_per_hour
             op.set_attributes(
                 {
-                    "ckpt.interruption.recovery_s": round((now - record.notice_ns) / 1e9, 3),
-                    "ckpt.interruption.steps_lost": lost,
-                    "ckpt.interruption.restored_step": restored_step,
-                    "ckpt.interruption.cost_per_hour": rate,
-                    "ckpt.interruption.downtime_cost": round(downtime_s / 3600 * rate, 4),
-                    "ckpt.interruption.restore_cost": round(rto_s / 3600 * rate, 4),
+                    Attr.INTERRUPTION_RECOVERY_S: round((now - record.notice_ns) / 1e9, 3),
+                    Attr.INTERRUPTION_STEPS_LOST: lost,
+                    Attr.INTERRUPTION_RESTORED_STEP: restored_step,
+                    Attr.INTERRUPTION_COST_PER_HOUR: rate,
+                    Attr.INTERRUPTION_DOWNTIME_COST: round(downtime_s / 3600 * rate, 4),
+                    Attr.INTERRUPTION_RESTORE_COST: round(rto_s / 3600 * rate, 4),
                 }
             )
             location = self.location()
@@ -461,14 +451,14 @@ def _job_group():
 
 def _notice_attributes(notice: Notice, step: int) -> dict[str, Any]:
     attrs: dict[str, Any] = {
-        "ckpt.interruption.source": notice.source,
-        "ckpt.interruption.step": step,
-        "ckpt.interruption.deadline_assumed": notice.deadline_assumed,
+        Attr.INTERRUPTION_SOURCE: notice.source,
+        Attr.INTERRUPTION_STEP: step,
+        Attr.INTERRUPTION_DEADLINE_ASSUMED: notice.deadline_assumed,
     }
     if notice.deadline_ns is not None:
-        attrs["ckpt.interruption.deadline_s"] = round(
+        attrs[Attr.INTERRUPTION_DEADLINE_S] = round(
             (notice.deadline_ns - notice.received_ns) / 1e9, 3
         )
     if notice.detail:
-        attrs["ckpt.interruption.detail"] = notice.detail
+        attrs[Attr.INTERRUPTION_DETAIL] = notice.detail
     return attrs

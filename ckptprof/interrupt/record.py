@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ckptprof.phases import Attr
+
 log = logging.getLogger("ckptprof")
 
 RECORD_NAME = "ckptprof-interruption.json"
@@ -146,13 +148,13 @@ def consume_record(location: str) -> None:
 def as_attributes(record: InterruptionRecord) -> dict[str, Any]:
     """The record's facts as ``ckpt.interruption.*`` span attributes."""
     attrs: dict[str, Any] = {
-        "ckpt.interruption.source": record.source,
-        "ckpt.interruption.run_id": record.run_id,
-        "ckpt.interruption.outcome": record.outcome,
-        "ckpt.interruption.step": record.step,
+        Attr.INTERRUPTION_SOURCE: record.source,
+        Attr.INTERRUPTION_RUN_ID: record.run_id,
+        Attr.INTERRUPTION_OUTCOME: record.outcome,
+        Attr.INTERRUPTION_STEP: record.step,
     }
     if record.margin_s is not None:
-        attrs["ckpt.interruption.margin_s"] = round(record.margin_s, 3)
+        attrs[Attr.INTERRUPTION_MARGIN_S] = round(record.margin_s, 3)
     if record.checkpoint_step is not None:
-        attrs["ckpt.interruption.checkpoint_step"] = record.checkpoint_step
+        attrs[Attr.INTERRUPTION_CHECKPOINT_STEP] = record.checkpoint_step
     return attrs

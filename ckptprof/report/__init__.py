@@ -3,7 +3,7 @@
 Pipeline, one module per step::
 
     data = load(paths)          # load.py: files -> records
-    report = aggregate(data)    # aggregate.py: groups, medians (+ hints.py)
+    report = aggregate(data)    # aggregate.py: groups, medians (+ hints.py): breakdown.py's rows
     print(render_text(report))  # text.py; render_json (json_out.py); write_plot (plot.py)
 """
 

@@ -12,22 +12,34 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from ckptprof.manifest import VERIFY_MODES
 from ckptprof.memory import PEAK_RSS, TRAINING_RSS
 from ckptprof.phases import RESTORE_PHASES, SAVE_PHASES, Attr, Phase
 from ckptprof.report import hints as hint_rules
+from ckptprof.report.breakdown import (
+    AfterResume,
+    Breakdown,
+    OperationGroup,
+    OperationRow,
+    PhaseRow,
+    RankSpread,
+    Reads,
+    Report,
+    ResumeMemory,
+    Sweep,
+    SweepRow,
+    VerifyCoverage,
+)
 from ckptprof.report.load import (
-    Ceiling,
     PhaseSample,
     ReportData,
     ResultsFile,
     ResultsRun,
     TraceOperation,
 )
-from ckptprof.results_schema import fraction_of_ceiling
+from ckptprof.results_schema import fetch_unbounded, fraction_of_ceiling
 
 # (attribute, short label) that make two operations "the same configuration".
 CONFIG_ATTRS: tuple[tuple[str, str], ...] = (
@@ -43,144 +55,7 @@ CONFIG_ATTRS: tuple[tuple[str, str], ...] = (
     (Attr.WORLD_SIZE, "world_size"),
     (Attr.SAVED_WORLD_SIZE, "saved_world_size"),
 )
-# Sum of phases above wall by more than this fraction means the phases overlapped;
-# below it by more than this, time was spent outside every phase.
-OVERLAP_TOLERANCE = 0.02
 _CACHE_ORDER = {"cold": 0, "hot": 1}
-
-
-# --------------------------------------------------------------------- results of aggregation
-@dataclass
-class PhaseRow:
-    """Medians of one phase over the operations of a group (where the phase ran)."""
-
-    phase: str
-    busy_s: float
-    share: float | None
-    nbytes: int | None
-    files: int | None
-    gbps: float | None
-    emulated: bool = False
-    emulation_reason: str | None = None
-    of_bytes: int | None = None  # verify: the bytes of the files it checked
-    #: medians of the phase's own ``ckpt.<phase>.*`` numbers (first_step: batch_s, …)
-    details: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Breakdown:
-    """Where the time of a set of like operations went; what tables and hints read."""
-
-    label: str
-    kind: str
-    repeats: int
-    wall_median_s: float
-    wall_min_s: float
-    wall_max_s: float
-    phases: list[PhaseRow]
-    cache: str | None = None
-    concurrency: int | None = None
-    resident_fraction: float | None = None
-    cache_method: str | None = None
-    strategy: str | None = None
-    peak_rss_bytes: int | None = None
-    read_bytes: int | None = None
-    #: an estimated first step, kept beside the RTO (never inside it)
-    first_step_estimate_s: float | None = None
-
-    def phase(self, name: str | Phase) -> PhaseRow | None:
-        key = name.value if isinstance(name, Phase) else name
-        return next((row for row in self.phases if row.phase == key), None)
-
-    @property
-    def phase_sum_s(self) -> float:
-        return sum(row.busy_s for row in self.phases)
-
-    @property
-    def overlapped(self) -> bool:
-        return self.phase_sum_s > self.wall_median_s * (1 + OVERLAP_TOLERANCE)
-
-    @property
-    def outside_phases_s(self) -> float:
-        """Wall time no phase accounts for (0 unless clearly above the tolerance)."""
-        gap = self.wall_median_s - self.phase_sum_s
-        return gap if gap > self.wall_median_s * OVERLAP_TOLERANCE else 0.0
-
-
-@dataclass
-class RankSpread:
-    """The ranks of a distributed restore: the slowest one sets the RTO."""
-
-    ranks: int
-    slowest_rank: int
-    slowest_wall_s: float
-    fastest_rank: int
-    fastest_wall_s: float
-    slowest_host: str | None = None
-
-
-@dataclass
-class OperationRow:
-    """One operation as measured, for ``--by run``."""
-
-    wall_s: float
-    phases: dict[str, float]
-    cache: str | None = None
-    concurrency: int | None = None
-    repeat: int | None = None
-    rank: int | None = None
-    start: str | None = None
-    failed: bool = False
-
-
-@dataclass
-class VerifyCoverage:
-    """What a verify phase checked, so a pass is read as no more than it is."""
-
-    mode: str  # full | sample | size | none
-    checked_bytes: int | None  # bytes hashed (None: not recorded)
-    total_bytes: int | None  # bytes of the files checked (older records: bytes fetched)
-
-
-@dataclass
-class OperationGroup:
-    """Trace operations of one kind and configuration."""
-
-    kind: str
-    config: dict[str, Any]
-    breakdown: Breakdown | None
-    operations: list[OperationRow]
-    ranks: RankSpread | None = None
-    failed: int = 0
-    failure: str | None = None
-    retries: int = 0
-    errors: int = 0
-    hints: list[hint_rules.Hint] = field(default_factory=list)
-    verify_coverage: VerifyCoverage | None = None
-    after_resume: AfterResume | None = None
-    reads: Reads | None = None
-    memory: ResumeMemory | None = None
-
-
-@dataclass
-class Reads:
-    """What the ranks of a restore read against what the checkpoint holds (medians)."""
-
-    ranks: int
-    read_bytes: int  # by all ranks together
-    checkpoint_bytes: int
-
-    @property
-    def amplification(self) -> float:
-        return self.read_bytes / self.checkpoint_bytes if self.checkpoint_bytes else 0.0
-
-
-@dataclass
-class ResumeMemory:
-    """The resume's peak resident memory against the saving process's while it trained."""
-
-    peak_rss_bytes: int
-    training_rss_bytes: int
 
 
 def _reads(instances: list[list[TraceOperation]]) -> Reads | None:
@@ -214,69 +89,21 @@ def _memory(ops: Sequence[TraceOperation]) -> ResumeMemory | None:
     )
 
 
-@dataclass
-class AfterResume:
-    """The steps after the group's resumes against the steps before their saves."""
-
-    resumes: int
-    steps: int
-    step_median_s: float
-    before_save_step_median_s: float | None
-    slowdown: float | None
-
-
 def after_resume(ops: Sequence[TraceOperation]) -> AfterResume | None:
     """Medians over the resumes that timed their steps (``ckpt.after_resume.*``)."""
-    key = "ckpt.after_resume."
-    timed = [op for op in ops if isinstance(op.attr(key + "step_median_s"), (int, float))]
+    step = Attr.AFTER_RESUME_STEP_MEDIAN_S
+    timed = [op for op in ops if isinstance(op.attr(step), (int, float))]
     if not timed:
         return None
     return AfterResume(
         resumes=len(timed),
-        steps=int(_median(op.attr(key + "steps") for op in timed) or 0),
-        step_median_s=_median(op.attr(key + "step_median_s") for op in timed) or 0.0,
+        steps=int(_median(op.attr(Attr.AFTER_RESUME_STEPS) for op in timed) or 0),
+        step_median_s=_median(op.attr(step) for op in timed) or 0.0,
         before_save_step_median_s=_median(
-            op.attr(key + "before_save_step_median_s") for op in timed
+            op.attr(Attr.AFTER_RESUME_BEFORE_SAVE_STEP_MEDIAN_S) for op in timed
         ),
-        slowdown=_median(op.attr(key + "slowdown") for op in timed),
+        slowdown=_median(op.attr(Attr.AFTER_RESUME_SLOWDOWN) for op in timed),
     )
-
-
-@dataclass
-class SweepRow:
-    """One cache state × concurrency cell of a results sweep."""
-
-    breakdown: Breakdown
-    fetch_gbps: float | None
-    fraction_of_ceiling: float | None
-
-
-@dataclass
-class Sweep:
-    """A results.json: the ceiling, the environment and the sweep table."""
-
-    path: str
-    version: str | None
-    created: str | None
-    spec: dict[str, Any]
-    environment: dict[str, Any]
-    ceiling: Ceiling | None
-    rows: list[SweepRow]
-    operations: list[OperationRow]
-    options: dict[str, Any] = field(default_factory=dict)
-    reliability: dict[str, Any] = field(default_factory=dict)
-    hints: list[hint_rules.Hint] = field(default_factory=list)
-    verify_coverage: VerifyCoverage | None = None
-    job: dict[str, Any] = field(default_factory=dict)  # a distributed job's ranks
-
-
-@dataclass
-class Report:
-    """Everything ``render_text``, ``render_json`` and ``write_plot`` need."""
-
-    groups: list[OperationGroup]
-    sweeps: list[Sweep]
-    warnings: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------- helpers
@@ -316,6 +143,7 @@ def phase_rows(
         computed = [s.nbytes / s.busy_s / 1e9 for s in found if s.nbytes and s.busy_s > 0]
         gbps = _median(computed) if computed else _median(s.gbps for s in found)
         reasons = [s.emulation_reason for s in found if s.emulation_reason]
+        fused = [s.fused for s in found if s.fused]
         rows.append(
             PhaseRow(
                 phase=name,
@@ -331,6 +159,8 @@ def phase_rows(
                     key: statistics.median(s.details[key] for s in found if key in s.details)
                     for key in sorted({k for s in found for k in s.details})
                 },
+                fused=max(set(fused), key=fused.count) if fused else None,
+                lazy=any(s.lazy for s in found),
             )
         )
     return rows
@@ -554,6 +384,20 @@ def _run_row(run: ResultsRun) -> OperationRow:
     )
 
 
+def _sweep_row(b: Breakdown, fetch_gbps: float | None, fraction: float | None) -> SweepRow:
+    """Where a fraction of the ceiling applies (a cold read, a ceiling): a fused or lazy
+    fetch is no storage read of its own, so none is computed; one above 1 (the ceiling is
+    an estimate) is capped at 1 and marked."""
+    if fraction is None:
+        return SweepRow(b, fetch_gbps, None)
+    mark = fetch_unbounded({r.phase: {"fused": r.fused, "lazy": r.lazy} for r in b.phases})
+    if mark:
+        return SweepRow(b, fetch_gbps, None, mark)
+    if fraction > 1.0:
+        return SweepRow(b, fetch_gbps, 1.0, "capped", fraction)
+    return SweepRow(b, fetch_gbps, fraction)
+
+
 def sweep_from_results(results: ResultsFile) -> Sweep:
     """The sweep table of one results file, one row per strategy × cache state ×
     concurrency."""
@@ -613,7 +457,7 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
         fraction = entry.get("fraction_of_ceiling") if entry else None
         if not isinstance(fraction, (int, float)):
             fraction = fraction_of_ceiling(fetch_gbps, ceiling and ceiling.read_gbps, cache)
-        rows.append(SweepRow(b, fetch_gbps, fraction))
+        rows.append(_sweep_row(b, fetch_gbps, fraction))
     sweep = Sweep(
         path=results.path,
         version=results.version,

@@ -200,7 +200,7 @@ def compare(
     instances: int = 1,
 ) -> Comparison:
     """Load every PATH, match like settings, and judge each against the first."""
-    from ckptprof.interrupt.guard import cost_per_hour as default_rate
+    from ckptprof.cost import cost_per_hour as default_rate
 
     labels = labels or [_label(p) for p in paths]
     by_setting: dict[str, list[Entry]] = {}

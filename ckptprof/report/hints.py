@@ -12,15 +12,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckptprof.phases import Phase
+from ckptprof.report.breakdown import Hint
 from ckptprof.results_schema import stalled
 from ckptprof.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from ckptprof.report.aggregate import Breakdown, OperationGroup, Sweep, SweepRow
+    from ckptprof.report.breakdown import Breakdown, OperationGroup, Sweep, SweepRow
     from ckptprof.report.load import Ceiling
 
 MiB = 1024 * 1024
@@ -55,16 +55,6 @@ FETCH_FAR_BELOW_FRACTION = 0.50
 """fetch below this fraction of the ceiling although concurrency suffices."""
 COLD_RESIDENCY_MAX = 0.05
 """a "cold" run with more than this fraction of the checkpoint in page cache was not cold."""
-
-
-@dataclass(frozen=True)
-class Hint:
-    """One piece of advice; ``code`` is stable (for tests and scripts), ``message`` is prose."""
-
-    code: str
-    message: str
-    severity: float = 0.0
-    where: str = ""
 
 
 def _s(seconds: float) -> str:

@@ -21,7 +21,13 @@ from ckptprof.report import plot
 from ckptprof.report.aggregate import Report, Sweep, phase_order
 from ckptprof.report.hints import Hint
 from ckptprof.report.interruptions import Story, render_stories
-from ckptprof.report.text import env_highlights, render_text
+from ckptprof.report.text import (
+    ceiling_cell,
+    env_highlights,
+    phase_note,
+    render_text,
+    sweep_notes,
+)
 from ckptprof.report.timeline import Timeline
 from ckptprof.units import fmt_bytes, fmt_gbps, fmt_s
 
@@ -87,8 +93,11 @@ def _sweep_section(index: int, sweep: Sweep) -> str:
         phases = []
         for name in names:
             phase = b.phase(name)
-            phases.append("-" if phase is None else fmt_s(phase.busy_s) + ("*" * phase.emulated))
-        frac = row.fraction_of_ceiling
+            if phase is None:
+                phases.append("-")
+                continue
+            mark = " (fused)" if phase.fused else " (lazy)" if phase.lazy else ""
+            phases.append(fmt_s(phase.busy_s) + ("*" * phase.emulated) + mark)
         rows.append(
             [
                 b.strategy or "-",
@@ -98,7 +107,7 @@ def _sweep_section(index: int, sweep: Sweep) -> str:
                 f"{fmt_s(b.wall_median_s)} ({fmt_s(b.wall_min_s)}–{fmt_s(b.wall_max_s)})",
                 *phases,
                 fmt_gbps(row.fetch_gbps),
-                "-" if frac is None else f"{frac:.0%}",
+                ceiling_cell(row),
                 "-" if b.resident_fraction is None else f"{b.resident_fraction:.0%}",
                 fmt_bytes(b.peak_rss_bytes),
             ]
@@ -116,6 +125,7 @@ def _sweep_section(index: int, sweep: Sweep) -> str:
     parts.append(_table(headers, rows, left=2))
     if any("*" in str(c) for r in rows for c in r):
         parts.append('<p class="emulated">* emulated: an estimate, not a measurement</p>')
+    parts += [f'<p class="note">{_e(note)}.</p>' for note in sweep_notes(sweep)]
     per_rank = [r for r in (sweep.job.get("per_rank") or []) if isinstance(r, dict)]
     if per_rank:
         parts.append("<h3>Per-rank spread</h3>")
@@ -164,7 +174,10 @@ def _groups_section(report: Report) -> str:
                 b.label,
                 b.repeats,
                 f"{fmt_s(b.wall_median_s)} ({fmt_s(b.wall_min_s)}–{fmt_s(b.wall_max_s)})",
-                ", ".join(f"{p.phase} {fmt_s(p.busy_s)}" for p in b.phases),
+                ", ".join(
+                    " ".join(filter(None, (p.phase, fmt_s(p.busy_s), phase_note(b, p))))
+                    for p in b.phases
+                ),
                 "-"
                 if spread is None
                 else f"slowest rank {spread.slowest_rank} {fmt_s(spread.slowest_wall_s)} s",

@@ -8,9 +8,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ckptprof.errors import CkptprofError
-from ckptprof.report.timeline import span_ns
-
-PREFIX = "ckpt.interruption."
+from ckptprof.phases import INTERRUPTION_SPAN, NAMESPACE, RESTORE_SPAN, Attr, Phase
+from ckptprof.tracing.times import span_ns
 
 
 @dataclass
@@ -39,27 +38,29 @@ class Story:
     ranks: int = 1
 
 
-def _attr(span: dict | None, name: str) -> Any:
-    return None if span is None else (span.get("attributes") or {}).get(PREFIX + name)
+def _attr(span: dict | None, key: str) -> Any:
+    return None if span is None else (span.get("attributes") or {}).get(key)
 
 
 def build_stories(spans: list[dict[str, Any]]) -> list[Story]:
     """One story per interruption: the interrupted run's ``ckpt.interruption`` traces
     (one per rank; rank 0's tells it) and the restores that link back (the slowest rank's
     is the job's restore)."""
-    roots = [s for s in spans if s["name"] == "ckpt.interruption"]
-    restores = [s for s in spans if s["name"] == "ckpt.restore" and _attr(s, "source")]
+    roots = [s for s in spans if s["name"] == INTERRUPTION_SPAN]
+    restores = [
+        s for s in spans if s["name"] == RESTORE_SPAN and _attr(s, Attr.INTERRUPTION_SOURCE)
+    ]
     linked: dict[str, list[dict]] = {}
     for restore in restores:
         for link in restore.get("links") or []:
             linked.setdefault(link["context"]["span_id"], []).append(restore)
     by_run: dict[Any, list[dict]] = {}
     for root in roots:
-        run = (root.get("attributes") or {}).get("ckpt.run_id") or root["context"]["span_id"]
+        run = (root.get("attributes") or {}).get(Attr.RUN_ID) or root["context"]["span_id"]
         by_run.setdefault(run, []).append(root)
     stories, paired = [], set()
     for group in by_run.values():
-        group.sort(key=lambda r: (r.get("attributes") or {}).get("ckpt.rank", 0))
+        group.sort(key=lambda r: (r.get("attributes") or {}).get(Attr.RANK, 0))
         root = group[0]
         resumed = [r for g in group for r in linked.get(g["context"]["span_id"], [])]
         paired.update(id(r) for r in resumed)
@@ -67,7 +68,8 @@ def build_stories(spans: list[dict[str, Any]]) -> list[Story]:
         story = _story(root, spans, slowest)
         story.ranks = max(len(group), len(resumed), 1)
         # rank 0 may have taken another rank's notice ("peer"): the story is where it came
-        seen = [_attr(r, "source") for r in group if _attr(r, "source") not in (None, "peer")]
+        sources = [_attr(r, Attr.INTERRUPTION_SOURCE) for r in group]
+        seen = [source for source in sources if source not in (None, "peer")]
         if story.source == "peer" and seen:
             story.source = f"{seen[0]} (one rank; the others agreed)"
         stories.append(story)
@@ -79,57 +81,60 @@ def build_stories(spans: list[dict[str, Any]]) -> list[Story]:
 
 
 def _wall(span: dict) -> float:
-    return float((span.get("attributes") or {}).get("ckpt.wall_s") or 0.0)
+    return float((span.get("attributes") or {}).get(Attr.WALL_S) or 0.0)
 
 
 def _story(root, spans, restore) -> Story:
     source_span = root or restore
-    story = Story(source=_attr(source_span, "source") or "?")
+    story = Story(source=_attr(source_span, Attr.INTERRUPTION_SOURCE) or "?")
     if root is not None:
         notice_ns = span_ns(root.get("start_time"))
         story.notice_at = root.get("start_time") if notice_ns is not None else None
-        story.run_id = (root.get("attributes") or {}).get("ckpt.run_id")
-        story.deadline_s = _attr(root, "deadline_s")
-        story.deadline_assumed = bool(_attr(root, "deadline_assumed"))
+        story.run_id = (root.get("attributes") or {}).get(Attr.RUN_ID)
+        story.deadline_s = _attr(root, Attr.INTERRUPTION_DEADLINE_S)
+        story.deadline_assumed = bool(_attr(root, Attr.INTERRUPTION_DEADLINE_ASSUMED))
         kids = [s for s in spans if s.get("parent_id") == root["context"]["span_id"]]
-        notice = next((s for s in kids if s["name"] == "ckpt.notice"), None)
+        notice = next((s for s in kids if s["name"] == Phase.NOTICE.span_name), None)
         if notice is not None:
-            story.step_at_notice = _attr(notice, "step")
-        save = next((s for s in kids if s["name"] == "ckpt.emergency_save"), None)
+            story.step_at_notice = _attr(notice, Attr.INTERRUPTION_STEP)
+        save = next((s for s in kids if s["name"] == Phase.EMERGENCY_SAVE.span_name), None)
         if save is not None:
             start, end = span_ns(save.get("start_time")), span_ns(save.get("end_time"))
             if start is not None and notice_ns is not None:
                 story.save_after_notice_s = round((start - notice_ns) / 1e9, 3)
             if start is not None and end is not None:
                 story.save_s = round((end - start) / 1e9, 3)
-        story.outcome = _attr(root, "outcome") or "not finished (killed during the save?)"
-        story.checkpoint_step = _attr(root, "checkpoint_step")
-        story.margin_s = _attr(root, "margin_s")
+        story.outcome = (
+            _attr(root, Attr.INTERRUPTION_OUTCOME) or "not finished (killed during the save?)"
+        )
+        story.checkpoint_step = _attr(root, Attr.INTERRUPTION_CHECKPOINT_STEP)
+        story.margin_s = _attr(root, Attr.INTERRUPTION_MARGIN_S)
     if restore is not None:
         attrs = restore.get("attributes") or {}
         story.resumed = True
-        story.run_id = story.run_id or _attr(restore, "run_id")
+        story.run_id = story.run_id or _attr(restore, Attr.INTERRUPTION_RUN_ID)
         if story.outcome is None:
-            story.outcome = _attr(restore, "outcome")
-            story.checkpoint_step = _attr(restore, "checkpoint_step")
-            story.margin_s = _attr(restore, "margin_s")
-        story.downtime_s = _attr(restore, "downtime_s")
-        story.rto_s = attrs.get("ckpt.wall_s")
-        story.restored_step = _attr(restore, "restored_step")
-        story.steps_lost = _attr(restore, "steps_lost")
-        story.recovery_s = _attr(restore, "recovery_s")
-        story.cost_per_hour = _attr(restore, "cost_per_hour")
-        story.downtime_cost = _attr(restore, "downtime_cost")
-        story.restore_cost = _attr(restore, "restore_cost")
+            story.outcome = _attr(restore, Attr.INTERRUPTION_OUTCOME)
+            story.checkpoint_step = _attr(restore, Attr.INTERRUPTION_CHECKPOINT_STEP)
+            story.margin_s = _attr(restore, Attr.INTERRUPTION_MARGIN_S)
+        story.downtime_s = _attr(restore, Attr.INTERRUPTION_DOWNTIME_S)
+        story.rto_s = attrs.get(Attr.WALL_S)
+        story.restored_step = _attr(restore, Attr.INTERRUPTION_RESTORED_STEP)
+        story.steps_lost = _attr(restore, Attr.INTERRUPTION_STEPS_LOST)
+        story.recovery_s = _attr(restore, Attr.INTERRUPTION_RECOVERY_S)
+        story.cost_per_hour = _attr(restore, Attr.INTERRUPTION_COST_PER_HOUR)
+        story.downtime_cost = _attr(restore, Attr.INTERRUPTION_DOWNTIME_COST)
+        story.restore_cost = _attr(restore, Attr.INTERRUPTION_RESTORE_COST)
         phases = [
             s
             for s in spans
-            if s.get("parent_id") == restore["context"]["span_id"] and s["name"].startswith("ckpt.")
+            if s.get("parent_id") == restore["context"]["span_id"]
+            and s["name"].startswith(NAMESPACE)
         ]
         if phases:
-            top = max(phases, key=lambda s: (s.get("attributes") or {}).get("ckpt.busy_s", 0))
-            busy = (top.get("attributes") or {}).get("ckpt.busy_s", 0)
-            story.largest_phase = f"{top['name'][5:]} {busy:.3f} s"
+            top = max(phases, key=lambda s: (s.get("attributes") or {}).get(Attr.BUSY_S, 0))
+            busy = (top.get("attributes") or {}).get(Attr.BUSY_S, 0)
+            story.largest_phase = f"{top['name'].removeprefix(NAMESPACE)} {busy:.3f} s"
     return story
 
 

@@ -10,7 +10,8 @@ from ckptprof.report.aggregate import Report
 
 
 def to_dict(report: Report) -> dict[str, Any]:
-    """Plain dicts and lists; phase sums and overlap are included as computed fields."""
+    """Plain dicts and lists; phase sums, overlap and each fused phase's
+    ``fused_phases`` (the phases its one interval stands for) are computed fields."""
     out = dataclasses.asdict(report)
     breakdowns = [g.breakdown for g in report.groups] + [
         row.breakdown for s in report.sweeps for row in s.rows
@@ -23,6 +24,9 @@ def to_dict(report: Report) -> dict[str, Any]:
             d["phase_sum_s"] = b.phase_sum_s
             d["overlapped"] = b.overlapped
             d["outside_phases_s"] = b.outside_phases_s
+            for row, phase in zip(b.phases, d["phases"], strict=True):
+                if row.fused:
+                    phase["fused_phases"] = list(row.fused_phases)
     return out
 
 

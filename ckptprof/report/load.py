@@ -18,12 +18,19 @@ from typing import Any
 
 from ckptprof import schema
 from ckptprof.errors import CkptprofError
-from ckptprof.phases import AFTER_RESUME_SPAN, FILE_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr
+from ckptprof.phases import (
+    AFTER_RESUME_SPAN,
+    FILE_SPAN,
+    NAMESPACE,
+    RESTORE_SPAN,
+    SAVE_SPAN,
+    Attr,
+)
 from ckptprof.results_schema import RESULTS_NAME, RESULTS_SCHEMA, summarize
 
 TRACE_SUFFIX = ".jsonl"
 _ROOT_KINDS = {RESTORE_SPAN: "restore", SAVE_SPAN: "save"}
-_PHASE_PREFIX = "ckpt."
+_PHASE_PREFIX = NAMESPACE
 
 
 # --------------------------------------------------------------------- records
@@ -41,6 +48,8 @@ class PhaseSample:
     of_bytes: int | None = None  # verify: the bytes of the files it checked
     #: the phase's own numeric ``ckpt.<phase>.*`` attributes (first_step's split)
     details: Mapping[str, float] = field(default_factory=dict)
+    fused: str | None = None  # Attr.FUSED: the phases that ran as this one interval
+    lazy: bool = False  # Attr.FETCH_LAZY: pages read on demand, some after the fetch
 
 
 @dataclass
@@ -290,6 +299,7 @@ def _phase_sample(name: str, span: Mapping[str, Any]) -> PhaseSample:
             or 0.0
         )
     reason = attrs.get(Attr.EMULATION_REASON)
+    fused = attrs.get(Attr.FUSED)
     return PhaseSample(
         phase=name,
         busy_s=busy,
@@ -300,11 +310,13 @@ def _phase_sample(name: str, span: Mapping[str, Any]) -> PhaseSample:
         emulation_reason=str(reason) if reason is not None else None,
         of_bytes=_int(attrs.get(Attr.VERIFY_OF_BYTES)),
         details=_details(name, attrs),
+        fused=str(fused) if isinstance(fused, str) and fused else None,
+        lazy=_flag(attrs.get(Attr.FETCH_LAZY, False)),
     )
 
 
 def _details(phase: str, attrs: Mapping[str, Any]) -> dict[str, float]:
-    prefix = f"{_PHASE_PREFIX}{phase}."
+    prefix = Attr.phase_prefix(phase)
     return {
         key.removeprefix(prefix): float(value)
         for key, value in attrs.items()
@@ -379,6 +391,7 @@ def _results_phases(raw: Any) -> dict[str, PhaseSample]:
         if not isinstance(entry, dict):
             continue
         reason = entry.get("emulation_reason")
+        fused = entry.get("fused")
         phases[str(name)] = PhaseSample(
             phase=str(name),
             busy_s=_num(entry.get("busy_s")) or 0.0,
@@ -393,6 +406,8 @@ def _results_phases(raw: Any) -> dict[str, PhaseSample]:
                 for k, v in (entry.get("details") or {}).items()
                 if _num(v) is not None
             },  # fmt: skip
+            fused=fused if isinstance(fused, str) and fused else None,
+            lazy=_flag(entry.get("lazy", False)),
         )
     return phases
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from ckptprof.phases import RESTORE_PHASES, SAVE_PHASES
+from ckptprof.phases import RESTORE_PHASES, SAVE_PHASES, Attr
 from ckptprof.report.timeline import Slice, Timeline, pack_lanes
 
 SEQUENCE_ID = 1  # one writer: every packet is on the same trusted sequence
@@ -25,7 +25,7 @@ def _tracks(lines: Sequence[Timeline]) -> dict[tuple[str, int], dict[str, list[S
     tracks: dict[tuple[str, int], dict[str, list[Slice]]] = defaultdict(lambda: defaultdict(list))
     for line in lines:
         process = tracks[(line.host, line.rank)]
-        attrs = {**line.attributes, "ckpt.trace_id": line.trace_id}
+        attrs = {**line.attributes, Attr.TRACE_ID: line.trace_id}
         process["operation"].append(
             Slice(line.label(), line.start_ns, line.end_ns, 0, attrs, phase=line.kind)
         )

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ckptprof.manifest import SAMPLE_BLOCK, SAMPLE_BLOCKS
-from ckptprof.phases import Phase
+from ckptprof.phases import FUSED_SEPARATOR, Phase, fused_detail
 from ckptprof.report.aggregate import (
     Breakdown,
     OperationGroup,
@@ -19,6 +19,7 @@ from ckptprof.report.aggregate import (
     aggregate,
     phase_order,
 )
+from ckptprof.report.breakdown import PhaseRow, SweepRow
 from ckptprof.report.hints import Hint
 from ckptprof.report.load import ReportData
 from ckptprof.units import UNITS_NOTE, fmt_bytes, fmt_gbps, fmt_pct, fmt_s, terminal_width
@@ -118,6 +119,67 @@ def _overlap_lines(b: Breakdown, wall_word: str) -> list[str]:
     return _wrap(text, INDENT, INDENT * 2)
 
 
+def fused_label(r: PhaseRow) -> str:
+    """The phases ``r`` ran fused with and the detail: "deserialize+reshard, dcp.load"."""
+    joined = FUSED_SEPARATOR.join(r.fused_phases) or str(r.fused)
+    detail = fused_detail(r.fused) if r.fused else None
+    return f"{joined}, {detail}" if detail else joined
+
+
+def phase_note(b: Breakdown, r: PhaseRow) -> str:
+    """What to know about a phase's time beside the number: emulated, fused with others
+    (one interval for several phases), lazy (a fetch whose reads continue later)."""
+    notes = ["emulated"] if r.emulated else []
+    into = [o.phase for o in b.phases if o is not r and r.phase in o.fused_phases]
+    if r.fused:
+        notes.append(f"(fused: {fused_label(r)})")
+    elif into:
+        notes.append(f"(fused into {', '.join(into)})")
+    if r.lazy:
+        notes.append("(lazy: pages read on demand, some inside deserialize)")
+    return " ".join(notes)
+
+
+def ceiling_cell(row: SweepRow) -> str:
+    """A sweep row's fetch as a share of the storage ceiling: "fused" or "lazy" where
+    fetch is no storage read of its own, "100%+" where the measure was above it."""
+    if row.ceiling_mark in ("fused", "lazy"):
+        return row.ceiling_mark
+    if row.fraction_of_ceiling is None:
+        return "-"
+    return f"{row.fraction_of_ceiling:.0%}" + ("+" if row.ceiling_mark == "capped" else "")
+
+
+def sweep_notes(sweep: Sweep) -> list[str]:
+    """One sentence per fused or lazy phase of the sweep, and one for fetches measured
+    above the ceiling (shown capped)."""
+    notes: dict[str, None] = {}
+    for row in sweep.rows:
+        for r in row.breakdown.phases:
+            if r.fused:
+                unbounded = row.ceiling_mark == "fused" and Phase.FETCH.value in r.fused_phases
+                notes[
+                    f"{r.phase} is fused: one interval for {r.fused}"
+                    + ("; no fraction of the ceiling" if unbounded else "")
+                ] = None
+            if r.lazy:
+                notes[
+                    f"{r.phase} is lazy: the loader reads pages on demand (mmap), so its "
+                    "interval only warms the cache and some reads happen later, inside "
+                    "deserialize; no fraction of the ceiling"
+                ] = None
+    capped = [row for row in sweep.rows if row.ceiling_mark == "capped"]
+    if capped:
+        cells = ", ".join(
+            f"{row.breakdown.label} {row.fraction_above_ceiling:.0%}" for row in capped
+        )
+        notes[
+            f"100%+: fetch measured above the storage ceiling ({cells}), shown capped: the "
+            "ceiling is an estimate, or some reads came from the page cache"
+        ] = None
+    return list(notes)
+
+
 def _phase_table(b: Breakdown, wall_word: str) -> list[str]:
     rows = []
     for r in b.phases:
@@ -129,7 +191,7 @@ def _phase_table(b: Breakdown, wall_word: str) -> list[str]:
                 fmt_bytes(r.nbytes),
                 fmt_gbps(r.gbps),
                 "-" if r.files is None else str(r.files),
-                "emulated" if r.emulated else "",
+                phase_note(b, r),
             ]
         )
     headers = ["phase", "busy s", f"of {wall_word}", "bytes", "GB/s", "files", ""]
@@ -334,8 +396,7 @@ def _sweep_table(sweep: Sweep) -> list[str]:
                 mark = "*" if phase is not None and phase.emulated else ""
                 any_emulated = any_emulated or bool(mark)
                 cells.append(fmt_s(phase.busy_s) + mark if phase else "-")
-            frac = row.fraction_of_ceiling
-            cells += [fmt_gbps(row.fetch_gbps), "-" if frac is None else f"{frac:.0%}"]
+            cells += [fmt_gbps(row.fetch_gbps), ceiling_cell(row)]
             if peaks:
                 peak = b.peak_rss_bytes
                 cells.append("-" if not peak else f"{peak / 1e9:.2f}")
@@ -351,6 +412,8 @@ def _sweep_table(sweep: Sweep) -> list[str]:
             break
     if any_emulated:
         lines.append(f"{INDENT}* emulated: an estimate, not a measurement")
+    for note in sweep_notes(sweep):
+        lines += _wrap(note, INDENT, INDENT * 2)
     estimates = [r.breakdown.first_step_estimate_s for r in sweep.rows]
     estimates = [e for e in estimates if e]
     if estimates:

@@ -9,26 +9,12 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
-from ckptprof.phases import Attr
+from ckptprof.phases import FILE_SPAN, NAMESPACE, RESTORE_SPAN, SAVE_SPAN, Attr
+from ckptprof.tracing.times import span_ns
 
-ROOTS = {"ckpt.restore": "restore", "ckpt.save": "save"}
-FILE_SPAN = "ckpt.file"
-
-
-def span_ns(text: Any) -> int | None:
-    """An ISO time of a span as ns since the epoch; None where missing or not a time."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return int(when.timestamp() * 1e6) * 1000  # the trace files keep microseconds
+ROOTS = {RESTORE_SPAN: "restore", SAVE_SPAN: "save"}
 
 
 @dataclass
@@ -147,7 +133,7 @@ def timelines(spans: Iterable[dict[str, Any]]) -> list[Timeline]:
             span, phase = stack.pop()
             s, e = span_ns(span.get("start_time")), span_ns(span.get("end_time"))
             name = str(span.get("name", ""))
-            inner = phase if name == FILE_SPAN else name.removeprefix("ckpt.")
+            inner = phase if name == FILE_SPAN else name.removeprefix(NAMESPACE)
             own_id = str((span.get("context") or {}).get("span_id"))
             stack.extend((child, inner) for child in children.get(own_id, ()))
             if s is None or e is None:
@@ -156,7 +142,7 @@ def timelines(spans: Iterable[dict[str, Any]]) -> list[Timeline]:
             if name == FILE_SPAN:
                 path = str(attrs.get(Attr.PATH, "file"))
                 line.files.append(Slice(path, s, e, 0, attrs, phase=phase or "file"))
-            elif name.startswith("ckpt."):
+            elif name.startswith(NAMESPACE):
                 line.phases.append(Slice(inner, s, e, 0, attrs))
         line.phases.sort(key=lambda p: p.start_ns)
         _pack(line.files)

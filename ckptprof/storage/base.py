@@ -18,6 +18,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+#: bytes per ranged read (a fetch request, an S3 multipart part) unless told otherwise
+DEFAULT_PART_SIZE = 16 << 20
+
 
 @dataclass(frozen=True)
 class ObjectInfo:

@@ -26,8 +26,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ckptprof.errors import CkptprofError, StorageError, UnreachableError
-from ckptprof.fetch import DEFAULT_PART_SIZE
-from ckptprof.storage.base import CacheState, ObjectInfo, Storage
+from ckptprof.storage.base import DEFAULT_PART_SIZE, CacheState, ObjectInfo, Storage
 
 log = logging.getLogger("ckptprof")
 

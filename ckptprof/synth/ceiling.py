@@ -13,7 +13,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from ckptprof.fetch import HostBuffer, plan_reads
+from ckptprof.io.buffers import HostBuffer
+from ckptprof.io.requests import whole_files
 from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.units import fmt_bytes
 
@@ -79,7 +80,8 @@ def probe(
     bytes as the checkpoint can give, and says so when that is too few to be steady.
     """
     reqs, total = [], 0
-    for req in plan_reads(sorted(files, key=lambda i: -i.size), part_size):
+    largest_first = {f.path: f.size for f in sorted(files, key=lambda i: -i.size)}
+    for req in whole_files(largest_first, part_size):
         if total >= budget:
             break
         if req.length:

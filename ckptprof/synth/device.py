@@ -75,7 +75,7 @@ def synchronize(device: torch.device) -> None:
 
 
 class PinnedBuffer:
-    """A page-locked host buffer (the shape of :class:`~ckptprof.fetch.HostBuffer`): reads
+    """A page-locked host buffer (the shape of :class:`~ckptprof.io.buffers.HostBuffer`): reads
     land in it and go to the device by DMA."""
 
     def __init__(self, size: int, name: str = "ckptprof-pinned") -> None:

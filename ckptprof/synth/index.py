@@ -6,7 +6,7 @@ safetensors shard. :class:`SparseFile` holds a file's bytes as untouched virtual
 and fetches blocks of it only when a reader asks for them, so the layout's own loader
 (``torch.load``'s zip reader and unpickler, the safetensors header parser) runs
 unchanged and pulls exactly the bytes it parses; the tensors it returns are views whose
-addresses give their byte offsets in the file (:func:`file_sources`). This is what
+addresses give their byte offsets in the file. This is what
 ``torch.load(mmap=True)`` or ``safe_open`` do through page faults.
 """
 
@@ -18,15 +18,10 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ckptprof.synth.plan import CheckpointPlan, FilePlan
-from ckptprof.synth.readplan import Source
-
 if TYPE_CHECKING:
     from ckptprof.storage.base import Storage
-    from ckptprof.synth.layouts.base import Layout
 
 INDEX_BLOCK = 4 << 10  # one zip local header; a page
-ZIP_TAIL = 64 << 10  # where a zip archive's end record and (mostly) its directory are
 
 
 class SparseFile:
@@ -59,13 +54,23 @@ class SparseFile:
                 self.read_intervals.append((started, time.time_ns()))
                 self.fetched_bytes += hi - lo
 
-    def prefetch(self, ranges: list[tuple[int, int]], concurrency: int) -> None:
-        """Fetch ``(offset, length)`` ranges ``concurrency`` at a time, before a loader
-        asks for them one by one (an object store's latency is paid once, not per range)."""
-        from concurrent.futures import ThreadPoolExecutor
+    def prefetch(self, ranges: list[tuple[int, int]], policy, concurrency: int) -> None:
+        """Fetch ``(offset, length)`` ranges before a loader asks for them one by one, in
+        the requests the storage's ``policy`` plans (on an object store, nearby ranges are
+        one request; its latency is paid once, not per range), ``concurrency`` at a time."""
+        from ckptprof.io.requests import Request, cut, merge
+        from ckptprof.io.window import Window
 
-        with ThreadPoolExecutor(max(1, concurrency)) as pool:
-            list(pool.map(lambda r: self.ensure(*r), ranges))
+        spans = merge(((o, min(self.size, o + n)) for o, n in ranges), policy.gap)
+        requests = [
+            Request(self.path, o, n) for lo, hi in spans for o, n in cut(lo, hi, policy.part_size)
+        ]
+
+        def ensure(request: Request, _view) -> None:
+            self.ensure(request.offset, request.length)
+
+        # op=None: ensure() records its own read intervals, as for reads on demand
+        Window(self.storage, None, concurrency).run(requests, into=lambda r: None, read=ensure)
 
     def held(self) -> list[tuple[int, int]]:
         """The ``[start, end)`` ranges fetched so far, merged."""
@@ -128,43 +133,4 @@ class _SparseReader(io.RawIOBase):
         return n
 
 
-def zip_hints(sparse: SparseFile) -> list[tuple[int, int]]:
-    """Where a ``torch.save`` archive's loader will read: its directory says where each
-    record's local header is (``torch.load`` reads every one of them)."""
-    import zipfile
-
-    sparse.ensure(max(0, sparse.size - ZIP_TAIL), ZIP_TAIL)
-    with zipfile.ZipFile(sparse.reader()) as archive:
-        infos = archive.infolist()
-    # every record's local header, and the whole of the records that are not tensor data
-    # (the pickle, the version and byte-order records)
-    return [
-        (i.header_offset, INDEX_BLOCK + (0 if "/data/" in i.filename else i.compress_size))
-        for i in infos
-    ]
-
-
-def file_sources(
-    layout: Layout, plan: CheckpointPlan, file: FilePlan, sparse: SparseFile, concurrency: int = 8
-):
-    """The file's tensor regions as :class:`Source` s, from the layout's own loader run
-    over the sparse bytes (it reads the index; the tensors it returns are views)."""
-    hints = layout.index_hints(file, sparse)
-    if hints:
-        sparse.prefetch(hints, concurrency)
-    tensors = layout.deserialize(plan, file, sparse)
-    base = sparse.base_address
-    return layout.sources(plan, file, {p: t.data_ptr() - base for p, t in tensors.items()})
-
-
-def piece_sources(file: FilePlan, offsets: dict) -> list[Source]:
-    """Sources of row pieces (each piece contiguous, row-major, at its offset)."""
-    out = []
-    for piece, offset in offsets.items():
-        cols = piece.numel // piece.rows if piece.rows else 1
-        start, end = piece.row_start * cols, piece.row_end * cols
-        out.append(Source(file.path, offset, (piece.group, piece.name), piece.dtype, start, end))
-    return out
-
-
-__all__ = ["INDEX_BLOCK", "SparseFile", "file_sources", "piece_sources"]
+__all__ = ["INDEX_BLOCK", "SparseFile"]

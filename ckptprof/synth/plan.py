@@ -34,12 +34,11 @@ SPEC_FIX = "regenerate the checkpoint with `ckptprof synth generate`"
 @functools.cache
 def spec_schema() -> schema.Check:
     """What a :class:`SynthSpec` (as stored in a manifest) may hold."""
-    from ckptprof.synth.layouts import LAYOUT_NAMES  # the layouts import this module
 
     return schema.record(
         {
             "model": schema.text(choices=PRESETS),
-            "layout": schema.text(choices=LAYOUT_NAMES),
+            "layout": schema.text(choices=ranges.LAYOUTS),
             "scale": ranges.SCALE,
             "ranks": ranges.RANKS,
             "optimizer": schema.boolean(),

@@ -24,5 +24,4 @@ STEP_SECONDS = schema.number(minimum=0)
 GBPS = schema.number(above=0)
 SECONDS = schema.number(above=0)
 CACHES = ("cold", "hot")
-STRATEGIES = ("staged", "pipelined", "framework")
-OPTIONAL_STRATEGIES = ("runai", "s3torchconnector")  # other loaders, from optional packages
+LAYOUTS = ("torch", "safetensors", "dcp", "deepspeed")  # each a module of synth.layouts

@@ -5,9 +5,10 @@ partitions) says where every saved tensor region lies: a :class:`Source` is ``le
 bytes at ``offset`` of a file holding elements ``[elem_start, elem_end)`` (row-major) of
 one tensor. Against the :class:`~ckptprof.synth.targets.TargetTensor` s of a rank,
 :func:`plan_copies` finds the byte ranges to copy into each target, and
-:func:`plan_reads` groups them into ranged reads of at most ``part_size`` bytes, in
-file order, so a rank reads what it needs and nothing else (plus the small gaps it is
-cheaper to read through than to skip). Planned without a disk; unit-tested as data.
+:func:`plan_reads` turns them into requests as the storage's policy plans them
+(:mod:`ckptprof.io.requests`), so a rank reads what it needs and nothing else (plus the
+gaps it is cheaper to read through than to skip). Planned without a disk; unit-tested as
+data.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ckptprof.errors import CkptprofError
+from ckptprof.io.requests import RequestPolicy, RequestSummary, cut, merge, subtract
+from ckptprof.io.requests import needed as needed_bytes
 from ckptprof.synth.presets import DTYPE_SIZE
 from ckptprof.synth.targets import TargetTensor, TensorKey
-
-#: gaps between needed ranges up to this size are read through (zip headers, padding)
-READ_THROUGH_GAP = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -121,96 +121,87 @@ def plan_copies(targets: list[TargetTensor], sources: list[Source]) -> list[Copy
 
 def plan_reads(
     copies: list[Copy],
-    part_size: int,
+    policy: RequestPolicy,
     whole_files: dict[str, int] | None = None,
-    gap: int = READ_THROUGH_GAP,
     have: dict[str, list[tuple[int, int]]] | None = None,
     direct: bool | set[str] = False,
+    summary: RequestSummary | None = None,
 ) -> list[Read]:
-    """Ranged reads of at most ``part_size`` bytes covering every copy, in file order.
+    """The requests that bring every copy's bytes, in file order, as the storage's
+    ``policy`` plans them (:mod:`ckptprof.io.requests`: gaps read through, requests of at
+    most the part size).
 
     ``whole_files`` (path -> size) are read from first byte to last (a full-file hash
     needs every byte; small files are read whole as their framework reads them).
     ``have`` (path -> ``[start, end)`` ranges) are in memory already: they become
-    resident reads, and no request reads them again. With ``direct`` (True, or the
-    paths it applies to) every byte that belongs to a copy is read straight into its
-    place in the state (reads are cut at copy boundaries; only the rest goes through
-    buffers).
+    resident reads, and no request reads them again. ``direct`` (True, or the paths it
+    applies to): a request that lies inside one copy lands straight in its place in the
+    state (no buffer, no copy after); where requests are cheap they are also cut where
+    copies begin and end so that most of them do. ``summary`` counts the plan's shape.
     """
-    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    needed: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for c in copies:
-        spans[c.path].append((c.offset, c.offset + c.length))
-    for path, size in (whole_files or {}).items():
-        spans[path] = [(0, size)]
+        needed[c.path].append((c.offset, c.offset + c.length))
     by_offset: dict[str, list[Copy]] = defaultdict(list)
     for c in sorted(copies, key=lambda c: (c.path, c.offset)):
         by_offset[c.path].append(c)
+    whole_files = whole_files or {}
     reads: list[Read] = []
-    for path in sorted(spans):
+    for path in sorted(set(needed) | set(whole_files)):
         into_state = direct is True or (direct is not False and path in direct)
-        through = 0 if into_state else gap  # a gap is worth reading only into a buffer
-        merged: list[list[int]] = []
-        for start, end in sorted(spans[path]):
-            if merged and start <= merged[-1][1] + through:
-                merged[-1][1] = max(merged[-1][1], end)
-            else:
-                merged.append([start, end])
-        held = (have or {}).get(path, [])
+        cut_at_copies = into_state and policy.cheap_requests
+        # a gap is worth reading through only into a buffer
+        gap = 0 if cut_at_copies else policy.gap
+        merged = (
+            [(0, whole_files[path])] if path in whole_files else merge(needed[path], gap)
+        )
+        boundaries = (
+            sorted({b for c in by_offset[path] for b in (c.offset, c.offset + c.length)})
+            if cut_at_copies
+            else []
+        )
+        held = sorted((have or {}).get(path, []))
+        first = len(reads)
         for start, end in merged:
             if end == start:
                 reads.append(Read(path, start, 0))
-            for lo, hi, resident in split_held(start, end, held):
+            for lo, hi, resident in subtract(start, end, held):
                 if resident:
                     reads.append(Read(path, lo, hi - lo, resident=True))
-                elif into_state:
-                    reads += _direct(path, lo, hi, by_offset.get(path, []), part_size)
-                else:
-                    reads += _chunks(path, lo, hi, part_size)
+                    continue
+                for offset, length in cut(lo, hi, policy.part_size, boundaries):
+                    read = Read(path, offset, length)
+                    if into_state:
+                        read.into = _inside_one(by_offset[path], offset, length)
+                    reads.append(read)
+        if summary is not None:
+            mine = [r for r in reads[first:] if not r.resident]
+            requested, count = sum(r.length for r in mine), sum(1 for r in mine if r.length)
+            summary.add(requested, requests_needed(needed[path], whole_files.get(path)), count)
     _attach([r for r in reads if r.into is None], copies)
     return reads
 
 
-def _chunks(path: str, lo: int, hi: int, part_size: int) -> list[Read]:
-    return [Read(path, o, min(part_size, hi - o)) for o in range(lo, hi, part_size)]
+def requests_needed(ranges: list[tuple[int, int]], whole: int | None) -> int:
+    """Bytes of a file the restore needs (all of it when read whole)."""
+    return whole if whole is not None else needed_bytes(ranges)
 
 
-def _direct(path: str, lo: int, hi: int, copies: list[Copy], part_size: int) -> list[Read]:
-    """``[lo, hi)`` as reads into the state where copies cover it, buffered reads between."""
-    out, cursor = [], lo
+def _inside_one(copies: list[Copy], offset: int, length: int) -> Copy | None:
+    """The part of the copy that holds all of ``[offset, offset + length)``, if one does."""
     starts = [c.offset for c in copies]
-    i = max(0, bisect.bisect_right(starts, lo) - 1)
-    while i < len(copies) and copies[i].offset < hi:
-        c = copies[i]
-        a, b = max(c.offset, cursor), min(c.offset + c.length, hi)
-        i += 1
-        if b <= a:
-            continue
-        if a > cursor:
-            out += _chunks(path, cursor, a, part_size)
-        for o in range(a, b, part_size):
-            n = min(part_size, b - o)
-            into = Copy(path, o, n, c.target, c.target_offset + o - c.offset)
-            out.append(Read(path, o, n, into=into))
-        cursor = b
-    if cursor < hi:
-        out += _chunks(path, cursor, hi, part_size)
-    return out
+    i = bisect.bisect_right(starts, offset) - 1
+    if i < 0 or not length:
+        return None
+    c = copies[i]
+    if offset + length > c.offset + c.length:
+        return None
+    return Copy(c.path, offset, length, c.target, c.target_offset + offset - c.offset)
 
 
 def split_held(start: int, end: int, held: list[tuple[int, int]]):
     """``[start, end)`` cut into ``(lo, hi, resident)`` runs by the ``held`` ranges."""
-    cursor = start
-    for lo, hi in sorted(held):
-        lo, hi = max(lo, start), min(hi, end)
-        if hi <= lo or hi <= cursor:
-            continue
-        lo = max(lo, cursor)
-        if lo > cursor:
-            yield cursor, lo, False
-        yield lo, hi, True
-        cursor = hi
-    if cursor < end:
-        yield cursor, end, False
+    return subtract(start, end, sorted(held))
 
 
 def _attach(reads: list[Read], copies: list[Copy]) -> None:
@@ -242,7 +233,6 @@ def read_bytes(reads: list[Read]) -> int:
 
 __all__ = [
     "Copy",
-    "READ_THROUGH_GAP",
     "Read",
     "Source",
     "flat_sources",

@@ -20,13 +20,12 @@ import psutil
 
 from ckptprof import schema
 from ckptprof.errors import CkptprofError, StorageError, UnreachableError
-from ckptprof.fetch import DEFAULT_PART_SIZE
 from ckptprof.manifest import GENERATING_NAME, MANIFEST_NAME, VERIFY_MODES, Manifest
 from ckptprof.memory import MemoryWatch
 from ckptprof.phases import Attr, Phase
 from ckptprof.preflight import OutputClaim, check_output_dir
 from ckptprof.storage import open_storage
-from ckptprof.storage.base import ObjectInfo, Storage
+from ckptprof.storage.base import DEFAULT_PART_SIZE, ObjectInfo, Storage
 from ckptprof.synth import ceiling as ceiling_mod
 from ckptprof.synth import ranges
 from ckptprof.synth.device import check_device, device_attributes, resolve_device
@@ -43,7 +42,9 @@ from ckptprof.synth.results import (
     run_line,
     write_results,
 )
-from ckptprof.synth.strategies import RunContext, get_strategy, needed_files
+from ckptprof.synth.strategies import get_strategy
+from ckptprof.synth.strategies import registry as strategy_registry
+from ckptprof.synth.strategies.base import RunContext, needed_files
 from ckptprof.synth.targets import TargetState, plan_targets
 from ckptprof.tracing.recorder import CheckpointTracer, Operation
 from ckptprof.units import fmt_bytes, wrap
@@ -93,7 +94,7 @@ class RestoreOptions:
             (
                 "--strategy",
                 list(self.strategies),
-                schema.items(schema.text(choices=ranges.STRATEGIES + ranges.OPTIONAL_STRATEGIES)),
+                schema.items(schema.text(choices=strategy_registry.NAMES)),
             ),
             ("--cache", list(self.caches), schema.items(schema.text(choices=ranges.CACHES))),
             ("--concurrency", list(self.concurrency), schema.items(ranges.CONCURRENCY)),
@@ -276,10 +277,8 @@ class RestoreRunner:
     def check_memory(self) -> None:
         """Refuse early when the restored state plus what a strategy holds cannot fit."""
         read = sum(self.manifest.files[f.path].size for f in self.files)
-        # runai keeps a copy of every streamed tensor until reshard, as staged keeps bytes;
-        # s3torchconnector holds every file's bytes as staged does
-        holds = {"staged": read, "pipelined": self.memory_budget, "framework": 0,
-                 "runai": read, "s3torchconnector": read}  # fmt: skip
+        strategies = {name: get_strategy(name) for name in self.options.strategies}
+        holds = {n: s.memory_held(read, self.memory_budget) for n, s in strategies.items()}
         on_device = self.device.type == "cuda"
         if on_device:
             import torch
@@ -301,7 +300,7 @@ class RestoreRunner:
             largest = max(self.options.strategies, key=holds.__getitem__)
             if state_on_host > avail * MEMORY_HEADROOM or holds[largest] == 0:
                 fix = "restore one rank of a larger job (--world-size W --rank R)"
-            elif largest == "pipelined":
+            elif strategies[largest].bounded_by_budget:
                 fix = f"give a smaller --memory-budget (now {fmt_bytes(self.memory_budget)})"
             else:
                 fix = (f"{largest} holds every byte it reads: use --strategy pipelined "
@@ -429,20 +428,20 @@ class RestoreRunner:
                 self._list(op)
                 test_faults(self.job, op)
                 context = RunContext(
-                    self.storage,
-                    self.layout,
-                    self.plan,
-                    self.manifest,
-                    self.state,
-                    self.files,
-                    op,
-                    concurrency,
-                    self.options.part_size,
-                    self.memory_budget,
-                    self.options.verify,
-                    self.options.progress,
-                    os.cpu_count() or 1,
-                    self.options.stage_dir,
+                    storage=self.storage,
+                    layout=self.layout,
+                    plan=self.plan,
+                    manifest=self.manifest,
+                    state=self.state,
+                    files=self.files,
+                    op=op,
+                    concurrency=concurrency,
+                    part_size=self.options.part_size,
+                    memory_budget=self.memory_budget,
+                    verify=self.options.verify,
+                    progress=self.options.progress,
+                    threads=os.cpu_count() or 1,
+                    stage_dir=self.options.stage_dir,
                 )
                 get_strategy(strategy).run(context)
                 self.first_step.attach(op)

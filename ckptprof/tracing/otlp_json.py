@@ -18,9 +18,9 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ckptprof import __version__
+from ckptprof._version import __version__
 from ckptprof.errors import CkptprofError
-from ckptprof.report.timeline import span_ns
+from ckptprof.tracing.times import span_ns
 
 SCOPE = {"name": "ckptprof", "version": __version__}
 BATCH = 512  # spans per request (the SDK's own batch size)

@@ -13,6 +13,7 @@ exception from the host code is recorded on the root span and re-raised as is.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import statistics
@@ -27,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from ckptprof.phases import FILE_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr, Phase
+from ckptprof.phases import FILE_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr, Phase, span_name
 
 log = logging.getLogger("ckptprof")
 # Functions that already logged an internal error: one warning per process, not per call.
@@ -363,9 +364,7 @@ class Operation:
         ctx = trace.set_span_in_context(root)
         for stats in summary.phases.values():
             span = self._tracer.start_span(
-                Phase(stats.phase).span_name
-                if stats.phase in Phase._value2member_map_
-                else f"ckpt.{stats.phase}",
+                span_name(stats.phase),
                 context=ctx,
                 start_time=stats.start_ns,
                 attributes=stats.span_attributes(),
@@ -421,7 +420,7 @@ class CheckpointTracer:
         run_id: str | None = None,
         per_file_spans: bool = False,
     ) -> None:
-        from ckptprof import __version__
+        from ckptprof._version import __version__
 
         provider = tracer_provider or trace.get_tracer_provider()
         self._tracer = provider.get_tracer("ckptprof", __version__)
@@ -475,3 +474,8 @@ class CheckpointTracer:
             start_time=start_ns,
             links=links or None,
         )
+
+
+def phase_or_nothing(op: Operation | None, phase: Phase | str):
+    """``op.phase(phase)``, or a no-op block without an operation."""
+    return op.phase(phase) if op is not None else contextlib.nullcontext()

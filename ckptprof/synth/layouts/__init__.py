@@ -6,6 +6,7 @@ import difflib
 import importlib
 
 from ckptprof.errors import CkptprofError
+from ckptprof.synth import ranges
 from ckptprof.synth.layouts.base import Layout
 
 _LAYOUTS = {
@@ -14,7 +15,8 @@ _LAYOUTS = {
     "dcp": "ckptprof.synth.layouts.dcp:DcpLayout",
     "deepspeed": "ckptprof.synth.layouts.deepspeed_zero:DeepSpeedLayout",
 }
-LAYOUT_NAMES = tuple(_LAYOUTS)
+LAYOUT_NAMES = ranges.LAYOUTS
+assert tuple(_LAYOUTS) == LAYOUT_NAMES, "synth.ranges.LAYOUTS names every layout"
 
 
 def get_layout(name: str) -> Layout:

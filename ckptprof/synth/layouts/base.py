@@ -21,7 +21,7 @@ from ckptprof.synth.plan import CheckpointPlan, FilePlan, Piece, SynthSpec
 if TYPE_CHECKING:
     import torch
 
-    from ckptprof.fetch import HostBuffer
+    from ckptprof.io.buffers import HostBuffer
     from ckptprof.storage.base import Storage
     from ckptprof.synth.fill import RandomFiller
 
@@ -98,14 +98,12 @@ class Layout(ABC):
     def index_hints(self, file: FilePlan, sparse) -> list[tuple[int, int]]:
         """Ranges of ``file`` its loader reads to index it, fetched together first; a
         ``torch.save`` archive's record headers by default."""
-        from ckptprof.synth.index import zip_hints
+        from ckptprof.synth.layouts.torchfile import zip_hints
 
         return zip_hints(sparse)
 
     def sources(self, plan: CheckpointPlan, file: FilePlan, offsets: dict) -> list:
         """Byte offsets of ``file``'s pieces (``{piece: offset}``) as readplan Sources."""
-        from ckptprof.synth.index import piece_sources
-
         return piece_sources(file, offsets)
 
     def state_groups(self, spec: SynthSpec) -> list[tuple[str, str]]:
@@ -113,3 +111,15 @@ class Layout(ABC):
         from ckptprof.synth.plan import state_groups
 
         return state_groups(spec)
+
+
+def piece_sources(file: FilePlan, offsets: dict) -> list:
+    """Sources of row pieces (each piece contiguous, row-major, at its offset)."""
+    from ckptprof.synth.readplan import Source
+
+    out = []
+    for piece, offset in offsets.items():
+        cols = piece.numel // piece.rows if piece.rows else 1
+        start, end = piece.row_start * cols, piece.row_end * cols
+        out.append(Source(file.path, offset, (piece.group, piece.name), piece.dtype, start, end))
+    return out

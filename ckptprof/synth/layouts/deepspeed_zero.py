@@ -152,7 +152,7 @@ class DeepSpeedLayout(Layout):
     def sources(self, plan, file, offsets: dict) -> list:
         """Model states are row pieces; an optimizer partition is a slice of each group's
         flattened fp32 vector, cut back into tensors here (ZeRO's unflatten)."""
-        from ckptprof.synth.index import piece_sources
+        from ckptprof.synth.layouts.base import piece_sources
         from ckptprof.synth.readplan import flat_sources
 
         if file.kind == "model_states":

@@ -22,7 +22,7 @@ from ckptprof.synth.fill import RandomFiller
 from ckptprof.synth.plan import Piece
 
 if TYPE_CHECKING:
-    from ckptprof.fetch import HostBuffer
+    from ckptprof.io.buffers import HostBuffer
 
 
 def fake_tensor(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
@@ -132,3 +132,21 @@ def _patch_crcs(fd: int, start: int, start_dir: int, infos, crcs: dict[str, int]
             os.pwrite(fd, packed, pos + 16)
             os.pwrite(fd, packed, start + info.header_offset + 14)
         pos += 46 + name_len + extra_len + comment_len
+ZIP_HEADER_BLOCK = 4 << 10  # one zip local header; a page
+ZIP_TAIL = 64 << 10  # where a zip archive's end record and (mostly) its directory are
+
+
+def zip_hints(sparse) -> list[tuple[int, int]]:
+    """Where a ``torch.save`` archive's loader will read: its directory says where each
+    record's local header is (``torch.load`` reads every one of them)."""
+    sparse.ensure(max(0, sparse.size - ZIP_TAIL), ZIP_TAIL)
+    with zipfile.ZipFile(sparse.reader()) as archive:
+        infos = archive.infolist()
+    # every record's local header, and the whole of the records that are not tensor data
+    # (the pickle, the version and byte-order records)
+    return [
+        (i.header_offset, ZIP_HEADER_BLOCK + (0 if "/data/" in i.filename else i.compress_size))
+        for i in infos
+    ]
+
+

@@ -4,11 +4,11 @@ which loader gets closest to the storage's ceiling with numbers.
 
 The streamer reads and parses the shards itself, ``RUNAI_STREAMER_CONCURRENCY`` reads in
 flight (set from ``--concurrency`` for the run), so its time is one ``deserialize``
-interval marked ``ckpt.fused_fetch``; the other files (the optimizer archive, small
-files) are fetched and loaded as the ``framework`` strategy does. It hands out tensors in
-buffers it reuses, so each is copied out as it arrives; verify reads the files after the
-stream (from the page cache where the stream left them), and reshard copies into the
-state as every strategy does.
+interval marked fused (``ckpt.fused``: fetch+deserialize); the other files (the
+optimizer archive, small files) are fetched and loaded as the ``framework`` strategy
+does. It hands out tensors in buffers it reuses, so each is copied out as it arrives;
+verify reads the files after the stream (from the page cache where the stream left
+them), and reshard copies into the state as every strategy does.
 """
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ from __future__ import annotations
 import time
 
 from ckptprof.errors import CkptprofError
-from ckptprof.phases import Phase
-from ckptprof.synth.strategies import (
+from ckptprof.phases import Attr, Phase, fused_value
+from ckptprof.synth.strategies.base import (
     RunContext,
     Strategy,
     deserialize_files,
     env_for_run,
     load_pieces,
-    path_of,
     verify_files,
     warm_files,
 )
+from ckptprof.synth.strategies.registry import install_hint
 
 LOADER = "runai-model-streamer"
 CONCURRENCY_ENV = "RUNAI_STREAMER_CONCURRENCY"
-INSTALL = "pip install runai-model-streamer (or ckptprof[bench])"
+INSTALL = install_hint("runai")
 
 
 class RunAI(Strategy):
@@ -49,14 +49,16 @@ class RunAI(Strategy):
                 "staged or pipelined (or --stage DIR, then runai on the copy)."
             )
 
-    def check_layout(self, layout) -> None:
-        if layout.name != "safetensors":
-            raise CkptprofError(
-                f"--strategy runai streams safetensors shards; this checkpoint's layout is "
-                f"{layout.name}: generate one with --layout safetensors."
-            )
+    def handlers(self):
+        return {"safetensors": self.restore}
 
-    def generic(self, ctx: RunContext) -> None:
+    def refusal(self, layout) -> str:
+        return (
+            f"--strategy runai streams safetensors shards; this checkpoint's layout is "
+            f"{layout.name}: generate one with --layout safetensors."
+        )
+
+    def restore(self, ctx: RunContext) -> None:
         from runai_model_streamer import SafetensorsStreamer
 
         shards = [f for f in ctx.files if f.kind == "weights"]
@@ -70,7 +72,7 @@ class RunAI(Strategy):
             env_for_run(CONCURRENCY_ENV, str(max(1, ctx.concurrency))),
             SafetensorsStreamer() as streamer,
         ):
-            streamer.stream_files([path_of(ctx, f) for f in shards])
+            streamer.stream_files([ctx.path_of(f) for f in shards])
             for key, tensor in streamer.get_tensors():
                 found = by_key.get(key)
                 if found is not None:  # its buffers are reused: keep a copy
@@ -80,8 +82,9 @@ class RunAI(Strategy):
         ctx.op.add_bytes(Phase.DESERIALIZE, nbytes)
         ctx.op.set_phase_attributes(
             Phase.DESERIALIZE,
-            **{"ckpt.fused_fetch": True, "ckpt.loader": LOADER, "ckpt.loader.streamed_s":
-               round(seconds, 6), "ckpt.loader.concurrency": ctx.concurrency},
+            **{Attr.FUSED: fused_value((Phase.FETCH, Phase.DESERIALIZE), LOADER),
+               Attr.LOADER: LOADER, Attr.LOADER_STREAMED_S: round(seconds, 6),
+               Attr.LOADER_CONCURRENCY: ctx.concurrency},
         )  # fmt: skip
         missing = [key for key, (f, p) in by_key.items() if p not in tensors[f.path]]
         if missing:
@@ -91,7 +94,7 @@ class RunAI(Strategy):
             )
         loaded = [(f, tensors[f.path]) for f in shards]
         loaded += deserialize_files(
-            ctx, lambda f: ctx.layout.load_path(ctx.plan, f, path_of(ctx, f)), others
+            ctx, lambda f: ctx.layout.load_path(ctx.plan, f, ctx.path_of(f)), others
         )
         verify_files(ctx)
         load_pieces(ctx, loaded)

@@ -4,7 +4,7 @@ ckptprof's own fetch, against any S3 endpoint (``AWS_ENDPOINT_URL``).
 
 * DCP layout: its ``S3StorageReader`` (with its DCP-optimized ranged reader) under
   ``dcp.load`` into the target rank's tensors: reads, parsing and copies are one
-  ``deserialize`` interval, marked ``ckpt.fused``; ``--verify full|sample`` reads the
+  ``deserialize`` interval, marked fused (``ckpt.fused``); ``--verify full|sample`` reads the
   files through the same client first (sizes were checked by ``list``).
 * every other layout: each file read whole through its S3 client's reader (what
   ``S3Checkpoint.reader`` hands out) into host memory, ``--concurrency`` files at a time
@@ -21,23 +21,25 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 from ckptprof.errors import CkptprofError
-from ckptprof.fetch import HostBuffer
-from ckptprof.phases import Attr, Phase
+from ckptprof.io.buffers import HostBuffer
+from ckptprof.io.requests import Request
+from ckptprof.io.window import Window
+from ckptprof.phases import Attr, Phase, fused_value
 from ckptprof.storage.s3 import INSTANCE_CREDENTIALS_ENV
-from ckptprof.synth.strategies import (
+from ckptprof.synth.strategies.base import (
+    ANY,
     RunContext,
     Strategy,
     env_for_run,
     load_from_buffers,
     verify_all,
 )
+from ckptprof.synth.strategies.registry import install_hint
 
 LOADER = "s3torchconnector"
-INSTALL = "pip install 's3torchconnector[dcp]' (or ckptprof[bench])"
+INSTALL = install_hint(LOADER)
 
 
 def _version() -> str:
@@ -78,17 +80,27 @@ class S3TorchConnector(Strategy):
                 f"{INSTANCE_CREDENTIALS_ENV}=1 to let it ask the instance metadata)."
             )
 
-    def generic(self, ctx: RunContext) -> None:
+    def handlers(self):
+        return {ANY: self.restore, "dcp": self.restore_dcp}
+
+    def restore(self, ctx: RunContext) -> None:
+        """Each file read whole through the client, then as the staged strategy does."""
         client = _Client(ctx)
         with _no_instance_credentials():
-            if ctx.layout.name == "dcp":
-                self._dcp(ctx, client)
-            else:  # then as the staged strategy does
-                load_from_buffers(ctx, client.read_all(ctx, ctx.files))
-        ctx.op.set_attributes({"ckpt.loader": LOADER, "ckpt.loader.version": _version()})
+            load_from_buffers(ctx, client.read_all(ctx, ctx.files))
+        ctx.op.set_attributes({Attr.LOADER: LOADER, Attr.LOADER_VERSION: _version()})
+
+    def restore_dcp(self, ctx: RunContext) -> None:
+        """``dcp.load`` through the connector's own S3StorageReader."""
+        client = _Client(ctx)
+        with _no_instance_credentials():
+            self._dcp(ctx, client)
+        ctx.op.set_attributes({Attr.LOADER: LOADER, Attr.LOADER_VERSION: _version()})
 
     def _dcp(self, ctx: RunContext, client: _Client) -> None:
         from s3torchconnector.dcp import S3FileSystem, S3StorageReader
+
+        from ckptprof.synth.strategies.dcp import load_targets
 
         if ctx.verify in ("full", "sample"):  # through the same client, before the load
             buffers = client.read_all(ctx, ctx.files)
@@ -102,9 +114,10 @@ class S3TorchConnector(Strategy):
         reader.fs = S3FileSystem(
             client.region, s3_client=client.native, reader_constructor=reader.fs._reader_constructor
         )
-        fused = {"ckpt.fused": "fetch+deserialize+reshard (dcp.load, S3StorageReader)"}
+        phases = (Phase.FETCH, Phase.DESERIALIZE, Phase.RESHARD)
+        fused = {Attr.FUSED: fused_value(phases, "dcp.load, S3StorageReader")}
         with ctx.op.phase(Phase.DESERIALIZE, **fused):
-            ctx.layout.load_targets(ctx, reader, reader.read_metadata(), timed=False)
+            load_targets(ctx, reader, reader.read_metadata(), timed=False)
 
 
 def read_whole(client, bucket: str, key: str, view: memoryview) -> int:
@@ -137,41 +150,38 @@ class _Client:
         self.bucket, self.prefix = ctx.storage.bucket, ctx.storage.prefix
 
     def read_all(self, ctx: RunContext, files) -> dict[str, HostBuffer]:
-        """``files`` read whole into memory, ``concurrency`` at a time: ``fetch``."""
-        op = ctx.op
-        sizes = {f.path: ctx.manifest.files[f.path].size for f in files}
-        buffers = {path: HostBuffer(size, path) for path, size in sizes.items()}
+        """``files`` read whole into memory through the client's reader, ``concurrency``
+        objects at a time (the client splits each into its own part-size GETs): fetch."""
+        buffers = {f.path: HostBuffer(ctx.size(f.path), f.path) for f in files}
 
-        def one(path: str) -> None:
-            start = time.time_ns()
-            view = buffers[path].view
+        def read(request: Request, view: memoryview) -> memoryview:
             try:
-                got = read_whole(self.native, self.bucket, self.prefix + path, view)
+                got = read_whole(self.native, self.bucket, self.prefix + request.path, view)
             except Exception as exc:  # noqa: BLE001 - the client's errors, named
                 raise CkptprofError(
-                    f"{ctx.where(path)}: s3torchconnector could not read it "
+                    f"{ctx.where(request.path)}: s3torchconnector could not read it "
                     f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
                 ) from None
-            end = time.time_ns()
             if got != len(view):
                 raise CkptprofError(
-                    f"{ctx.where(path)}: s3torchconnector read {got} of {len(view)} bytes; "
-                    "was the object replaced or truncated? Generate it again."
+                    f"{ctx.where(request.path)}: s3torchconnector read {got} of {len(view)} "
+                    "bytes; was the object replaced or truncated? Generate it again."
                 )
-            op.add_interval(Phase.FETCH, start, end)
-            op.add_file(Phase.FETCH, path, got, (end - start) / 1e9, start)
+            return view
 
+        requests = [Request(path, 0, buf.size) for path, buf in buffers.items()]
         try:
-            with ThreadPoolExecutor(max(1, ctx.concurrency)) as pool:
-                list(pool.map(one, sizes))
+            window = Window(ctx.storage, ctx.op, ctx.concurrency, progress=ctx.progress,
+                            desc=LOADER)  # fmt: skip
+            window.run(requests, into=lambda r: buffers[r.path].view, read=read)
         except BaseException:
             for buffer in buffers.values():
                 buffer.close()
             raise
-        op.set_phase_attributes(
+        ctx.op.set_phase_attributes(
             Phase.FETCH,
-            **{Attr.CONCURRENCY: ctx.concurrency, "ckpt.loader": LOADER,
-               "ckpt.loader.part_size": self.config.part_size},
+            **{Attr.CONCURRENCY: ctx.concurrency, Attr.LOADER: LOADER,
+               Attr.LOADER_PART_SIZE: self.config.part_size},
         )  # fmt: skip
         return buffers
 

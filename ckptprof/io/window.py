@@ -1,0 +1,283 @@
+"""The windowed executor: storage requests in flight, their bytes handed on in order.
+
+Every strategy's reads run here (whole files into memory, ranges into the restored
+state, a DCP item at a time, a download to a staging folder, pages warmed into the
+cache), so concurrency, memory, timing and hashing work the same way everywhere:
+
+* ``concurrency`` requests in flight on a thread pool (backends release the GIL while
+  they wait: ``preadv``, sockets);
+* bytes land where :meth:`Window.run`'s ``into`` says: in place (a file's buffer, a
+  tensor of the state), in one of the window's buffers (as many as the memory budget
+  pays for; a request waits for a free one), or nowhere (the read only warms a cache);
+* one consumer thread hands each landed request to ``land`` (copies into the state,
+  ``torch.load`` of an item, a write to disk) while later requests are on the wire, and
+  feeds each file's digest in file order (a buffer waits for its turn; nothing is copied
+  aside), then releases the buffer;
+* every request is a ``fetch`` interval and counts in its file's clock (first start to
+  last end: the per-file latency), and in the progress bar.
+
+Buffers go to requests in plan order (:class:`OrderedSlots`), so the request a digest
+waits for always gets one: the window cannot stall on itself.
+"""
+
+from __future__ import annotations
+
+import heapq
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from ckptprof.io.buffers import HostBuffer
+from ckptprof.phases import Phase
+from ckptprof.progress import bar as progress_bar
+
+POOLED = object()  # ``into`` answer: land in one of the window's buffers
+
+
+class Ranged(Protocol):
+    path: str
+    offset: int
+    length: int
+
+
+class FileClocks:
+    """Per file, what its requests took: first start to last end, and all their bytes
+    (``ckpt.files`` and per-file latency count files, not requests)."""
+
+    def __init__(self) -> None:
+        self._clocks: dict[str, tuple[int, int, int]] = {}
+        self._lock = threading.Lock()
+
+    def note(self, path: str, start: int, end: int, nbytes: int) -> None:
+        with self._lock:
+            first, last, total = self._clocks.get(path, (start, end, 0))
+            self._clocks[path] = (min(first, start), max(last, end), total + nbytes)
+
+    def record(self, op, phase: str = Phase.FETCH) -> None:
+        if op is None:
+            return
+        for path, (first, last, nbytes) in self._clocks.items():
+            op.add_file(phase, path, nbytes, (last - first) / 1e9, first)
+
+
+class OrderedSlots:
+    """``n`` slots handed out in ticket order (a semaphore wakes waiters in any order)."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self.next = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, ticket: int) -> None:
+        with self._cond:
+            while ticket != self.next or self.free == 0:
+                self._cond.wait()
+            self.free -= 1
+            self.next += 1
+            self._cond.notify_all()
+
+    def skip(self, ticket: int) -> None:
+        """Ticket ``ticket`` needs no slot: let the next one through once it is its turn."""
+        with self._cond:
+            while ticket != self.next:
+                self._cond.wait()
+            self.next += 1
+            self._cond.notify_all()
+
+    def release(self) -> None:
+        with self._cond:
+            self.free += 1
+            self._cond.notify_all()
+
+
+class Window:
+    """Runs requests against ``storage``, ``concurrency`` in flight (see the module)."""
+
+    def __init__(
+        self,
+        storage,
+        op=None,
+        concurrency: int = 1,
+        *,
+        budget: int | None = None,
+        digests: dict | None = None,
+        progress: bool | None = None,
+        desc: str = "fetch",
+        buffer_type: Callable[[int, str], Any] = HostBuffer,
+        clocks: FileClocks | None = None,
+    ) -> None:
+        self.storage, self.op, self.concurrency = storage, op, max(1, concurrency)
+        self.budget, self.digests = budget, digests or {}
+        self.progress, self.desc, self.buffer_type = progress, desc, buffer_type
+        self._own_clocks = clocks is None  # a caller's clocks span several runs: it records
+        self.clocks = clocks or FileClocks()
+        self.in_flight = self.concurrency
+        self.window_bytes = 0  # what the window's buffers took (the memory it held)
+        self.bytes_moved = 0  # bytes landed so far (read by progress and stall checks)
+
+    def sizes(self, requests: Sequence[Ranged]) -> tuple[int, int]:
+        """``(slots, buffer size)`` for ``requests``: as many buffers as the budget pays
+        for (at least one more than requests in flight), but no more than requests in
+        flight and landed requests waiting can use."""
+        live = [r for r in requests if not getattr(r, "resident", False)]
+        part = max((r.length for r in live), default=0) or 1
+        enough = max(2, min(2 * self.concurrency + 2, len(live) + 1))
+        slots = enough if self.budget is None else max(2, min(self.budget // part, enough))
+        return slots, part
+
+    def run(
+        self,
+        requests: Sequence[Ranged],
+        *,
+        into: Callable[[Any], Any] | None = None,
+        read: Callable[[Any, memoryview | None], memoryview | None] | None = None,
+        land: Callable[[Any, memoryview | None], None] | None = None,
+        release: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Every request read and handed on; the first failure stops the rest and is
+        raised (``land``'s own errors too).
+
+        ``into(request)``: a memoryview the bytes land in, :data:`POOLED` (a window
+        buffer; the default) or None (no bytes land: the read only warms a cache).
+        ``read(request, view)``: the request's read (default ``storage.read_into``); it
+        returns the bytes (``view``, or where they are). Resident requests (``resident``
+        true: their bytes are in memory already) skip the storage: ``read(request,
+        None)`` gives their bytes. ``land(request, bytes)`` runs in the consumer thread;
+        ``release(request)`` once the window is done with the request's bytes."""
+        live = [r for r in requests if not getattr(r, "resident", False)]
+        resident = [r for r in requests if getattr(r, "resident", False)]
+        slots_n, part = self.sizes(requests)
+        self.in_flight = max(1, min(self.concurrency, slots_n - 1))
+        into = into or (lambda r: POOLED)
+        read = read or self._read
+        slots = OrderedSlots(slots_n)
+        free: queue.Queue = queue.Queue()
+        made = [0]  # window buffers made (lazily: a window whose requests land in place
+        # makes none)
+        done: queue.Queue = queue.Queue()
+        error: list[BaseException] = []
+        bar = progress_bar(sum(r.length for r in live), f"{self.desc} x{self.concurrency}",
+                           self.progress)  # fmt: skip
+
+        def buffer() -> Any:
+            try:
+                return free.get_nowait()
+            except queue.Empty:
+                made[0] += 1
+                self.window_bytes = made[0] * part
+                return self.buffer_type(part, "ckptprof-window")
+
+        def one(request, ticket: int) -> None:
+            place = into(request)
+            holds = not isinstance(place, memoryview)
+            if holds:
+                slots.acquire(ticket)
+            else:
+                slots.skip(ticket)
+            if error:
+                if holds:
+                    slots.release()
+                return
+            buf = buffer() if place is POOLED else None
+            view = buf.view[: request.length] if buf is not None else place
+            start = time.time_ns()
+            try:
+                got = read(request, view) if request.length or place is None else view
+            except BaseException:
+                give_back(request, buf, holds)
+                raise
+            end = time.time_ns()
+            if self.op is not None:
+                self.op.add_interval(Phase.FETCH, start, end)
+            self.clocks.note(request.path, start, end, request.length)
+            done.put((request, got, buf, holds))
+
+        def give_back(request, buf, holds: bool) -> None:
+            if release is not None:
+                release(request)
+            if buf is not None:
+                free.put(buf)
+            if holds:
+                slots.release()
+
+        def consume() -> None:
+            waiting: dict[str, list] = {}  # path -> heap of (offset, seq, item)
+            seq = 0
+            while True:
+                item = done.get()
+                if item is None:
+                    break
+                request, got, buf, holds = item
+                if not getattr(request, "resident", False):
+                    bar.update(request.length)
+                    self.bytes_moved += request.length
+                try:
+                    if not error and land is not None:
+                        land(request, got)
+                except BaseException as exc:  # noqa: BLE001 - raised by run()
+                    error.append(exc)
+                digest = self.digests.get(request.path)
+                if digest is None or error:
+                    give_back(request, buf, holds)
+                    continue
+                seq += 1
+                heapq.heappush(waiting.setdefault(request.path, []), (request.offset, seq, item))
+                heap = waiting[request.path]
+                while heap and (digest.done or heap[0][0] <= digest.next_offset):
+                    *_, (req, data, b, h) = heapq.heappop(heap)
+                    try:
+                        if not error and not digest.done and data is not None:
+                            with self._verify_phase():
+                                digest.feed(req.offset, data)
+                    except BaseException as exc:  # noqa: BLE001 - raised by run()
+                        error.append(exc)
+                    finally:
+                        give_back(req, b, h)
+            for heap in waiting.values():
+                for *_, (req, _, b, h) in heap:
+                    give_back(req, b, h)
+
+        consumer = threading.Thread(target=consume, name="ckptprof-land", daemon=True)
+        consumer.start()
+        for request in resident:
+            done.put((request, read(request, None), None, False))
+        failure: list[BaseException] = []
+        try:
+            with ThreadPoolExecutor(self.in_flight, thread_name_prefix="ckptprof-io") as pool:
+                futures = [pool.submit(one, r, n) for n, r in enumerate(live)]
+                for future in futures:
+                    try:
+                        future.result()
+                    except BaseException as exc:  # noqa: BLE001 - raised below
+                        failure.append(exc)
+                        error.append(exc)
+                        for f in futures:
+                            f.cancel()
+                        break
+        finally:
+            done.put(None)
+            consumer.join()
+            bar.close()
+            while not free.empty():
+                free.get().close()
+            if self._own_clocks:
+                self.clocks.record(self.op)
+        if failure:
+            raise failure[0]
+        if error:
+            raise error[0]
+
+    def _read(self, request, view: memoryview) -> memoryview:
+        self.storage.read_into(request.path, request.offset, view)
+        return view
+
+    def _verify_phase(self):
+        import contextlib
+
+        return self.op.phase(Phase.VERIFY) if self.op is not None else contextlib.nullcontext()
+
+
+__all__ = ["POOLED", "FileClocks", "OrderedSlots", "Window"]

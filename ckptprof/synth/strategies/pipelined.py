@@ -1,0 +1,285 @@
+"""``pipelined`` (the default): read each file's own index (zip directory and pickle,
+safetensors header), then only the byte ranges the target rank needs, in the requests
+the storage's policy plans (:mod:`ckptprof.io.requests`), ``concurrency`` in flight
+inside a memory budget (:class:`~ckptprof.io.window.Window`); each request is verified
+and copied into the state as soon as it lands while the next are on the wire. Peak
+memory is the state plus the budget, whatever the checkpoint's size."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from ckptprof.errors import CkptprofError
+from ckptprof.io.buffers import HostBuffer
+from ckptprof.io.requests import RequestPolicy, RequestSummary
+from ckptprof.io.window import POOLED, FileClocks, Window
+from ckptprof.manifest import StreamingDigest
+from ckptprof.phases import Attr, Phase
+from ckptprof.synth.device import PinnedBuffer
+from ckptprof.synth.index import SparseFile
+from ckptprof.synth.readplan import Read, Source, plan_copies, plan_reads, split_held
+from ckptprof.synth.strategies import dcp
+from ckptprof.synth.strategies.base import (
+    ANY,
+    RunContext,
+    Strategy,
+    copy_into,
+    finish_digests,
+)
+from ckptprof.tracing.recorder import uncovered
+
+
+class Pipelined(Strategy):
+    name = "pipelined"
+    bounded_by_budget = True
+
+    def handlers(self):
+        return {ANY: self.restore, "dcp": dcp.restore_pipelined}
+
+    def memory_held(self, read_bytes: int, memory_budget: int) -> int:
+        return memory_budget
+
+    def restore(self, ctx: RunContext) -> None:
+        clocks = FileClocks()
+        sources, indexed = index_files(ctx, clocks)
+        try:
+            maps = FileMaps(ctx)
+            try:
+                _restore_ranges(ctx, sources, indexed, maps, clocks)
+            finally:
+                maps.close()
+        finally:
+            for sparse in indexed.values():
+                sparse.close()
+
+
+def _restore_ranges(ctx: RunContext, sources, indexed, maps: FileMaps, clocks) -> None:
+    copies = plan_copies(ctx.state.targets, sources)
+    whole = {f.path: ctx.size(f.path) for f in ctx.files if not f.pieces}
+    if ctx.verify == "full":  # a full-file hash needs every byte of every file
+        whole = {f.path: ctx.size(f.path) for f in ctx.files}
+    held = {path: sparse.held() for path, sparse in indexed.items()}
+    on_host = ctx.state.on_host  # reads land in host memory only
+    direct = {f.path for f in ctx.files if f.path not in maps.maps} if on_host else set()
+    summary = RequestSummary()
+    reads = plan_reads(copies, ctx.policy(), whole, have=held, direct=direct, summary=summary)
+    if ctx.verify == "sample":
+        reads += sample_reads(ctx, held, reads)
+    digests = (
+        {f.path: StreamingDigest(ctx.size(f.path), ctx.verify) for f in ctx.files}
+        if ctx.verify in ("full", "sample")
+        else {}
+    )
+    # for a device state, page-locked buffers: the copy out of them is a DMA
+    buffer_type = HostBuffer if on_host else PinnedBuffer
+    window = Window(
+        ctx.storage, ctx.op, ctx.concurrency, budget=ctx.memory_budget, digests=digests,
+        progress=ctx.progress, desc="restore", buffer_type=buffer_type, clocks=clocks,
+    )  # fmt: skip
+    placed = [0]  # bytes the reads put straight into the state
+
+    def mapped(read: Read) -> bool:
+        return read.path in maps.maps and not read.resident
+
+    def into(read: Read):
+        if mapped(read):  # into the page cache, no copy: copied from the mapping
+            return None
+        if read.into is not None:  # straight into the state: no buffer, no copy after
+            c = read.into
+            return ctx.state.memory(c.target, c.target_offset, c.length)
+        return POOLED
+
+    def read_bytes(read: Read, view: memoryview | None) -> memoryview:
+        if read.resident:  # in memory from the index
+            return indexed[read.path].view[read.offset : read.end]
+        if mapped(read):
+            maps.warm(read)
+            return maps.view(read)
+        ctx.storage.read_into(read.path, read.offset, view)
+        return view
+
+    def land(read: Read, view: memoryview) -> None:
+        if read.into is not None:
+            placed[0] += read.length
+        if read.copies and read.length:
+            _copy(ctx, read, view)
+
+    def release(read: Read) -> None:
+        if mapped(read):
+            maps.drop(read)
+
+    ctx.op.set_phase_attributes(Phase.FETCH, **summary.attributes())
+    try:
+        window.run(reads, into=into, read=read_bytes, land=land, release=release)
+    finally:
+        clocks.record(ctx.op)
+    ctx.op.set_attributes({
+        Attr.MEMORY_WINDOW_BYTES: window.window_bytes,
+        Attr.MEMORY_WINDOW_PINNED: buffer_type is PinnedBuffer,
+    })  # fmt: skip
+    ctx.op.set_phase_attributes(Phase.FETCH, **{Attr.CONCURRENCY: window.in_flight})
+    if placed[0]:  # the reshard these reads did: bytes landed where the state needs them
+        ctx.op.set_phase_attributes(
+            Phase.RESHARD, **{Attr.RESHARD_PLACED_BY_READS_BYTES: placed[0]}
+        )
+    finish_digests(ctx, digests)
+
+
+def _copy(ctx: RunContext, read: Read, view: memoryview) -> None:
+    import torch
+
+    source = torch.frombuffer(view, dtype=torch.uint8)
+    with ctx.op.phase(Phase.RESHARD):
+        moved = copy_into(
+            ctx.state,
+            [replace(c, offset=c.offset - read.offset) for c in read.copies],
+            {read.path: source},
+        )
+    ctx.op.add_bytes(Phase.RESHARD, moved)
+
+
+class FileMaps:
+    """Large files of a POSIX checkpoint, mapped (not read) for the pipeline.
+
+    Through the page cache the cheapest way to get bytes into the state is to have the
+    kernel read them into the cache with no copy (``sendfile`` to ``/dev/null``: the
+    fetch) and copy them from a mapping of the file (the reshard; a plain memory copy,
+    faster than the kernel's copy into user buffers on most machines). A range's pages
+    leave this process's resident set once it is copied (they stay in the page cache).
+    Small files and object stores go through reads into the state instead.
+    """
+
+    MIN_BYTES = 64 << 20
+
+    def __init__(self, ctx: RunContext) -> None:
+        import mmap
+
+        self.fds: dict[str, int] = {}
+        self.maps: dict[str, mmap.mmap] = {}
+        local = ctx.storage.kind == "posix" and not getattr(ctx.storage, "direct_io", False)
+        if not local:
+            return
+        for file in ctx.files:
+            size = ctx.size(file.path)
+            if size >= self.MIN_BYTES:
+                fd = os.open(Path(ctx.storage.uri) / file.path, os.O_RDONLY)
+                self.fds[file.path] = fd
+                # private and writable only so that tensors can view it (never written)
+                prot = mmap.PROT_READ | mmap.PROT_WRITE
+                self.maps[file.path] = mmap.mmap(fd, size, mmap.MAP_PRIVATE, prot)
+
+    def warm(self, read: Read) -> None:
+        from ckptprof.storage.pagecache import warm_range
+
+        warm_range(self.fds[read.path], read.offset, read.length)
+
+    def view(self, read: Read) -> memoryview:
+        return memoryview(self.maps[read.path])[read.offset : read.offset + read.length]
+
+    def drop(self, read: Read) -> None:
+        """The range's pages out of this process's resident set (not out of the cache)."""
+        import mmap
+
+        page = mmap.PAGESIZE
+        start = read.offset // page * page
+        end = min(len(self.maps[read.path]), -(-(read.offset + read.length) // page) * page)
+        if end > start:
+            self.maps[read.path].madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def close(self) -> None:
+        import contextlib
+
+        for m in self.maps.values():
+            with contextlib.suppress(BufferError):
+                m.close()
+        for fd in self.fds.values():
+            os.close(fd)
+        self.maps.clear()
+        self.fds.clear()
+
+
+def index_files(ctx: RunContext, clocks: FileClocks) -> tuple[list[Source], dict[str, SparseFile]]:
+    """Each data file's own index: read from storage on demand (fetch) and parsed by the
+    layout's loader (deserialize), ``concurrency`` files at a time. The sparse files stay
+    open: the bytes they hold are not read again (the caller closes them)."""
+    op = ctx.op
+    policy = ctx.policy()
+    data = [f for f in ctx.files if f.pieces]
+    indexed = {f.path: SparseFile(ctx.storage, f.path, ctx.size(f.path)) for f in data}
+
+    def one(file) -> list[Source]:
+        sparse = indexed[file.path]
+        start = time.time_ns()
+        try:
+            return file_sources(ctx.layout, ctx.plan, file, sparse, policy, ctx.concurrency)
+        except CkptprofError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unreadable index is a corrupt file
+            from ckptprof.synth.layouts.base import unreadable
+
+            raise unreadable(ctx.where(file.path), exc) from None
+        finally:
+            for interval in sparse.read_intervals:
+                op.add_interval(Phase.FETCH, *interval)
+            for gap in uncovered(start, time.time_ns(), sparse.read_intervals):
+                op.add_interval(Phase.DESERIALIZE, *gap)
+            if sparse.read_intervals:
+                first = min(s for s, _ in sparse.read_intervals)
+                last = max(e for _, e in sparse.read_intervals)
+                clocks.note(file.path, first, last, sparse.fetched_bytes)
+
+    op.set_phase_attributes(Phase.DESERIALIZE, **{Attr.DESERIALIZE_WHAT: "each file's index"})
+    try:
+        with ThreadPoolExecutor(max(1, min(ctx.concurrency, len(data) or 1))) as pool:
+            sources = [s for found in pool.map(one, data) for s in found]
+    except BaseException:
+        for sparse in indexed.values():
+            sparse.close()
+        raise
+    return sources, indexed
+
+
+def file_sources(
+    layout,
+    plan,
+    file,
+    sparse: SparseFile,
+    policy: RequestPolicy,
+    concurrency: int = 8,
+):
+    """The file's tensor regions as :class:`Source` s, from the layout's own loader run
+    over the sparse bytes (it reads the index; the tensors it returns are views)."""
+    hints = layout.index_hints(file, sparse)
+    if hints:
+        sparse.prefetch(hints, policy, concurrency)
+    tensors = layout.deserialize(plan, file, sparse)
+    base = sparse.base_address
+    return layout.sources(plan, file, {p: t.data_ptr() - base for p, t in tensors.items()})
+
+
+def sample_reads(ctx: RunContext, held: dict, planned: list[Read]) -> list[Read]:
+    """What ``--verify sample`` hashes (8 × 1 MiB per file) that the ``planned`` reads do
+    not bring: extra reads (resident where the index read them already). Planned reads
+    feed the hash as they land, so no byte is read twice for it."""
+    from ckptprof.manifest import sample_ranges
+
+    covered: dict[str, list[tuple[int, int]]] = {}
+    for r in planned:
+        covered.setdefault(r.path, []).append((r.offset, r.offset + r.length))
+    out = []
+    for file in ctx.files:
+        for offset, length in sample_ranges(ctx.size(file.path)):
+            runs = split_held(offset, offset + length, covered.get(file.path, []))
+            for lo, hi, already in runs:
+                if already:
+                    continue
+                for a, b, resident in split_held(lo, hi, held.get(file.path, [])):
+                    out.append(Read(file.path, a, b - a, resident=resident))
+    return out
+
+
+__all__ = ["FileMaps", "Pipelined", "index_files"]

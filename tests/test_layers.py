@@ -1,0 +1,69 @@
+"""The package's layering, as written in pyproject.toml's [tool.importlinter] contracts, holds.
+
+``ckptprof.integrations`` lives in ``integrations/`` (setuptools' package-dir), where
+grimp, which import-linter builds its graph with, does not look: it walks ``ckptprof/``
+only. So lint-imports runs over a copy of the package with ``integrations/`` in place,
+the tree an installed wheel has. The layers contract requires an ``integrations`` layer,
+so a copy without it fails rather than passes unchecked.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "pyproject.toml"
+LINT = "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())"
+
+
+def package_tree(into: Path) -> Path:
+    """``ckptprof/`` with ``integrations/`` as ``ckptprof/integrations``, under ``into``."""
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "ckptprof", into / "ckptprof", ignore=skip)
+    shutil.copytree(ROOT / "integrations", into / "ckptprof" / "integrations", ignore=skip)
+    return into
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports with the project's contracts over ``tree`` (its copy of the package
+    comes first on sys.path: lint-imports puts the working directory there)."""
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", LINT, str(CONFIG), "--no-cache", "--no-logo"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def contract_count() -> int:
+    """How many contracts pyproject.toml writes (tomllib is 3.11+: their table headers)."""
+    lines = CONFIG.read_text().splitlines()
+    return sum(line.strip() == "[[tool.importlinter.contracts]]" for line in lines)
+
+
+def test_the_contracts_are_kept(tmp_path):
+    result = lint_imports(package_tree(tmp_path))
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, f"lint-imports: contracts broken\n{report}"
+    assert f"Contracts: {contract_count()} kept, 0 broken." in report, report
+
+
+def test_an_upward_import_and_a_cycle_are_caught(tmp_path):
+    """The contracts are a real check: tracing importing the report layer (a layer above
+    it, which imports tracing: a cycle) and storage importing the package root fail."""
+    tree = package_tree(tmp_path)
+    (tree / "ckptprof" / "tracing" / "_upward.py").write_text("import ckptprof.report.text\n")
+    (tree / "ckptprof" / "storage" / "_root.py").write_text("import ckptprof\n")
+    result = lint_imports(tree)
+    report = result.stdout + result.stderr
+    assert result.returncode != 0, report
+    assert f"Contracts: 0 kept, {contract_count()} broken." in report, report
+    assert "ckptprof.tracing._upward -> ckptprof.report.text" in report, report
+    assert "ckptprof.storage._root -> ckptprof" in report, report
