@@ -6,10 +6,14 @@ concurrency level, interleaved per repeat:
 
 * ``s5cmd``  — ``s5cmd --numworkers N cp -c N -p <part MiB> 's3://…/*' DIR/``: every object
   downloaded to a local directory (tmpfs by default, so the disk is not what is measured);
-* ``stage``  — ckptprof's ``--stage`` path: ``ckptprof.fetch.download`` of the same objects
+* ``stage``  — ckptprof's ``--stage`` path: ``ckptprof.io.transfer.download`` of the same objects
   to the same kind of directory, N ranged GETs of the same part size in flight;
 * ``fetch``  — ckptprof's default fetch phase: the same ranged GETs streamed straight into
   host memory (no files);
+* ``restore:<strategy>`` — a whole ``ckptprof synth restore`` of the same checkpoint with
+  that strategy (``pipelined``, the default, and ``staged``), list → reshard: reading the
+  index, the requests, the copies into the restored state (first step off, ``--verify
+  none`` like s5cmd, which checks nothing; the ceiling given, so no probe is timed);
 * ``s3tc``   — AWS's ``s3torchconnector`` (when installed: ``ckptprof[bench]``), as
   ``--strategy s3torchconnector`` uses it: N objects read whole into host memory at a
   time, its CRT client splitting each into ranged GETs of the same part size itself.
@@ -124,6 +128,22 @@ def run_fetch(storage, infos, conc: int, part: int):
     return sum(i.size for i in infos), seconds
 
 
+def run_restore_once(location: str, strategy: str, conc: int, part: int, out: Path):
+    """One cold ``synth restore`` run; its list → reshard seconds (the run's wall time with
+    the first step off) and the checkpoint's bytes."""
+    from ckptprof.synth.restore import RestoreOptions, run_restore
+
+    options = RestoreOptions(
+        strategies=(strategy,), caches=("cold",), concurrency=(conc,), repeat=1,
+        verify="none", part_size=part, first_step=False, ceiling_gbps=1.0, progress=False,
+    )  # fmt: skip
+    shutil.rmtree(out, ignore_errors=True)
+    payload = run_restore(location, options, out, echo=lambda *a, **k: None)
+    run = payload["runs"][0]
+    shutil.rmtree(out, ignore_errors=True)
+    return run["bytes"], run["wall_s"]
+
+
 def s3tc_client(endpoint: str, part: int):
     """s3torchconnector's client on the loopback endpoint (path-style addressing)."""
     from s3torchconnector import S3ClientConfig
@@ -136,7 +156,7 @@ def s3tc_client(endpoint: str, part: int):
 def run_s3tc(client, bucket: str, prefix: str, infos, conc: int):
     from concurrent.futures import ThreadPoolExecutor
 
-    from ckptprof.synth.s3torchconnector import read_whole
+    from ckptprof.synth.strategies.s3torchconnector import read_whole
 
     def one(info) -> int:
         return read_whole(client, bucket, prefix + info.path, memoryview(bytearray(info.size)))
@@ -161,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=Path("/dev/shm"),
         help="where downloads land (tmpfs keeps the disk out of it)",
+    )
+    ap.add_argument(
+        "--strategies",
+        type=lambda t: [v for v in t.split(",") if v],
+        default=["pipelined", "staged"],
+        help="restore strategies timed list->reshard (empty: none)",
     )
     ap.add_argument("--json", type=Path, help="write every run here")
     args = ap.parse_args(argv)
@@ -199,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
                     "stage": lambda c: run_stage(storage, infos, dest / "st", c, args.part_size),
                     "fetch": lambda c: run_fetch(storage, infos, c, args.part_size),
                 }
+                for strategy in args.strategies:
+                    tools[f"restore:{strategy}"] = (
+                        lambda c, s=strategy: run_restore_once(
+                            location, s, c, args.part_size, work / "restore-out"
+                        )
+                    )
                 if importlib.util.find_spec("s3torchconnector"):
                     client = s3tc_client(server.endpoint_url, args.part_size)
                     tools["s3tc"] = lambda c: run_s3tc(client, "bench", "ckpt/", infos, c)
@@ -227,11 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    names = [n for n in ("s5cmd", "stage", "fetch", "s3tc") if any(r["tool"] == n for r in results)]
+    order = ["s5cmd", "stage", "fetch", *(f"restore:{s}" for s in args.strategies), "s3tc"]
+    names = [n for n in order if any(r["tool"] == n for r in results)]
     header = "".join(f"  {n + ' GB/s':>18}" for n in names)
     header += "".join(f"  {n + '/s5cmd':>11}" for n in names[1:])
     print(f"\n{'conc':>4}{header}")
     worst = None
+    default = {}  # concurrency -> (default restore / s5cmd, default restore / staged)
     for conc in args.concurrency:
         cells, med = [], {}
         for name in names:
@@ -240,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{med[name]:.3f} ({min(vals):.2f}-{max(vals):.2f})")
         ratios = [med[n] / med["s5cmd"] for n in names[1:]]
         worst = min(worst or ratios[0], ratios[0])
+        if "restore:pipelined" in med:
+            staged = med.get("restore:staged")
+            default[conc] = (
+                med["restore:pipelined"] / med["s5cmd"],
+                med["restore:pipelined"] / staged if staged else None,
+            )
         line = "".join(f"  {c:>18}" for c in cells) + "".join(f"  {r:>10.2f}x" for r in ratios)
         print(f"{conc:>4}{line}")
     verdict = "target met" if worst >= 1.0 else "below target"
@@ -247,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
         f"\nworst stage/s5cmd ratio {worst:.2f}x (like for like: both write files); "
         f"target >= 1.0x: {verdict}"
     )
+    for conc, (vs_s5cmd, vs_staged) in default.items():
+        against = f", {vs_staged:.2f}x staged" if vs_staged is not None else ""
+        print(
+            f"default strategy (pipelined) restore, list->reshard, c={conc}: "
+            f"{vs_s5cmd:.2f}x s5cmd{against} (target >= 0.9x s5cmd and >= staged)"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

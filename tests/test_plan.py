@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ckptprof.errors import CkptprofError
+from ckptprof.io.requests import RequestPolicy, RequestSummary
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.plan import (
     GROUP_MODEL,
@@ -16,7 +17,6 @@ from ckptprof.synth.plan import (
     whole_pieces,
 )
 from ckptprof.synth.presets import PRESETS, get_preset
-from ckptprof.io.requests import RequestPolicy, RequestSummary
 from ckptprof.synth.readplan import Source, flat_sources, plan_copies, plan_reads
 
 

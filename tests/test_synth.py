@@ -12,8 +12,8 @@ import torch
 from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.phases import RESTORE_PHASES
 from ckptprof.storage.pagecache import resident_fraction
-from ckptprof.synth.strategies import BUILTIN as STRATEGIES
 from ckptprof.synth.restore import RestoreOptions, run_restore
+from ckptprof.synth.strategies import BUILTIN as STRATEGIES
 from tests.conftest import SMALL_SCALE, read_spans
 
 LAYOUTS = ["torch", "safetensors", "dcp", "deepspeed"]

@@ -74,6 +74,9 @@ class Storage(ABC):
     """Primitives every backend implements; everything else builds on them."""
 
     kind: str = "abstract"
+    #: every request is a round trip (an object store): reads are planned in few, large
+    #: requests (:mod:`ckptprof.io.requests`)
+    object_store: bool = False
     #: whether reads can be served from a local cache, so "hot" differs from "cold"
     has_local_cache: bool = False
 

@@ -12,14 +12,15 @@ import re
 from typing import TYPE_CHECKING
 
 from ckptprof.errors import CkptprofError
+from ckptprof.phases import Attr
 
 if TYPE_CHECKING:
     import torch
 
 DEVICES = "auto, cpu, cuda or cuda:N"
 _PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-DEVICE = "ckpt.device"
-DEVICE_NOTE = "ckpt.device.note"
+DEVICE = Attr.DEVICE
+DEVICE_NOTE = Attr.DEVICE_NOTE
 
 
 def check_device(name: str) -> str | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from ckptprof.errors import CkptprofError
+from ckptprof.phases import Attr
 
 TIMEOUT_ENV = "CKPTPROF_DIST_TIMEOUT"  # seconds a collective may wait for the other ranks
 DEFAULT_TIMEOUT_S = 600.0
@@ -70,10 +71,10 @@ class Job:
 
     def attributes(self) -> dict:
         return {
-            "ckpt.local_rank": self.local_rank,
-            "ckpt.node": self.node,
-            "ckpt.host": self.host,
-            "ckpt.dist.backend": self.backend,
+            Attr.LOCAL_RANK: self.local_rank,
+            Attr.NODE: self.node,
+            Attr.HOST: self.host,
+            Attr.DIST_BACKEND: self.backend,
         }
 
 

@@ -117,15 +117,15 @@ class FirstStep:
             op.add_interval(Phase.FIRST_STEP, start, start + int(self.user_seconds * 1e9))
             op.set_phase_attributes(
                 Phase.FIRST_STEP,
-                **{Attr.EMULATED: False, "ckpt.first_step.source": "user (--first-step-s)"},
+                **{Attr.EMULATED: False, Attr.FIRST_STEP_SOURCE: "user (--first-step-s)"},
             )
         elif self.mode == STEP_ESTIMATE and self.estimate is not None:
             seconds, reason = self.estimate
             op.set_attributes(
                 {
-                    "ckpt.first_step.estimate_s": round(seconds, 6),
-                    "ckpt.first_step.estimate_reason": reason,
-                    "ckpt.rto.ends_at": "state restored (first step estimated beside it)",
+                    Attr.FIRST_STEP_ESTIMATE_S: round(seconds, 6),
+                    Attr.FIRST_STEP_ESTIMATE_REASON: reason,
+                    Attr.RTO_ENDS_AT: "state restored (first step estimated beside it)",
                 }
             )
 

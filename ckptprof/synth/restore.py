@@ -404,9 +404,9 @@ class RestoreRunner:
             Attr.VERIFY_MODE: self.options.verify,
             Attr.STEP: self.spec.step,
             Attr.STRATEGY: strategy,
-            "ckpt.ranks": ",".join(map(str, self.ranks)),
-            "ckpt.state_bytes": self.state.nbytes,
-            "ckpt.fetch.direct_io": bool(getattr(self.storage, "direct_io", False)),
+            Attr.RANKS: ",".join(map(str, self.ranks)),
+            Attr.STATE_BYTES: self.state.nbytes,
+            Attr.FETCH_DIRECT_IO: bool(getattr(self.storage, "direct_io", False)),
             **device_attributes(self.device),
         }
         if len(self.ranks) == 1:
@@ -455,13 +455,13 @@ class RestoreRunner:
                     {
                         Attr.RETRIES: stats.retries - before[0],
                         Attr.ERRORS: stats.errors - before[1],
-                        "ckpt.requests": stats.requests - before[2],
+                        Attr.REQUESTS: stats.requests - before[2],
                     }
                 )
                 if stats.slowest_s:  # a stall below the read timeout shows here
                     op.set_phase_attributes(Phase.FETCH, **{
-                        "ckpt.fetch.slowest_request_s": round(stats.slowest_s, 6),
-                        "ckpt.fetch.slowest_request": stats.slowest,
+                        Attr.FETCH_SLOWEST_REQUEST_S: round(stats.slowest_s, 6),
+                        Attr.FETCH_SLOWEST_REQUEST: stats.slowest,
                     })  # fmt: skip
         summary = op.summary
         ctx = op.span_context
@@ -484,7 +484,7 @@ class RestoreRunner:
             state_bytes=self.state.nbytes,
             peak_rss_bytes=memory.peak,
             start_rss_bytes=memory.start_rss,
-            window_bytes=int(summary.attributes.get("ckpt.memory.window_bytes", 0)),
+            window_bytes=int(summary.attributes.get(Attr.MEMORY_WINDOW_BYTES, 0)),
             first_step=self.first_step.mode,
             first_step_estimate_s=estimate[0] if estimate else None,
             device_peak_bytes=memory.device_peak,
@@ -548,7 +548,7 @@ class RestoreRunner:
                     "in the manifest; the checkpoint was modified, regenerate it."
                 )
             stats.attributes[Attr.FILES] = len(infos)
-            stats.attributes["ckpt.list.requests"] = self.storage.stats.requests - requests_before
+            stats.attributes[Attr.LIST_REQUESTS] = self.storage.stats.requests - requests_before
         return infos
 
     def check_listing(self, listed: list[ObjectInfo]) -> list[ObjectInfo]:

@@ -66,13 +66,18 @@ def phases_of(summary) -> dict[str, dict]:
         entry = {"busy_s": stats.busy_s, "bytes": stats.nbytes, "files": len(stats.files)}
         if stats.nbytes and stats.busy_s:
             entry["gbps"] = stats.nbytes / stats.busy_s / 1e9
-        peak = stats.attributes.get("ckpt.memory.peak_rss_bytes")
+        peak = stats.attributes.get(Attr.MEMORY_PEAK_RSS_BYTES)
         if peak is not None:
             entry["peak_rss_bytes"] = peak
         of = stats.attributes.get(Attr.VERIFY_OF_BYTES)
         if of is not None:
             entry["of_bytes"] = of
-        prefix = f"ckpt.{name}."
+        fused = stats.attributes.get(Attr.FUSED)
+        if fused:  # ran as one interval with the phases it names (the report says so)
+            entry["fused"] = str(fused)
+        if stats.attributes.get(Attr.FETCH_LAZY):  # pages read on demand, some later
+            entry["lazy"] = True
+        prefix = Attr.phase_prefix(name)
         details = {k.removeprefix(prefix): v for k, v in stats.attributes.items()
                    if k.startswith(prefix) and isinstance(v, (int, float))
                    and not isinstance(v, bool)}  # fmt: skip
