@@ -1,6 +1,6 @@
 """The phase vocabulary shared by the synthetic runner and every framework adapter.
 
-See DESIGN.md §1: RTO runs from "restore starts" to "first training step after
+See docs/design.md §2: RTO runs from "restore starts" to "first training step after
 restore finished", and is made of the six restore phases below, in this order.
 """
 
@@ -66,7 +66,7 @@ def span_name(phase: str | Phase) -> str:
 
 
 class Attr:
-    """Span attribute keys (the ``ckpt.`` namespace of DESIGN.md §2)."""
+    """Span attribute keys (the ``ckpt.`` namespace of docs/design.md §3)."""
 
     # ---- restore / save root (one operation: ``ckpt.restore``, ``ckpt.save``)
     FRAMEWORK = "ckpt.framework"  # who recorded it: synthetic, lightning, transformers, …

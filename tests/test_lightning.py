@@ -90,9 +90,12 @@ def test_save_then_resume_last_in_a_fresh_process(tmp_path):
     assert setup == 0 and batch > 0 and compute > 0, parts
     assert sum(parts) == pytest.approx(step["ckpt.busy_s"], abs=0.005)
     assert step["ckpt.first_step.batch_idx"] == 10  # Lightning resumed mid-epoch
-    # the file is brought into the page cache once, then torch.load reads it from there
+    # the file is brought into the page cache once, then torch.load reads it from there:
+    # the file as the save it resumed from wrote it (the second run saves last.ckpt again,
+    # and its size may differ by the archive's padding)
+    written = children(spans, newest)["ckpt.write"]["attributes"]["ckpt.bytes"]
+    assert phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] == written
     size = last.stat().st_size
-    assert phases["ckpt.fetch"]["attributes"]["ckpt.bytes"] == size
     assert phases["ckpt.verify"]["attributes"]["ckpt.verify.method"] == "record size"
     assert restores[0]["attributes"]["ckpt.framework"] == "lightning"
     assert_memory_recorded(restores[0])

@@ -35,7 +35,8 @@ def test_runai_is_one_fused_interval_beside_the_other_phases(checkpoints, tmp_pa
     deserialize = next(s for s in spans if s["name"] == "ckpt.deserialize"
                        and s["parent_id"] == root["context"]["span_id"])  # fmt: skip
     attrs = deserialize["attributes"]
-    assert attrs["ckpt.fused_fetch"] is True and attrs["ckpt.loader"] == "runai-model-streamer"
+    assert attrs["ckpt.fused"] == "fetch+deserialize (runai-model-streamer)"
+    assert attrs["ckpt.loader"] == "runai-model-streamer"
     assert attrs["ckpt.loader.concurrency"] == 4 and attrs["ckpt.loader.streamed_s"] > 0
     shards = sum(f["size"] for n, f in json.loads((checkpoints("safetensors") /
                  "ckptprof-manifest.json").read_text())["files"].items()

@@ -1,7 +1,7 @@
 """Grouping like operations and taking medians: the numbers the report prints.
 
 A restore's RTO is its wall time (the critical path); phase times are each
-phase's ``busy_s`` (DESIGN.md §1), which may add up to more than the wall time
+phase's ``busy_s`` (docs/design.md §2), which may add up to more than the wall time
 when phases overlap. With several ranks, one restore is the set of rank roots
 that share a run (``ckpt.run_id`` + ``ckpt.repeat``): its RTO is the slowest
 rank's, and that rank's phases are the ones shown.
@@ -124,7 +124,7 @@ def _sort_value(value: Any) -> tuple[int, float, str]:
 
 
 def phase_order(kind: str, names: Iterable[str]) -> list[str]:
-    """Canonical order (DESIGN.md §1) first, then other known phases, then the rest."""
+    """Canonical order (docs/design.md §2) first, then other known phases, then the rest."""
     canonical = [p.value for p in (RESTORE_PHASES if kind == "restore" else SAVE_PHASES)]
     known = canonical + [p.value for p in Phase if p.value not in canonical]
     present = set(names)

@@ -1,7 +1,7 @@
 """Reading trace files and results files into plain dataclasses.
 
 Only this module knows the on-disk shapes: the OpenTelemetry SDK's span JSON
-(one span per line, DESIGN.md §2) and the synthetic runner's ``results.json``.
+(one span per line, docs/design.md §2) and the synthetic runner's ``results.json``.
 Everything downstream (aggregation, hints, rendering) works on these records,
 so it can be tested without files.
 """
@@ -74,7 +74,7 @@ class TraceOperation:
 
 @dataclass(frozen=True)
 class Ceiling:
-    """The runner's estimate of the best a fetch could do (DESIGN.md §3)."""
+    """The runner's estimate of the best a fetch could do (docs/design.md §9)."""
 
     read_gbps: float | None
     source: str | None = None

@@ -2,7 +2,7 @@
 
 ``posix_fadvise(DONTNEED)`` only drops clean pages, so files are fsynced first.
 Residency is measured, not assumed: a run is only called cold when mincore says
-so (DESIGN.md §4).
+so (docs/design.md §9).
 """
 
 from __future__ import annotations

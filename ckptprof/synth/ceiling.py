@@ -1,4 +1,4 @@
-"""The ceiling of the read path, estimated before measuring (DESIGN.md §3).
+"""The ceiling of the read path, estimated before measuring (docs/design.md §9).
 
 Best bandwidth: a short cold read of the checkpoint's largest files at a high
 queue depth. Per-request latency: a few cold single requests. Little's Law then

@@ -1,4 +1,4 @@
-"""Phase model recording and OpenTelemetry export (DESIGN.md §2).
+"""Phase model recording and OpenTelemetry export (docs/design.md §2).
 
 The recorder needs only the OpenTelemetry API; the SDK (export) is imported on first
 use of :func:`setup_telemetry`, so ``import ckptprof`` stays light.

@@ -5,7 +5,7 @@ One module per strategy (:mod:`.staged`, :mod:`.pipelined`, :mod:`.framework`,
 :mod:`.base`, DCP's own loader paths in :mod:`.dcp`, and the names in :mod:`.registry`.
 Each strategy says which layout formats it restores and with which function
 (:meth:`~.base.Strategy.handlers`): that is the strategy × format table of
-``docs/design.md``. Every strategy fills the same
+``docs/design.md`` §5. Every strategy fills the same
 :class:`~ckptprof.synth.targets.TargetState`, so results compare byte for byte, and
 reads through the one I/O core (:mod:`ckptprof.io`).
 """
