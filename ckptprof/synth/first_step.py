@@ -2,8 +2,8 @@
 
 Where the model fits and one process holds all of it, a plain-PyTorch Llama of the
 preset is built before the sweep (a job's model exists before it restores), the restore
-copies the weights straight into its parameters, the Adam moments are handed to its
-AdamW (``load_state_dict``, part of ``reshard``), and one real forward/backward/AdamW
+copies the weights straight into its parameters, the restored Adam moments are handed
+to its optimizer as they are (part of ``reshard``), and one real forward/backward/AdamW
 step runs. Elsewhere (too large, or one rank of a larger job) the step is *estimated*
 from 1- and 2-layer steps of the same width, once, outside any restore — and kept
 beside the RTO, never inside it — unless the user gives the step time measured in the
@@ -20,6 +20,7 @@ import psutil
 from ckptprof.phases import Attr, Phase
 from ckptprof.synth.plan import GROUP_EXP_AVG, GROUP_EXP_AVG_SQ, GROUP_MODEL
 from ckptprof.synth.results import STEP_ESTIMATE, STEP_REAL, STEP_SKIPPED, STEP_USER
+from ckptprof.synth.subject import RestoreSubject
 
 MEMORY_HEADROOM = 0.85
 
@@ -27,8 +28,15 @@ MEMORY_HEADROOM = 0.85
 class FirstStep:
     """Decides, prepares and runs (or estimates) the first step of one sweep."""
 
-    def __init__(self, runner, enabled: bool, user_seconds: float | None) -> None:
-        self.runner = runner
+    def __init__(
+        self,
+        subject: RestoreSubject,
+        enabled: bool,
+        user_seconds: float | None,
+        progress: bool | None = None,
+    ) -> None:
+        self.subject = subject
+        self.progress = progress
         self.model = self.optimizer = None
         self.estimate: tuple[float, str] | None = None
         self.user_seconds = user_seconds
@@ -42,21 +50,21 @@ class FirstStep:
     def _fits(self) -> bool:
         from ckptprof.synth.model import training_bytes
 
-        runner = self.runner
-        if runner.world_size != 1:
+        subject = self.subject
+        if subject.world_size != 1:
             return False
-        need = training_bytes(runner.plan.preset) + runner.state.nbytes
-        if runner.device.type == "cuda":
+        need = training_bytes(subject.plan.preset) + subject.state.nbytes
+        if subject.device.type == "cuda":
             import torch
 
-            return need <= torch.cuda.mem_get_info(runner.device)[0] * MEMORY_HEADROOM
+            return need <= torch.cuda.mem_get_info(subject.device)[0] * MEMORY_HEADROOM
         return need <= psutil.virtual_memory().available * MEMORY_HEADROOM
 
     @property
     def why_estimated(self) -> str:
-        if self.runner.world_size != 1:
-            return f"one rank of {self.runner.world_size} cannot step alone"
-        return f"the model does not fit in {self.runner.device} memory to train here"
+        if self.subject.world_size != 1:
+            return f"one rank of {self.subject.world_size} cannot step alone"
+        return f"the model does not fit in {self.subject.device} memory to train here"
 
     def prepare(self) -> dict:
         """Before the sweep: build the model (its parameters are returned, keyed like the
@@ -64,37 +72,30 @@ class FirstStep:
         from ckptprof.synth.model import build_model
 
         if self.mode == STEP_REAL:
-            self.model, self.optimizer = build_model(self.runner.plan.preset, self.runner.device)
+            self.model, self.optimizer = build_model(self.subject.plan.preset, self.subject.device)
             return {(GROUP_MODEL, n): p.data for n, p in self.model.named_parameters()}
         if self.mode == STEP_ESTIMATE:
             self.estimate = (self._estimate_seconds(), self.why_estimated)
         return {}
 
     def attach(self, op) -> None:
-        """``reshard``: hand the restored Adam moments to the model's AdamW."""
+        """``reshard``: hand the restored Adam moments to the model's optimizer as they
+        are (no copy, no cast: it steps in their dtype), so the first step trains on the
+        restored state itself."""
         import torch
 
-        state = self.runner.state.of_rank(0)
+        state = self.subject.state.of_rank(0)
         if self.model is None or (GROUP_EXP_AVG, "model.norm.weight") not in state:
             return
         with op.phase(Phase.RESHARD):
-            names = [n for n, _ in self.model.named_parameters()]
-            step = torch.tensor(float(self.runner.spec.step))
-            self.optimizer.load_state_dict(
-                {
-                    "state": {
-                        i: {
-                            "step": step.clone(),
-                            "exp_avg": state[(GROUP_EXP_AVG, n)],
-                            "exp_avg_sq": state[(GROUP_EXP_AVG_SQ, n)],
-                        }
-                        for i, n in enumerate(names)
-                    },
-                    "param_groups": [
-                        {**self.optimizer.param_groups[0], "params": list(range(len(names)))}
-                    ],
+            step = torch.tensor(float(self.subject.spec.step))
+            self.optimizer.state.clear()
+            for name, param in self.model.named_parameters():
+                self.optimizer.state[param] = {
+                    "step": step.clone(),
+                    "exp_avg": state[(GROUP_EXP_AVG, name)],
+                    "exp_avg_sq": state[(GROUP_EXP_AVG_SQ, name)],
                 }
-            )
 
     def run(self, op) -> None:
         """The step, inside the restore (real or the user's), or its estimate beside it."""
@@ -132,17 +133,17 @@ class FirstStep:
     def _bar(self, steps: int, desc: str):
         from ckptprof.progress import bar
 
-        return bar(steps, desc, self.runner.options.progress, nbytes=False)
+        return bar(steps, desc, self.progress, nbytes=False)
 
     def _estimate_seconds(self) -> float:
         """1- and 2-layer models of the same width, one timed step each; extrapolated."""
         from ckptprof.synth.model import build_model, train_step
 
-        preset = self.runner.plan.preset
+        preset = self.subject.plan.preset
         times = []
         with self._bar(12, "first-step estimate (1- and 2-layer steps)") as bar:
             for layers in (1, 2):
-                model, optim = build_model(replace(preset, layers=layers), self.runner.device)
+                model, optim = build_model(replace(preset, layers=layers), self.subject.device)
                 # warm-up: first-call allocations are not per-layer cost
                 train_step(model, optim, advance=bar.update)
                 t0 = time.perf_counter()

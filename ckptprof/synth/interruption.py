@@ -50,19 +50,21 @@ class _Host:
             log.warning("ckptprof: %s failed: %r", where, exc)
 
 
-def simulate(runner, out_dir: Path, telemetry, deadline_s: float) -> InterruptionGuard:
-    """Notice → emergency save → record; returns the guard the first restore links to."""
-    if runner.model is None:
+def simulate(
+    first_step, tracer, step: int, out_dir: Path, telemetry, deadline_s: float
+) -> InterruptionGuard:
+    """Notice → emergency save of ``first_step``'s model and optimizer at ``step`` → record;
+    returns the guard the first restore links to."""
+    if first_step.model is None:
         raise CkptprofError(
             "--simulate-interruption saves the first_step model, which is not in memory here "
             "(too big, world size > 1, or --no-first-step); use a smaller --scale."
         )
-    host = _Host(runner.tracer, telemetry)
-    step = runner.spec.step
+    host = _Host(tracer, telemetry)
     guard = InterruptionGuard(
         host,
         location=lambda: str(out_dir),
-        save=lambda: _emergency_save(runner, host, Path(out_dir) / "emergency", step),
+        save=lambda: _emergency_save(first_step, tracer, host, Path(out_dir) / "emergency", step),
         sources=[],  # the notice is injected below, with the deadline
     )
     guard.start()
@@ -73,17 +75,18 @@ def simulate(runner, out_dir: Path, telemetry, deadline_s: float) -> Interruptio
     return guard
 
 
-def _emergency_save(runner, host: _Host, folder: Path, step: int) -> str:
+def _emergency_save(first_step, tracer, host: _Host, folder: Path, step: int) -> str:
     """A real save of the model and optimizer state: serialize, write + fsync, rename."""
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{step}.pt"
     attrs = {Attr.FORMAT: "torch", Attr.PATH: str(final), Attr.STEP: step}
-    with runner.tracer.save(attrs, parent=host.save_parent) as op:
+    with tracer.save(attrs, parent=host.save_parent) as op:
         with op.phase(Phase.SERIALIZE):
             buffer = io.BytesIO()
-            state = {"model": runner.model.state_dict(), "optimizer": runner.optimizer.state_dict()}
+            model, optimizer = first_step.model, first_step.optimizer
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             torch.save(state, buffer)
         with replacing(final) as partial:  # on exit: fsync, rename, fsync the folder
             with op.phase(Phase.WRITE):

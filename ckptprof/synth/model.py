@@ -1,9 +1,10 @@
 """A plain-PyTorch Llama built from a preset, with the Hugging Face parameter names.
 
-Used by the restore runner as the target of ``load_state_dict`` (the reshard
-phase) and for a real training step (``first_step``). Built on the meta device
-and materialized uninitialized: a job's model exists before restore starts, so
-its construction is not part of the RTO.
+The restore copies the checkpoint's weights straight into its parameters and hands the
+restored Adam moments to its optimizer as they are (:class:`MasterAdamW`), so the first
+training step (``first_step``) trains on the restored state itself, with no second copy
+of it. Built on the meta device and materialized before the restore: a job's model
+exists before restore starts, so its construction is not part of the RTO.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.adam import adam
 
 from ckptprof.synth.presets import ModelPreset
 
-BYTES_PER_PARAM_TRAINING = 2 + 2 + 4  # bf16 weights, bf16 grads, two bf16 Adam moments
+BYTES_PER_PARAM_TRAINING = 2 + 2 + 8  # bf16 weights, bf16 grads, two fp32 Adam moments
 
 
 class RMSNorm(nn.Module):
@@ -95,6 +97,54 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(self.model.norm(x))
 
 
+class MasterAdamW(torch.optim.AdamW):
+    """AdamW whose moments may be wider than the parameters (fp32 moments for bf16
+    weights, as mixed-precision jobs keep them): each parameter is stepped in its
+    moments' dtype with torch's own Adam arithmetic (``torch.optim.adam.adam``), through
+    a transient copy of that one tensor and its gradient, and written back. Each
+    parameter can be stepped as soon as its gradient is ready (:meth:`step_param`, from a
+    post-accumulate-grad hook), so the gradients of the whole model never coexist."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for param in group["params"]:
+                self.step_param(param)
+
+    @torch.no_grad()
+    def step_param(self, param: torch.Tensor) -> None:
+        if param.grad is None:
+            return
+        group = next(g for g in self.param_groups if any(p is param for p in g["params"]))
+        state = self.state[param]
+        if not state:  # no restored moments: fresh fp32 ones, as the job's would be
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
+            state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
+        wide = state["exp_avg"].dtype
+        weights = param if param.dtype == wide else param.to(wide)
+        grad = param.grad if param.grad.dtype == wide else param.grad.to(wide)
+        beta1, beta2 = group["betas"]
+        adam(
+            [weights], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [],
+            [state["step"]], foreach=False, decoupled_weight_decay=True, amsgrad=False,
+            beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+            eps=group["eps"], maximize=False,
+        )  # fmt: skip
+        if weights is not param:
+            param.copy_(weights)
+        param.grad = None  # released once used
+
+    def step_in_backward(self) -> list:
+        """Step every parameter from inside ``backward()``, as its gradient lands; the
+        hook handles, to remove."""
+        return [
+            p.register_post_accumulate_grad_hook(self.step_param)
+            for group in self.param_groups
+            for p in group["params"]
+        ]
+
+
 def build_model(
     preset: ModelPreset, device: str | torch.device = "cpu"
 ) -> tuple[LlamaForCausalLM, torch.optim.Optimizer]:
@@ -106,7 +156,7 @@ def build_model(
     with torch.no_grad():  # a job's model is initialized before restore: touch its memory now
         for param in model.parameters():
             param.normal_(0.0, 0.02)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.95), foreach=False)
+    optimizer = MasterAdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.95), foreach=False)
     return model, optimizer
 
 
@@ -129,10 +179,16 @@ def train_step(
     model.train()
     logits = model(ids[:, :-1])
     loss = F.cross_entropy(logits.float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
+    del logits
     tick(1)
-    loss.backward()
+    hooks = optimizer.step_in_backward() if isinstance(optimizer, MasterAdamW) else []
+    try:
+        loss.backward()  # with a MasterAdamW, each parameter steps as its gradient lands
+    finally:
+        for hook in hooks:
+            hook.remove()
     tick(1)
-    optimizer.step()
+    optimizer.step()  # what the backward did not step (nothing, with the hooks)
     optimizer.zero_grad(set_to_none=True)
     tick(1)
     return float(loss.detach())  # waits for the device: the step has ended

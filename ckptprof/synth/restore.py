@@ -12,7 +12,6 @@ the chosen strategy (:mod:`ckptprof.synth.strategies`).
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,15 +20,13 @@ import psutil
 from ckptprof import schema
 from ckptprof.errors import CkptprofError, StorageError, UnreachableError
 from ckptprof.manifest import GENERATING_NAME, MANIFEST_NAME, VERIFY_MODES, Manifest
-from ckptprof.memory import MemoryWatch
-from ckptprof.phases import Attr, Phase
 from ckptprof.preflight import OutputClaim, check_output_dir
 from ckptprof.storage import open_storage
 from ckptprof.storage.base import DEFAULT_PART_SIZE, ObjectInfo, Storage
 from ckptprof.synth import ceiling as ceiling_mod
 from ckptprof.synth import ranges
-from ckptprof.synth.device import check_device, device_attributes, resolve_device
-from ckptprof.synth.distributed import Job, job_context, test_faults
+from ckptprof.synth.device import check_device, resolve_device
+from ckptprof.synth.distributed import Job
 from ckptprof.synth.first_step import FirstStep
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.plan import SynthSpec
@@ -38,15 +35,16 @@ from ckptprof.synth.results import (
     RunRecord,
     from_dict,
     payload,
-    phases_of,
     run_line,
     write_results,
 )
+from ckptprof.synth.run import RunSettings, check_listing, restore_once
 from ckptprof.synth.strategies import get_strategy
 from ckptprof.synth.strategies import registry as strategy_registry
-from ckptprof.synth.strategies.base import RunContext, needed_files
+from ckptprof.synth.strategies.base import needed_files
+from ckptprof.synth.subject import RestoreSubject
 from ckptprof.synth.targets import TargetState, plan_targets
-from ckptprof.tracing.recorder import CheckpointTracer, Operation
+from ckptprof.tracing.recorder import CheckpointTracer
 from ckptprof.units import fmt_bytes, wrap
 
 COLD_RESIDENCY_LIMIT = 0.05
@@ -181,16 +179,30 @@ class RestoreRunner:
         else:
             self.ranks = list(range(self.world_size))
         groups = self.layout.state_groups(self.spec)
-        self.device = resolve_device(options.device)
+        device = resolve_device(options.device)
         targets = plan_targets(self.plan, groups, self.world_size, self.ranks)
-        self.state = TargetState(targets, self.device)
-        self.files = needed_files(self.plan, self.state.targets)
-        self.paths = sorted(self.manifest.files)
+        state = TargetState(targets, device)
         sharing = job.local_world if job else 1  # the ranks of a node share its memory
-        self.memory_budget = options.memory_budget or default_budget(options.part_size, sharing)
+        self.subject = RestoreSubject(
+            storage=self.storage,
+            manifest=self.manifest,
+            spec=self.spec,
+            layout=self.layout,
+            plan=self.plan,
+            world_size=self.world_size,
+            ranks=tuple(self.ranks),
+            device=device,
+            state=state,
+            files=tuple(needed_files(self.plan, state.targets)),
+            memory_budget=options.memory_budget or default_budget(options.part_size, sharing),
+        )
+        self.state, self.device, self.paths = state, device, self.subject.paths
+        self.memory_budget = self.subject.memory_budget
         ensure_open_files(max(options.concurrency))
-        self.check_listing(self.storage.list())  # fail before any cache work or timing
-        self.first_step = FirstStep(self, options.first_step, options.first_step_s)
+        check_listing(self.subject, self.storage.list())  # fail before any cache work or timing
+        self.first_step = FirstStep(
+            self.subject, options.first_step, options.first_step_s, options.progress
+        )
         self.prepared = False
         self.runs: list[RunRecord] = []
         self.failures: list[dict] = []
@@ -276,7 +288,7 @@ class RestoreRunner:
 
     def check_memory(self) -> None:
         """Refuse early when the restored state plus what a strategy holds cannot fit."""
-        read = sum(self.manifest.files[f.path].size for f in self.files)
+        read = sum(self.manifest.files[f.path].size for f in self.subject.files)
         strategies = {name: get_strategy(name) for name in self.options.strategies}
         holds = {n: s.memory_held(read, self.memory_budget) for n, s in strategies.items()}
         on_device = self.device.type == "cuda"
@@ -386,114 +398,16 @@ class RestoreRunner:
         return state
 
     def run_once(self, strategy: str, cache: str, concurrency: int, repeat: int) -> RunRecord:
+        """One traced restore (:func:`~ckptprof.synth.run.restore_once`) from the cache
+        state ``cache`` prepared for it."""
         self.prepare()
         cache_state = self.prepare_cache(cache) if self.job is None else self.job_cache(cache)
-        attrs = {
-            Attr.FORMAT: self.layout.format,
-            Attr.LAYOUT: self.layout.name,
-            Attr.MODEL: self.spec.model,
-            Attr.STORAGE_KIND: self.storage.kind,
-            Attr.STORAGE_URI: self.storage.uri,
-            Attr.CACHE: cache,
-            Attr.CACHE_METHOD: cache_state.method,
-            Attr.CACHE_RESIDENT_FRACTION: cache_state.resident_fraction,
-            Attr.CONCURRENCY: concurrency,
-            Attr.REPEAT: repeat,
-            Attr.WORLD_SIZE: self.world_size,
-            Attr.SAVED_WORLD_SIZE: self.spec.ranks,
-            Attr.VERIFY_MODE: self.options.verify,
-            Attr.STEP: self.spec.step,
-            Attr.STRATEGY: strategy,
-            Attr.RANKS: ",".join(map(str, self.ranks)),
-            Attr.STATE_BYTES: self.state.nbytes,
-            Attr.FETCH_DIRECT_IO: bool(getattr(self.storage, "direct_io", False)),
-            **device_attributes(self.device),
-        }
-        if len(self.ranks) == 1:
-            attrs[Attr.RANK] = self.ranks[0]
-        parent = None
-        if self.job is not None:
-            attrs.update(self.job.attributes())
-            parent = job_context(self.job)  # every rank's span of this run: one trace
-        stats = self.storage.stats
-        before = (stats.retries, stats.errors, stats.requests)
-        stats.reset_slowest()
-        links, guard, self.interruption = [], self.interruption, None
-        if guard is not None:
-            links, extra = guard.resume_links(restart_ns=time.time_ns())
-            attrs.update(extra)
-        with self.tracer.restore(attrs, links, parent) as op:
-            memory = MemoryWatch(reset_peak=True, cuda=self.device.type == "cuda").start()
-            try:
-                self._list(op)
-                test_faults(self.job, op)
-                context = RunContext(
-                    storage=self.storage,
-                    layout=self.layout,
-                    plan=self.plan,
-                    manifest=self.manifest,
-                    state=self.state,
-                    files=self.files,
-                    op=op,
-                    concurrency=concurrency,
-                    part_size=self.options.part_size,
-                    memory_budget=self.memory_budget,
-                    verify=self.options.verify,
-                    progress=self.options.progress,
-                    threads=os.cpu_count() or 1,
-                    stage_dir=self.options.stage_dir,
-                )
-                get_strategy(strategy).run(context)
-                self.first_step.attach(op)
-                self.first_step.run(op)
-                if guard is not None:
-                    guard.resumed(op, self.spec.step)
-            finally:
-                memory.stop()
-                memory.record(op)
-                op.set_attributes(
-                    {
-                        Attr.RETRIES: stats.retries - before[0],
-                        Attr.ERRORS: stats.errors - before[1],
-                        Attr.REQUESTS: stats.requests - before[2],
-                    }
-                )
-                if stats.slowest_s:  # a stall below the read timeout shows here
-                    op.set_phase_attributes(Phase.FETCH, **{
-                        Attr.FETCH_SLOWEST_REQUEST_S: round(stats.slowest_s, 6),
-                        Attr.FETCH_SLOWEST_REQUEST: stats.slowest,
-                    })  # fmt: skip
-        summary = op.summary
-        ctx = op.span_context
-        fetch = summary.phases.get("fetch")
-        estimate = self.first_step.estimate
-        return RunRecord(
-            strategy,
-            cache,
-            concurrency,
-            repeat,
-            summary.wall_s,
-            self.manifest.total_bytes,
-            cache_state.resident_fraction,
-            cache_state.method,
-            format(ctx.trace_id, "032x") if ctx else "",
-            phases_of(summary),
-            int(summary.attributes.get(Attr.RETRIES, 0)),
-            int(summary.attributes.get(Attr.ERRORS, 0)),
-            read_bytes=fetch.nbytes if fetch is not None else 0,
-            state_bytes=self.state.nbytes,
-            peak_rss_bytes=memory.peak,
-            start_rss_bytes=memory.start_rss,
-            window_bytes=int(summary.attributes.get(Attr.MEMORY_WINDOW_BYTES, 0)),
-            first_step=self.first_step.mode,
-            first_step_estimate_s=estimate[0] if estimate else None,
-            device_peak_bytes=memory.device_peak,
-            slowest_request_s=stats.slowest_s,
-            slowest_request=stats.slowest,
-            rank=self.job.rank if self.job else None,
-            node=self.job.node if self.job else None,
-            host=self.job.host if self.job else None,
-        )
+        guard, self.interruption = self.interruption, None
+        run = RunSettings(strategy, cache, concurrency, repeat)
+        return restore_once(
+            self.subject, self.options, self.tracer, self.first_step, run, cache_state,
+            self.job, guard,
+        )  # fmt: skip
 
     def sweep(self, on_run=None, echo=print) -> tuple[list[RunRecord], list[dict]]:
         """Every (concurrency, repeat, strategy, cache) run, strategies interleaved so they
@@ -526,50 +440,6 @@ class RestoreRunner:
                         if on_run is not None:
                             on_run(run)
         return runs, failures
-
-    def _list(self, op: Operation) -> list[ObjectInfo]:
-        """Listing + the layout's own index reads, checked against the manifest."""
-        with op.phase(Phase.LIST) as stats:
-            requests_before = self.storage.stats.requests
-            listed = self.storage.list()
-            try:
-                named = self.layout.discover(self.storage, self.plan)
-            except (CkptprofError, OSError, EOFError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - a corrupt index/latest/.metadata file
-                from ckptprof.synth.layouts.base import unreadable
-
-                raise unreadable(f"{self.storage.uri} (its index file)", exc) from None
-            infos = self.check_listing(listed)
-            unknown = sorted(set(named) - set(self.manifest.files))
-            if unknown:
-                raise CkptprofError(
-                    f"{self._where(unknown[0])} is named by the checkpoint's index but is not "
-                    "in the manifest; the checkpoint was modified, regenerate it."
-                )
-            stats.attributes[Attr.FILES] = len(infos)
-            stats.attributes[Attr.LIST_REQUESTS] = self.storage.stats.requests - requests_before
-        return infos
-
-    def check_listing(self, listed: list[ObjectInfo]) -> list[ObjectInfo]:
-        """The manifest's files as listed; a missing or resized file is an error naming it."""
-        by_path = {i.path: i for i in listed}
-        infos = []
-        for path in self.paths:
-            want = self.manifest.files[path]
-            info = by_path.get(path)
-            if info is None:
-                raise CkptprofError(
-                    f"{self._where(path)} is listed in the manifest but missing; "
-                    "restore the file or regenerate the checkpoint."
-                )
-            if info.size != want.size:
-                raise CkptprofError(
-                    f"{self._where(path)} is {info.size} bytes but the manifest says "
-                    f"{want.size} (truncated or replaced); regenerate or restore it."
-                )
-            infos.append(info)
-        return infos
 
 
 # ---------------------------------------------------------------- helpers
@@ -651,7 +521,9 @@ def run_restore(
         if options.simulate_interruption:
             from ckptprof.synth.interruption import simulate
 
-            runner.interruption = simulate(runner, out_dir, telemetry, options.deadline_s)
+            runner.interruption = simulate(
+                runner.first_step, tracer, runner.spec.step, out_dir, telemetry, options.deadline_s
+            )
             record = runner.interruption.record
             side = "before" if record.margin_s >= 0 else "after"
             echo(
@@ -671,7 +543,8 @@ def run_restore(
             )
         except BaseException:
             if runner.runs and job is None:  # keep what was measured before the interruption
-                partial = payload(runner, options, ceiling, telemetry, partial=True)
+                partial = payload(runner.subject, runner.runs, runner.failures, options, ceiling,
+                                  telemetry, partial=True)  # fmt: skip
                 json_path, _ = _save_results(out_dir, partial, runner.runs, telemetry)
                 echo(f"partial results of {len(runner.runs)} runs: {json_path}")
             raise
@@ -688,8 +561,8 @@ def run_restore(
             runs = rank_runs
         attempted = len(runs) + len(failures)
         stats = runner.storage.stats
-        result = payload(runner, options, ceiling, telemetry, rank_runs=rank_runs,
-                         failures=failures)  # fmt: skip
+        result = payload(runner.subject, runs, failures, options, ceiling, telemetry,
+                         rank_runs=rank_runs)  # fmt: skip
         json_path, csv_path = _save_results(out_dir, result, runs, telemetry)
         echo(f"results: {json_path} and {csv_path}; {telemetry.describe_trace()}")
         if stats.retries or stats.errors or failures:

@@ -251,49 +251,50 @@ def write_results(out_dir: Path, payload: dict, runs: list[RunRecord]) -> tuple[
 
 
 def payload(
-    runner,
+    subject,
+    runs: list[RunRecord],
+    failures: list[dict],
     options,
     ceiling,
     telemetry,
     partial: bool = False,
     rank_runs: list[RunRecord] | None = None,
-    failures: list[dict] | None = None,
 ) -> dict:
-    """results.json: the spec, options, environment, ceiling, runs and their medians. For
+    """results.json: the spec, options, environment, ceiling, runs and their medians, of
+    the :class:`~ckptprof.synth.subject.RestoreSubject` restored. For
     a distributed job (``rank_runs``: every rank's records), ``runs`` are the job's (its
     slowest rank per run), ``rank_runs`` every rank's, and ``job`` the spread across them."""
     from ckptprof import __version__
     from ckptprof.env import capture
     from ckptprof.synth.device import DEVICE, device_attributes
 
-    runs = job_runs(rank_runs) if rank_runs else runner.runs
-    failures = runner.failures if failures is None else failures
-    stats = runner.storage.stats
+    runs = job_runs(rank_runs) if rank_runs else runs
+    stats = subject.storage.stats
     attempted = len(runs) + len(failures)
     return {
         "ckptprof_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "location": runner.storage.uri,
-        "spec": runner.spec.to_dict(),
+        "location": subject.storage.uri,
+        "spec": subject.spec.to_dict(),
         "options": {
             "verify": options.verify,
-            "world_size": runner.world_size,
-            "ranks": sorted({r.rank for r in rank_runs}) if rank_runs else runner.ranks,
+            "world_size": subject.world_size,
+            "ranks": sorted({r.rank for r in rank_runs}) if rank_runs else list(subject.ranks),
             "processes": "one per rank (torch.distributed)" if rank_runs else "one",
             "strategies": list(options.strategies),
-            "memory_budget": runner.memory_budget,
+            "memory_budget": subject.memory_budget,
             "part_size": options.part_size,
             "repeat": options.repeat,
             "caches": list(options.caches),
             "concurrency": list(options.concurrency),
-            "device": device_attributes(runner.device)[DEVICE],
+            "device": device_attributes(subject.device)[DEVICE],
         },
         "environment": capture(
-            {**runner.storage.describe(), "fetch.part_size": str(options.part_size)}
+            {**subject.storage.describe(), "fetch.part_size": str(options.part_size)}
         ),
         "ceiling": ceiling.to_dict(),
-        "state_bytes": runs[0].state_bytes if rank_runs and runs else runner.state.nbytes,
-        "read_files": len(runner.files),
+        "state_bytes": runs[0].state_bytes if rank_runs and runs else subject.state.nbytes,
+        "read_files": len(subject.files),
         "runs": [r.to_dict() for r in runs],
         "summary": summarize([r.to_dict() for r in runs], ceiling.read_gbps),
         "success_rate": len(runs) / attempted if attempted else 0.0,
@@ -308,7 +309,7 @@ def payload(
         **(
             {
                 "rank_runs": [r.to_dict() for r in rank_runs],
-                "job": job_summary(rank_runs, runner.manifest.total_bytes),
+                "job": job_summary(rank_runs, subject.manifest.total_bytes),
             }
             if rank_runs
             else {}
