@@ -11,8 +11,12 @@ through ``ckptprof.synth.restore`` (``--no-first-step``: the RTO ends with the s
 restored; ``--verify full``: every byte hashed). Prints median seconds, GB/s, the ratio
 to the bound, and peak RSS.
 
-Target (issue: the engine): pipelined ≤ 1.25× the lower bound for llama2-7b safetensors
-and torch at ``--scale`` ≥ 0.05.
+``pipelined+step`` is the default strategy with the real first step on (the model and its
+optimizer train on the restored tensors): only its peak RSS is compared, with the state.
+
+Targets (issue: the engine package): pipelined ≤ 1.1× the lower bound for llama2-7b
+safetensors and torch at ``--scale`` ≥ 0.05 (after a warm-up pass); peak RSS with the
+first step on ≤ 1.2× the restored state.
 
 Run from the repository root:
     .venv/bin/python benchmarks/restore_vs_fio.py --dir /tmp/bench-restore --scale 0.05
@@ -34,7 +38,8 @@ from harness import checkpoint, cold, environment, fio_read, interleaved, median
 from ckptprof.synth.restore import RestoreOptions, RestoreRunner  # noqa: E402
 from ckptprof.tracing import CheckpointTracer, setup_telemetry  # noqa: E402
 
-TARGET = 1.25
+TARGET = 1.1
+RSS_TARGET = 1.2
 
 
 def fio_cold(path: Path, manifest, queue_depth: int, block: str, direct: bool) -> dict:
@@ -43,11 +48,15 @@ def fio_cold(path: Path, manifest, queue_depth: int, block: str, direct: bool) -
     return {**fio_read(path, manifest, queue_depth, block, direct), "resident_before": resident}
 
 
-def restore_once(path: Path, manifest, strategy: str, concurrency: int, part: int, trace: Path):
+def restore_once(
+    path: Path, manifest, strategy: str, concurrency: int, part: int, trace: Path,
+    first_step: bool = False,
+):  # fmt: skip
     """One cold restore with ``strategy``; its RTO, bytes read and peak memory."""
     options = RestoreOptions(
         strategies=(strategy,), caches=("cold",), concurrency=(concurrency,), repeat=1,
-        verify="full", part_size=part, first_step=False, ceiling_gbps=1.0, progress=False,
+        verify="full", part_size=part, first_step=first_step, ceiling_gbps=1.0,
+        progress=False,
     )  # fmt: skip
     telemetry = setup_telemetry(trace)
     try:
@@ -78,6 +87,10 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--part-size-mib", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--no-first-step", dest="first_step", action="store_false",
+        help="skip the pipelined run with the real first step (its peak RSS)",
+    )  # fmt: skip
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
     part = args.part_size_mib << 20
@@ -97,8 +110,15 @@ def main() -> int:
             methods[strategy] = partial(
                 restore_once, path, manifest, strategy, args.concurrency, part, args.dir / "traces"
             )
+        if "pipelined" in strategies and args.first_step:
+            methods["pipelined+step"] = partial(
+                restore_once, path, manifest, "pipelined", args.concurrency, part,
+                args.dir / "traces", first_step=True,
+            )  # fmt: skip
         runs = interleaved(methods, args.repeat)
         best = max(median(r["gbps"] for r in runs[name]) for name in ("fio", "fio-buf"))
+        # the step's time is not a read: only its memory is compared below
+        step_runs = runs.pop("pipelined+step", None)
         bound = total / best / 1e9
         print(
             f"\n{layout}: {args.model} x{args.scale:g}, {total / 1e9:.2f} GB in "
@@ -133,6 +153,16 @@ def main() -> int:
                 f"  peak RSS: staged {staged / 1e9:.2f} GB, pipelined {piped / 1e9:.2f} GB "
                 f"(the restored state: {state / 1e9:.2f} GB)"
             )
+        if step_runs:
+            peak = max(r["peak_rss"] for r in step_runs)
+            state = step_runs[0]["state"]
+            verdict = "met" if peak <= RSS_TARGET * state else "NOT met"
+            print(
+                f"  peak RSS with the real first step on: {peak / 1e9:.2f} GB = "
+                f"{peak / state:.2f}x the restored state ({state / 1e9:.2f} GB; target <= "
+                f"{RSS_TARGET}x: {verdict})"
+            )
+            rows["pipelined+step"] = {"peak_rss": peak, "runs": step_runs}
         report["layouts"][layout] = {"bytes": total, "lower_bound_s": bound, "methods": rows}
     report["environment"] = environment(args.dir)
     print("\nenvironment: " + ", ".join(f"{k}={v}" for k, v in report["environment"].items()

@@ -197,18 +197,28 @@ def test_on_an_object_store_small_tensors_become_a_few_part_size_requests():
 def test_where_requests_are_cheap_they_are_cut_at_tensors_and_land_in_place():
     copies = _many_small_tensors(4, 40 << 10, 4 << 10)
     reads = plan_reads(copies, RequestPolicy(16 << 20, 64 << 10, True), direct=True)
-    assert len(reads) == 4 and all(r.into is not None for r in reads)
-    assert [r.into.target for r in reads] == [0, 1, 2, 3]
+    assert len(reads) == 4 and all(len(r.into) == 1 for r in reads)
+    assert [r.into[0].target for r in reads] == [0, 1, 2, 3]
 
 
-def test_an_object_store_request_inside_one_tensor_lands_in_place():
-    # a 40 MiB tensor on an object store: three part-size GETs, the two inside it straight
-    # into the state, and the one that also holds the next tensor through a buffer
+def test_an_object_store_request_lands_in_every_tensor_it_covers():
+    # two 40 MiB tensors on an object store: five part-size GETs, each straight into the
+    # state; the one that spans both tensors is scattered into the two of them
     copies = _many_small_tensors(2, 40 << 20, 0)
     reads = plan_reads(copies, RequestPolicy(16 << 20, 4 << 20, False), direct=True)
     assert [r.length for r in reads] == [16 << 20] * 5
-    assert [r.into is not None for r in reads] == [True, True, False, True, True]
-    assert sum(c.length for c in reads[2].copies) == 16 << 20
+    assert [[c.target for c in r.into] for r in reads] == [[0], [0], [0, 1], [1], [1]]
+    assert [c.length for c in reads[2].into] == [8 << 20, 8 << 20]
+    assert not any(r.copies for r in reads)  # nothing is copied after
+
+
+def test_a_request_with_bytes_no_tensor_needs_goes_through_a_buffer():
+    # small tensors with headers between them: the headers land in a buffer, and the
+    # tensors' bytes are copied out of it
+    copies = _many_small_tensors(3, 1 << 20, 4096)
+    reads = plan_reads(copies, RequestPolicy(16 << 20, 4 << 20, False), direct=True)
+    assert len(reads) == 1 and not reads[0].into
+    assert [c.target for c in reads[0].copies] == [0, 1, 2]
 
 
 def test_a_zero_flat_partition_is_cut_back_into_tensors():

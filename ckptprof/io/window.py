@@ -140,8 +140,9 @@ class Window:
         """Every request read and handed on; the first failure stops the rest and is
         raised (``land``'s own errors too).
 
-        ``into(request)``: a memoryview the bytes land in, :data:`POOLED` (a window
-        buffer; the default) or None (no bytes land: the read only warms a cache).
+        ``into(request)``: a memoryview the bytes land in (or a list of them: the bytes
+        scattered over them in order), :data:`POOLED` (a window buffer; the default) or
+        None (no bytes land: the read only warms a cache).
         ``read(request, view)``: the request's read (default ``storage.read_into``); it
         returns the bytes (``view``, or where they are). Resident requests (``resident``
         true: their bytes are in memory already) skip the storage: ``read(request,
@@ -172,7 +173,7 @@ class Window:
 
         def one(request, ticket: int) -> None:
             place = into(request)
-            holds = not isinstance(place, memoryview)
+            holds = not isinstance(place, (memoryview, list))
             if holds:
                 slots.acquire(ticket)
             else:
@@ -231,7 +232,7 @@ class Window:
                     try:
                         if not error and not digest.done and data is not None:
                             with self._verify_phase():
-                                digest.feed(req.offset, data)
+                                feed(digest, req.offset, data)
                     except BaseException as exc:  # noqa: BLE001 - raised by run()
                         error.append(exc)
                     finally:
@@ -270,14 +271,24 @@ class Window:
         if error:
             raise error[0]
 
-    def _read(self, request, view: memoryview) -> memoryview:
-        self.storage.read_into(request.path, request.offset, view)
+    def _read(self, request, view):
+        if isinstance(view, list):
+            self.storage.read_into_views(request.path, request.offset, view)
+        else:
+            self.storage.read_into(request.path, request.offset, view)
         return view
 
     def _verify_phase(self):
         import contextlib
 
         return self.op.phase(Phase.VERIFY) if self.op is not None else contextlib.nullcontext()
+
+
+def feed(digest, offset: int, data) -> None:
+    """``data`` (a view, or consecutive views of a scattered read) into ``digest``."""
+    for view in data if isinstance(data, list) else [data]:
+        digest.feed(offset, view)
+        offset += len(view)
 
 
 __all__ = ["POOLED", "FileClocks", "OrderedSlots", "Window"]

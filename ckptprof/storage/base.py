@@ -106,6 +106,14 @@ class Storage(ABC):
         A short read (object shorter than expected) raises ``EOFError`` naming the path.
         """
 
+    def read_into_views(self, path: str, offset: int, views: list[memoryview]) -> None:
+        """Fill ``views`` with consecutive bytes from ``offset`` (a scattered read: one
+        range, many destinations). By default one read per view; object stores override
+        it with one request for the whole range."""
+        for view in views:
+            self.read_into(path, offset, view)
+            offset += len(view)
+
     def read_bytes(self, path: str) -> bytes:
         size = self.stat(path).size
         buf = bytearray(size)

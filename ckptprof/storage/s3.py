@@ -310,7 +310,12 @@ class S3Storage(Storage):
         return ObjectInfo(path, head["ContentLength"])
 
     def read_into(self, path: str, offset: int, buffer: memoryview) -> None:
-        want = len(buffer)
+        self.read_into_views(path, offset, [buffer])
+
+    def read_into_views(self, path: str, offset: int, views: list[memoryview]) -> None:
+        """One ranged GET for the whole range, its body received into each view in turn
+        (no bytes copied aside)."""
+        want = sum(len(v) for v in views)
         started = time.perf_counter()
         try:
             resp = self.client.get_object(
@@ -323,11 +328,16 @@ class S3Storage(Storage):
             readinto = _direct_readinto(body)
             done = 0
             with contextlib.closing(body):
-                while done < want:
-                    n = readinto(buffer[done:])
-                    if not n:
+                for view in views:
+                    filled = 0
+                    while filled < len(view):
+                        n = readinto(view[filled:])
+                        if not n:
+                            break
+                        filled += n
+                    done += filled
+                    if filled < len(view):
                         break
-                    done += n
                 if done == want:
                     _release(body)  # keep the connection alive for the next request
         except Exception as exc:  # noqa: BLE001

@@ -52,14 +52,16 @@ class Copy:
 class Read:
     """One ranged read, and the copies whose bytes it holds; ``resident`` when the bytes
     are in memory already (read while indexing the file), so no request is made; ``into``
-    when the read lands directly in the state (no buffer, no copy)."""
+    when the read lands directly in the state (no buffer, no copy): the places its bytes
+    go, in order (one, or on an object store several: one request scattered into each
+    tensor it covers)."""
 
     path: str
     offset: int
     length: int
     copies: list[Copy] = field(default_factory=list)
     resident: bool = False
-    into: Copy | None = None  # read straight into the state: these bytes are this copy
+    into: tuple[Copy, ...] = ()  # read straight into the state: these bytes are these copies
 
     @property
     def end(self) -> int:
@@ -152,9 +154,7 @@ def plan_reads(
         cut_at_copies = into_state and policy.cheap_requests
         # a gap is worth reading through only into a buffer
         gap = 0 if cut_at_copies else policy.gap
-        merged = (
-            [(0, whole_files[path])] if path in whole_files else merge(needed[path], gap)
-        )
+        merged = [(0, whole_files[path])] if path in whole_files else merge(needed[path], gap)
         boundaries = (
             sorted({b for c in by_offset[path] for b in (c.offset, c.offset + c.length)})
             if cut_at_copies
@@ -172,13 +172,13 @@ def plan_reads(
                 for offset, length in cut(lo, hi, policy.part_size, boundaries):
                     read = Read(path, offset, length)
                     if into_state:
-                        read.into = _inside_one(by_offset[path], offset, length)
+                        read.into = _covering(by_offset[path], offset, length)
                     reads.append(read)
         if summary is not None:
             mine = [r for r in reads[first:] if not r.resident]
             requested, count = sum(r.length for r in mine), sum(1 for r in mine if r.length)
             summary.add(requested, requests_needed(needed[path], whole_files.get(path)), count)
-    _attach([r for r in reads if r.into is None], copies)
+    _attach([r for r in reads if not r.into], copies)
     return reads
 
 
@@ -187,16 +187,25 @@ def requests_needed(ranges: list[tuple[int, int]], whole: int | None) -> int:
     return whole if whole is not None else needed_bytes(ranges)
 
 
-def _inside_one(copies: list[Copy], offset: int, length: int) -> Copy | None:
-    """The part of the copy that holds all of ``[offset, offset + length)``, if one does."""
+def _covering(copies: list[Copy], offset: int, length: int) -> tuple[Copy, ...]:
+    """The parts of copies that together hold every byte of ``[offset, offset + length)``,
+    in order; none where some byte belongs to no copy (it must land in a buffer)."""
+    if not length:
+        return ()
     starts = [c.offset for c in copies]
-    i = bisect.bisect_right(starts, offset) - 1
-    if i < 0 or not length:
-        return None
-    c = copies[i]
-    if offset + length > c.offset + c.length:
-        return None
-    return Copy(c.path, offset, length, c.target, c.target_offset + offset - c.offset)
+    i = max(0, bisect.bisect_right(starts, offset) - 1)
+    cursor, end, parts = offset, offset + length, []
+    while cursor < end:
+        if i >= len(copies) or not copies[i].offset <= cursor < copies[i].offset + copies[i].length:
+            return ()
+        c = copies[i]
+        stop = min(end, c.offset + c.length)
+        parts.append(
+            Copy(c.path, cursor, stop - cursor, c.target, c.target_offset + cursor - c.offset)
+        )
+        cursor = stop
+        i += 1
+    return tuple(parts)
 
 
 def split_held(start: int, end: int, held: list[tuple[int, int]]):

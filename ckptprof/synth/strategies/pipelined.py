@@ -20,7 +20,7 @@ from ckptprof.io.window import POOLED, FileClocks, Window
 from ckptprof.manifest import StreamingDigest
 from ckptprof.phases import Attr, Phase
 from ckptprof.synth.device import PinnedBuffer
-from ckptprof.synth.index import SparseFile
+from ckptprof.synth.index import INDEX_BLOCK, SparseFile
 from ckptprof.synth.readplan import Read, Source, plan_copies, plan_reads, split_held
 from ckptprof.synth.strategies import dcp
 from ckptprof.synth.strategies.base import (
@@ -31,6 +31,8 @@ from ckptprof.synth.strategies.base import (
     finish_digests,
 )
 from ckptprof.tracing.recorder import uncovered
+
+OBJECT_STORE_INDEX_BLOCK = 1 << 20
 
 
 class Pipelined(Strategy):
@@ -88,9 +90,9 @@ def _restore_ranges(ctx: RunContext, sources, indexed, maps: FileMaps, clocks) -
     def into(read: Read):
         if mapped(read):  # into the page cache, no copy: copied from the mapping
             return None
-        if read.into is not None:  # straight into the state: no buffer, no copy after
-            c = read.into
-            return ctx.state.memory(c.target, c.target_offset, c.length)
+        if read.into:  # straight into the state: no buffer, no copy after
+            views = [ctx.state.memory(c.target, c.target_offset, c.length) for c in read.into]
+            return views[0] if len(views) == 1 else views  # several: one scattered request
         return POOLED
 
     def read_bytes(read: Read, view: memoryview | None) -> memoryview:
@@ -99,11 +101,14 @@ def _restore_ranges(ctx: RunContext, sources, indexed, maps: FileMaps, clocks) -
         if mapped(read):
             maps.warm(read)
             return maps.view(read)
-        ctx.storage.read_into(read.path, read.offset, view)
+        if isinstance(view, list):
+            ctx.storage.read_into_views(read.path, read.offset, view)
+        else:
+            ctx.storage.read_into(read.path, read.offset, view)
         return view
 
     def land(read: Read, view: memoryview) -> None:
-        if read.into is not None:
+        if read.into:
             placed[0] += read.length
         if read.copies and read.length:
             _copy(ctx, read, view)
@@ -209,7 +214,10 @@ def index_files(ctx: RunContext, clocks: FileClocks) -> tuple[list[Source], dict
     op = ctx.op
     policy = ctx.policy()
     data = [f for f in ctx.files if f.pieces]
-    indexed = {f.path: SparseFile(ctx.storage, f.path, ctx.size(f.path)) for f in data}
+    # on an object store a request costs a round trip: the first read of an index brings
+    # a larger block (the header and what follows it, which the restore reads anyway)
+    block = INDEX_BLOCK if policy.cheap_requests else OBJECT_STORE_INDEX_BLOCK
+    indexed = {f.path: SparseFile(ctx.storage, f.path, ctx.size(f.path), block) for f in data}
 
     def one(file) -> list[Source]:
         sparse = indexed[file.path]
