@@ -203,6 +203,11 @@ def test_rto_and_phases_reach_report_to_without_changing_the_checkpoint(tmp_path
     assert len(after) == before  # log_metrics=False: nothing more
 
 
+#: one example's read time: long enough that the fast-forward is most of the resume even
+#: when the machine is busy (the report's hint needs it above half the RTO)
+EXAMPLE_READ_S = 0.05
+
+
 class SlowStream(torch.utils.data.IterableDataset):
     """A streamed dataset (as with `datasets` streaming): every example costs read time,
     so the Trainer's fast-forward over already-seen batches costs it too. ``read``
@@ -216,7 +221,7 @@ class SlowStream(torch.utils.data.IterableDataset):
 
         ids, i = TokenDataset().ids, 0
         while True:
-            time.sleep(0.02)
+            time.sleep(EXAMPLE_READ_S)
             self.read += 1
             yield {"input_ids": ids[i % len(ids)], "labels": ids[i % len(ids)]}
             i += 1
@@ -236,7 +241,7 @@ def test_first_step_is_split_and_the_data_fast_forward_named(tmp_path):
     assert skipping["ckpt.first_step.skipped_batches"] == 10  # the Trainer's own count
     # the skipped examples' read time alone (sleeps: a floor however busy the machine) is
     # in the first batch's fetch, not in the step's compute
-    floor_s = 10 * 4 * 0.02
+    floor_s = 10 * 4 * EXAMPLE_READ_S
     assert skipping["ckpt.first_step.batch_s"] >= floor_s  # read and thrown away
     parts = sum(skipping[f"ckpt.first_step.{p}_s"] for p in ("setup", "batch", "compute"))
     assert parts == pytest.approx(skipping["ckpt.busy_s"], abs=0.01)
@@ -250,7 +255,7 @@ def test_first_step_is_split_and_the_data_fast_forward_named(tmp_path):
     # fast-forward threw away (how much sooner it is: benchmark material), and its first
     # batch is still measured
     assert read_skipping - read_direct == 10 * 4
-    assert direct["ckpt.first_step.batch_s"] >= 4 * 0.02
+    assert direct["ckpt.first_step.batch_s"] >= 4 * EXAMPLE_READ_S
 
 
 class StepTime:

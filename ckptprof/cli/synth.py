@@ -22,6 +22,12 @@ from ckptprof.synth.layouts import LAYOUT_NAMES
 from ckptprof.synth.presets import PRESETS
 from ckptprof.synth.strategies import registry as strategy_registry
 
+SAVE_EXAMPLES = """examples:
+  ckptprof synth save /mnt/fsx/ckpt --model llama2-7b --layout safetensors --scale 0.05
+  ckptprof synth save ./ckpt --layout torch --scale 0.01 --repeat 5 --no-fsync
+  ckptprof synth restore ./ckpt --cache cold      # then the restore of the same bytes
+"""
+
 GENERATE_EXAMPLES = """examples:
   ckptprof synth generate /mnt/fsx/ckpt --model llama2-7b --layout safetensors
   ckptprof synth generate ./ckpt --model llama3-8b --layout dcp --ranks 8 --scale 0.01
@@ -62,42 +68,7 @@ def add_parser(commands) -> None:
     gen.add_argument(
         "dest", metavar="DEST", type=location, help="target directory (created if missing)"
     )
-    gen.add_argument(
-        "--model",
-        default="llama2-7b",
-        choices=tuple(PRESETS),
-        metavar="NAME",
-        help="preset: %(choices)s",
-    )
-    gen.add_argument(
-        "--layout", default="torch", choices=LAYOUT_NAMES, help="file layout: %(choices)s"
-    )
-    gen.add_argument(
-        "--ranks", type=whole(ranges.RANKS), default=1, help="ranks that saved it (sharding)"
-    )
-    gen.add_argument(
-        "--scale",
-        type=real(ranges.SCALE),
-        default=1.0,
-        help="0 < S <= 1: fraction of full-size bytes; names and layout unchanged",
-    )
-    gen.add_argument(
-        "--optimizer",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="include Adam moments (fp32)",
-    )
-    gen.add_argument("--master-weights", action="store_true", help="include fp32 master weights")
-    gen.add_argument(
-        "--files",
-        type=whole(ranges.FILES),
-        default=None,
-        help="split the tensor data into N files (many small vs few packed)",
-    )
-    gen.add_argument(
-        "--step", type=whole(ranges.STEP), default=1000, help="training step the checkpoint is at"
-    )
-    gen.add_argument("--seed", type=whole(ranges.SEED), default=0, help="seed of the random bytes")
+    add_spec_arguments(gen)
     gen.add_argument(
         "--dry-run",
         action="store_true",
@@ -116,6 +87,43 @@ def add_parser(commands) -> None:
         help="replace the ckptprof checkpoint in DEST (only the files ckptprof wrote there)",
     )
     gen.set_defaults(func=run_generate)
+
+    save = sub.add_parser(
+        "save",
+        help="time a checkpoint's save (write, fsync, commit) on a storage",
+        description="Build the training state in memory (real tensors of the preset's "
+        "shapes, filled and touched), then save it through the layout's own writer, timed "
+        "phase by phase as ckpt.save traces; the result is a checkpoint `synth restore` "
+        "reads back.",
+        epilog=SAVE_EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    save.add_argument(
+        "dest", metavar="DEST", type=location, help="target directory (created if missing)"
+    )
+    add_spec_arguments(save)
+    save.add_argument(
+        "--strategy", default="framework", choices=ranges.SAVE_STRATEGIES,
+        help="framework: the layout's own writer, as a job calls it",
+    )  # fmt: skip
+    save.add_argument(
+        "--repeat", type=whole(ranges.REPEAT), default=3, help="saves to time (medians)"
+    )
+    save.add_argument(
+        "--fsync",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="force every file to the device before the commit",
+    )
+    save.add_argument(
+        "--out", type=Path, default=Path("ckptprof-save"), help="where the traces go"
+    )
+    save.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the ckptprof checkpoint in DEST (only the files ckptprof wrote there)",
+    )
+    save.set_defaults(func=run_save)
 
     res = sub.add_parser(
         "restore",
@@ -271,6 +279,79 @@ def add_parser(commands) -> None:
         help="print the report at the end",
     )
     res.set_defaults(func=run_restore)
+
+
+def add_spec_arguments(parser) -> None:
+    """What the checkpoint is: model, layout, ranks, scale, optimizer, files, step, seed."""
+    parser.add_argument(
+        "--model",
+        default="llama2-7b",
+        choices=tuple(PRESETS),
+        metavar="NAME",
+        help="preset: %(choices)s",
+    )
+    parser.add_argument(
+        "--layout", default="torch", choices=LAYOUT_NAMES, help="file layout: %(choices)s"
+    )
+    parser.add_argument(
+        "--ranks", type=whole(ranges.RANKS), default=1, help="ranks that saved it (sharding)"
+    )
+    parser.add_argument(
+        "--scale",
+        type=real(ranges.SCALE),
+        default=1.0,
+        help="0 < S <= 1: fraction of full-size bytes; names and layout unchanged",
+    )
+    parser.add_argument(
+        "--optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="include Adam moments (fp32)",
+    )
+    parser.add_argument("--master-weights", action="store_true", help="include fp32 master weights")
+    parser.add_argument(
+        "--files",
+        type=whole(ranges.FILES),
+        default=None,
+        help="split the tensor data into N files (many small vs few packed)",
+    )
+    parser.add_argument(
+        "--step", type=whole(ranges.STEP), default=1000, help="training step the checkpoint is at"
+    )
+    parser.add_argument(
+        "--seed", type=whole(ranges.SEED), default=0, help="seed of the random bytes"
+    )
+
+
+def run_save(args) -> int:
+    from statistics import median
+
+    from ckptprof.synth.plan import SynthSpec
+    from ckptprof.synth.save import SaveOptions, run_save
+    from ckptprof.tracing import CheckpointTracer, setup_telemetry
+
+    spec = SynthSpec(
+        model=args.model, layout=args.layout, scale=args.scale, ranks=args.ranks,
+        optimizer=args.optimizer, master_weights=args.master_weights, files=args.files,
+        step=args.step, seed=args.seed,
+    )  # fmt: skip
+    options = SaveOptions(
+        repeat=args.repeat, fsync=args.fsync, force=args.force, strategy=args.strategy
+    )
+    telemetry = setup_telemetry(args.out / "traces")
+    try:
+        run_id = telemetry.run_id
+        tracer = CheckpointTracer(telemetry.provider, framework="synthetic", run_id=run_id)
+        records = run_save(args.dest, spec, options, tracer)
+    finally:
+        telemetry.shutdown()
+    seconds = median(r.wall_s for r in records)
+    print(
+        f"save of {spec.model} {spec.scale_label()} ({spec.layout}) to {args.dest}: median "
+        f"{seconds:.3f} s, {records[0].bytes / seconds / 1e9:.2f} GB/s over {len(records)} "
+        f"saves; {telemetry.describe_trace()}"
+    )
+    return 0
 
 
 def run_generate(args) -> int:

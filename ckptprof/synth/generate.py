@@ -77,17 +77,7 @@ def generate(
     layout = get_layout(spec.layout)
     plan = layout.plan(spec)
     storage = open_storage(location)
-
-    existing = _existing(storage)
-    owned = _owned(storage, existing, force)
-    replaced = [i for i in existing if i.path in owned]
-    _check_space(storage, plan, replaced)
-    planned = [f.path for f in plan.files]
-    removing = {i.path for i in replaced}
-    for path in [*planned, MANIFEST_NAME, GENERATING_NAME]:  # all before deleting anything
-        storage.check_writable(path, removing)
-    storage.write_bytes(GENERATING_NAME, _generating_record(sorted(owned | set(planned))))
-    _remove(storage, [i.path for i in replaced])
+    claim_location(storage, plan, force)
 
     filler = RandomFiller(spec.seed)
     entries = {}
@@ -102,9 +92,30 @@ def generate(
     finally:
         bar.close()
     manifest = Manifest(entries, spec=spec.to_dict())
+    publish_manifest(storage, manifest)
+    return GenerateResult(storage.uri, plan, manifest)
+
+
+def claim_location(storage: Storage, plan: CheckpointPlan, force: bool) -> None:
+    """Make the location ready for ``plan``'s files: refuse what is not ours (``force``
+    replaces only a ckptprof checkpoint), check space and every path first, record the
+    files about to be written (:data:`GENERATING_NAME`), then clear the previous ones."""
+    existing = _existing(storage)
+    owned = _owned(storage, existing, force)
+    replaced = [i for i in existing if i.path in owned]
+    _check_space(storage, plan, replaced)
+    planned = [f.path for f in plan.files]
+    removing = {i.path for i in replaced}
+    for path in [*planned, MANIFEST_NAME, GENERATING_NAME]:  # all before deleting anything
+        storage.check_writable(path, removing)
+    storage.write_bytes(GENERATING_NAME, _generating_record(sorted(owned | set(planned))))
+    _remove(storage, [i.path for i in replaced])
+
+
+def publish_manifest(storage: Storage, manifest: Manifest) -> None:
+    """The manifest last, then the generation record goes: now the checkpoint is complete."""
     storage.write_bytes(MANIFEST_NAME, manifest.to_json())
     storage.delete(GENERATING_NAME)
-    return GenerateResult(storage.uri, plan, manifest)
 
 
 def _write_one(storage: Storage, layout: Layout, plan, file: FilePlan, filler):
@@ -117,7 +128,7 @@ def _write_one(storage: Storage, layout: Layout, plan, file: FilePlan, filler):
                 f"{storage.uri}/{file.path}: could not be written ({str(exc).splitlines()[0]}); "
                 "check free space and permissions there."
             ) from None
-        return _entry_of(tmp)
+        return entry_of(tmp)
 
 
 # ------------------------------------------------------------------ what is there
@@ -253,7 +264,8 @@ def _check_staging_space(plan: CheckpointPlan) -> None:
         )
 
 
-def _entry_of(path):
+def entry_of(path):
+    """A written file's manifest entry (size and digests)."""
     import mmap
 
     with open(path, "rb") as handle:

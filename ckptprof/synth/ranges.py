@@ -24,4 +24,5 @@ STEP_SECONDS = schema.number(minimum=0)
 GBPS = schema.number(above=0)
 SECONDS = schema.number(above=0)
 CACHES = ("cold", "hot")
+SAVE_STRATEGIES = ("framework",)  # `synth save`: the layout's own writer
 LAYOUTS = ("torch", "safetensors", "dcp", "deepspeed")  # each a module of synth.layouts

@@ -63,6 +63,13 @@ class Layout(ABC):
     def write_file(self, plan: CheckpointPlan, file: FilePlan, dest: Path, filler: RandomFiller):
         """Write ``file`` to the local path ``dest`` (random tensor bytes)."""
 
+    def save_file(
+        self, plan: CheckpointPlan, file: FilePlan, dest: Path, tensors: dict[Piece, torch.Tensor]
+    ) -> None:
+        """Write ``file`` from real tensors (``tensors[piece]``) through the framework's own
+        writer, as a job saves (``ckptprof synth save`` times it)."""
+        raise NotImplementedError(f"the {self.name} layout has no timed save yet")
+
     def discover(self, storage: Storage, plan: CheckpointPlan) -> list[str]:
         """Read the layout's own index as its framework does at resume (``latest``,
         DCP ``.metadata``, the HF index json) and return the files it names.

@@ -108,15 +108,7 @@ class SafetensorsLayout(Layout):
         return CheckpointPlan(spec, preset, tuple(files))
 
     def write_file(self, plan, file, dest: Path, filler) -> None:
-        if file.path == INDEX:
-            weight_map = {
-                p.key: f.path for f in plan.files if f.kind == "weights" for p in f.pieces
-            }
-            total = sum(f.payload_bytes for f in plan.files if f.kind == "weights")
-            dest.write_text(
-                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
-            )
-        elif file.kind == "weights":
+        if file.kind == "weights":
             header = _header(file.pieces)
             with open(dest, "wb") as handle:
                 handle.write(len(header).to_bytes(8, "little"))
@@ -127,22 +119,42 @@ class SafetensorsLayout(Layout):
             finally:
                 os.close(fd)
         elif file.kind == "optim":
-            state: dict[int, dict] = {}
-            index = _param_index(plan)
-            for p in file.pieces:
-                state.setdefault(index[p.name], {})[p.group] = fake_tensor(p.piece_shape, p.dtype)
-            write_torch_save(
-                dest,
-                {
-                    "state": state,
-                    "param_groups": [
-                        {"lr": 2e-5, "betas": (0.9, 0.999), "params": list(range(len(index)))}
-                    ],
-                },
-                filler,
-            )
+            fake = {p: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces}
+            write_torch_save(dest, self._optim_archive(plan, file, fake), filler)
         else:
-            dest.write_bytes(small_file_bytes(plan.spec, file.path))
+            dest.write_bytes(self._small_bytes(plan, file))
+
+    def save_file(self, plan, file, dest: Path, tensors: dict) -> None:
+        if file.kind == "weights":  # safetensors' own writer, as save_pretrained calls it
+            from safetensors.torch import save_file
+
+            save_file({p.key: tensors[p] for p in file.pieces}, str(dest))
+        elif file.kind == "optim":
+            with open(dest, "wb") as handle:
+                torch.save(self._optim_archive(plan, file, tensors), handle)
+        else:
+            dest.write_bytes(self._small_bytes(plan, file))
+
+    def _small_bytes(self, plan, file) -> bytes:
+        if file.path != INDEX:
+            return small_file_bytes(plan.spec, file.path)
+        weight_map = {p.key: f.path for f in plan.files if f.kind == "weights" for p in f.pieces}
+        total = sum(f.payload_bytes for f in plan.files if f.kind == "weights")
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        return json.dumps(index, indent=2).encode()
+
+    def _optim_archive(self, plan, file, tensors: dict) -> dict:
+        """The Trainer's ``optimizer.pt``: AdamW's state by parameter index."""
+        state: dict[int, dict] = {}
+        index = _param_index(plan)
+        for p in file.pieces:
+            state.setdefault(index[p.name], {})[p.group] = tensors[p]
+        return {
+            "state": state,
+            "param_groups": [
+                {"lr": 2e-5, "betas": (0.9, 0.999), "params": list(range(len(index)))}
+            ],
+        }
 
     def discover(self, storage, plan) -> list[str]:
         index = json.loads(storage.read_bytes(INDEX))

@@ -44,12 +44,22 @@ class TorchSaveLayout(Layout):
         if not file.pieces:
             dest.write_bytes(small_file_bytes(plan.spec, file.path))
             return
+        fake = {p: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces}
+        write_torch_save(dest, self._archive(plan, file, fake), filler)
+
+    def save_file(self, plan, file, dest: Path, tensors: dict) -> None:
+        if not file.pieces:
+            dest.write_bytes(small_file_bytes(plan.spec, file.path))
+            return
+        with open(dest, "wb") as handle:
+            torch.save(self._archive(plan, file, tensors), handle)
+
+    def _archive(self, plan, file, tensors: dict) -> dict:
+        """What the rank's ``torch.save`` holds: its model shard, Adam state, loop state."""
         state: dict[str, dict] = {}
         for piece in file.pieces:
-            state.setdefault(piece.group, {})[piece.key] = fake_tensor(
-                piece.piece_shape, piece.dtype
-            )
-        obj = {
+            state.setdefault(piece.group, {})[piece.key] = tensors[piece]
+        return {
             "model": state.pop(GROUP_MODEL, {}),
             "optimizer": {
                 "state": state,
@@ -59,7 +69,6 @@ class TorchSaveLayout(Layout):
             "rank": file.rank,
             "rng": rng_state()["cpu"],
         }
-        write_torch_save(dest, obj, filler)
 
     def pieces(self, plan, file, obj) -> dict[Piece, torch.Tensor]:
         groups = {GROUP_MODEL: obj["model"], **obj["optimizer"]["state"]}
