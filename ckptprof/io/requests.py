@@ -93,16 +93,6 @@ def subtract(start: int, end: int, held: list[tuple[int, int]]) -> Iterator[tupl
         yield cursor, end, False
 
 
-def spans(
-    ranges: Iterable[tuple[int, int]], policy: RequestPolicy, whole: int | None = None
-) -> list[tuple[int, int]]:
-    """The merged spans one file's needed ``ranges`` are read as (``whole``: the file's
-    size, when every byte is needed)."""
-    if whole is not None:
-        return [(0, whole)]
-    return merge(ranges, policy.gap)
-
-
 def whole_files(sizes: dict[str, int], part_size: int) -> list[Request]:
     """Every byte of each file, in requests of at most ``part_size``, in file order; an
     empty file is one empty request (it is still opened, as a loader would)."""
@@ -173,7 +163,6 @@ __all__ = [
     "group_atoms",
     "merge",
     "needed",
-    "spans",
     "subtract",
     "whole_files",
 ]

@@ -116,7 +116,6 @@ class Window:
         self.clocks = clocks or FileClocks()
         self.in_flight = self.concurrency
         self.window_bytes = 0  # what the window's buffers took (the memory it held)
-        self.bytes_moved = 0  # bytes landed so far (read by progress and stall checks)
 
     def sizes(self, requests: Sequence[Ranged]) -> tuple[int, int]:
         """``(slots, buffer size)`` for ``requests``: as many buffers as the budget pays
@@ -214,7 +213,6 @@ class Window:
                 request, got, buf, holds = item
                 if not getattr(request, "resident", False):
                     bar.update(request.length)
-                    self.bytes_moved += request.length
                 try:
                     if not error and land is not None:
                         land(request, got)

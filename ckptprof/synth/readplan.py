@@ -177,14 +177,11 @@ def plan_reads(
         if summary is not None:
             mine = [r for r in reads[first:] if not r.resident]
             requested, count = sum(r.length for r in mine), sum(1 for r in mine if r.length)
-            summary.add(requested, requests_needed(needed[path], whole_files.get(path)), count)
+            whole = whole_files.get(path)
+            wanted = whole if whole is not None else needed_bytes(needed[path])
+            summary.add(requested, wanted, count)
     _attach([r for r in reads if not r.into], copies)
     return reads
-
-
-def requests_needed(ranges: list[tuple[int, int]], whole: int | None) -> int:
-    """Bytes of a file the restore needs (all of it when read whole)."""
-    return whole if whole is not None else needed_bytes(ranges)
 
 
 def _covering(copies: list[Copy], offset: int, length: int) -> tuple[Copy, ...]:

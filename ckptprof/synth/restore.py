@@ -65,7 +65,7 @@ STAGE_HEADROOM_BYTES = 64 << 20
 
 @dataclass
 class RestoreOptions:
-    strategies: tuple[str, ...] = ("pipelined",)
+    strategies: tuple[str, ...] = (strategy_registry.DEFAULT,)
     caches: tuple[str, ...] = ("cold", "hot")
     concurrency: tuple[int, ...] = (1, 8, 16, 32, 64)
     repeat: int = 3
@@ -196,8 +196,6 @@ class RestoreRunner:
             files=tuple(needed_files(self.plan, state.targets)),
             memory_budget=options.memory_budget or default_budget(options.part_size, sharing),
         )
-        self.state, self.device, self.paths = state, device, self.subject.paths
-        self.memory_budget = self.subject.memory_budget
         ensure_open_files(max(options.concurrency))
         check_listing(self.subject, self.storage.list())  # fail before any cache work or timing
         self.first_step = FirstStep(
@@ -232,6 +230,22 @@ class RestoreRunner:
                 "--simulate-interruption runs in one process; drop it, or run without "
                 "--nproc-per-node / torchrun."
             )
+
+    @property
+    def state(self):
+        return self.subject.state
+
+    @property
+    def device(self):
+        return self.subject.device
+
+    @property
+    def paths(self) -> list[str]:
+        return self.subject.paths
+
+    @property
+    def memory_budget(self) -> int:
+        return self.subject.memory_budget
 
     @property
     def model(self):
