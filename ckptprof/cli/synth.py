@@ -446,14 +446,16 @@ def run_restore(args) -> int:
         from ckptprof.synth.device import resolve_device
 
         job = distributed.join(resolve_device(options.device).type)
+        finished = False
         try:
             quiet = job.rank != 0  # one display for the whole job: rank 0's
             if quiet:
                 options.progress = False
             echo = (lambda *_: None) if quiet else print
             run_restore(args.dest, options, args.out, args.trace_dir, echo, job)
+            finished = True
         finally:
-            job.close()
+            job.close(finished)
         report = args.report and not quiet
     if report:
         from ckptprof.cli.report import print_report

@@ -12,6 +12,7 @@ gathers every rank's records; the job's RTO is its slowest rank's (the MLPerf ru
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import secrets
 import socket
@@ -63,10 +64,19 @@ class Job:
         dist.gather_object(value, out, dst=0)
         return out
 
-    def close(self) -> None:
+    def close(self, finished: bool) -> None:
+        """Leave the job. A rank that ``finished`` waits at a last barrier first, so no
+        rank tears down its connections while another is still inside a collective with
+        it (gloo aborts the process that sees a peer vanish mid-collective); a failed
+        rank leaves at once, and the launcher stops the others."""
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        if not dist.is_initialized():
+            return
+        try:
+            if finished:
+                dist.barrier()
+        finally:
             dist.destroy_process_group()
 
     def attributes(self) -> dict:
@@ -106,6 +116,9 @@ def join(device_type: str = "cpu") -> Job:
         host=socket.gethostname(),
         backend="nccl" if device_type == "cuda" else "gloo",
     )
+    # a rank that aborts in native code (gloo, c10d) prints the Python stack of each of
+    # its threads first: otherwise its only trace is the C++ runtime's one line
+    faulthandler.enable(all_threads=True)
     if job.backend == "nccl":
         import torch
 
