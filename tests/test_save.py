@@ -1,5 +1,5 @@
 """``ckptprof synth save``: real writers, real files, every phase, and a checkpoint the
-restore accepts (#24, first part)."""
+restore accepts, for every layout x strategy, on a local disk and on S3 (SeaweedFS)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,21 @@ def save_spans(out) -> list[dict]:
     return [(root, children[root["context"]["span_id"]]) for root in roots]
 
 
+def restore_full(dest, out, strategies: str = "pipelined", env=None):
+    """``synth restore --verify full`` of what was saved: every byte against the manifest."""
+    return run_cli(
+        "synth", "restore", str(dest), "--verify", "full", "--cache", "hot",
+        "--concurrency", "2", "--repeat", "1", "--no-first-step", "--ceiling-gbps", "1",
+        "--strategy", strategies, "--out", str(out), "--no-report", env=env,
+    )  # fmt: skip
+
+
+def manifest_total(dest, less: str = "") -> int:
+    """The saved files' bytes (``less``: one left out, e.g. DCP's .metadata, its commit)."""
+    manifest = json.loads((dest / MANIFEST_NAME).read_text())
+    return sum(f["size"] for name, f in manifest["files"].items() if name != less)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["torch", "safetensors"])
 def test_a_save_is_timed_phase_by_phase_and_restores_with_full_verify(layout, tmp_path):
@@ -39,8 +54,7 @@ def test_a_save_is_timed_phase_by_phase_and_restores_with_full_verify(layout, tm
     saved = save_cli(dest, out, "--repeat", "2", layout=layout)
     assert saved.returncode == 0, saved.stderr
     assert "median" in saved.stdout and "GB/s" in saved.stdout
-    manifest = json.loads((dest / MANIFEST_NAME).read_text())
-    total = sum(f["size"] for f in manifest["files"].values())
+    total = manifest_total(dest)
     assert not (dest / GENERATING_NAME).exists()
     assert not list(dest.rglob("*.partial"))  # every file renamed into place
     saves = save_spans(out)
@@ -54,16 +68,89 @@ def test_a_save_is_timed_phase_by_phase_and_restores_with_full_verify(layout, tm
         assert root["attributes"]["ckpt.save.fsync"] is True
         assert root["attributes"]["ckpt.format"] == layout
     # the same bytes restore, checked against the manifest, through every strategy
-    restored = run_cli(
-        "synth", "restore", str(dest), "--verify", "full", "--cache", "hot",
-        "--concurrency", "2", "--repeat", "1", "--no-first-step", "--ceiling-gbps", "1",
-        "--strategy", "pipelined,staged,framework", "--out", str(tmp_path / "rout"),
-        "--no-report",
-    )  # fmt: skip
+    restored = restore_full(dest, tmp_path / "rout", "pipelined,staged,framework")
     assert restored.returncode == 0, restored.stderr
     results = json.loads((tmp_path / "rout" / "results.json").read_text())
     assert {r["strategy"] for r in results["runs"]} == {"pipelined", "staged", "framework"}
     assert all(r["phases"]["verify"]["bytes"] == total for r in results["runs"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout, strategy, phases",
+    [
+        ("torch", "parallel", {"serialize", "write", "fsync", "commit"}),
+        ("safetensors", "parallel", {"serialize", "write", "fsync", "commit"}),
+        ("deepspeed", "framework", {"write", "fsync", "commit"}),
+        ("deepspeed", "parallel", {"serialize", "write", "fsync", "commit"}),
+        ("dcp", "framework", {"write", "commit"}),  # DCP's writer syncs inside its write
+    ],
+)
+def test_every_layout_and_strategy_saves_a_checkpoint_the_restore_accepts(
+    layout, strategy, phases, tmp_path
+):
+    dest, out = tmp_path / "ckpt", tmp_path / "out"
+    saved = save_cli(dest, out, "--repeat", "1", "--strategy", strategy,
+                     "--concurrency", "4", "--part-size", "1M", layout=layout)  # fmt: skip
+    assert saved.returncode == 0, saved.stderr
+    total = manifest_total(dest, less=".metadata")  # DCP writes it in its commit
+    [(root, children)] = save_spans(out)
+    assert {f"ckpt.{p}" for p in phases} == set(children)
+    assert children["ckpt.write"]["attributes"]["ckpt.bytes"] == total
+    assert root["attributes"]["ckpt.strategy"] == strategy
+    if strategy == "parallel":  # the I/O core's writes: part by part, 4 at once
+        assert children["ckpt.write"]["attributes"]["ckpt.concurrency"] == 4
+        assert children["ckpt.fsync"]["attributes"]["ckpt.bytes"] == total
+    if layout == "dcp":
+        assert "fsync" in children["ckpt.write"]["attributes"]["ckpt.fused"]
+    assert not list(dest.rglob("*.partial"))
+    restored = restore_full(dest, tmp_path / "rout")
+    assert restored.returncode == 0, restored.stderr
+
+
+@pytest.mark.slow
+def test_an_async_save_blocks_only_for_its_staging(tmp_path):
+    """DCP's async_save: the save's span is the blocking part (stage); the write and the
+    commit are a background ckpt.save linked to it, as the callbacks record them."""
+    dest, out = tmp_path / "ckpt", tmp_path / "out"
+    saved = save_cli(dest, out, "--repeat", "2", "--strategy", "async", layout="dcp")
+    assert saved.returncode == 0, saved.stderr
+    assert "blocking" in saved.stdout and "in the background" in saved.stdout
+    total = manifest_total(dest, less=".metadata")
+    saves = save_spans(out)
+    blocking = [(r, c) for r, c in saves if not r["attributes"].get("ckpt.save.background")]
+    background = [(r, c) for r, c in saves if r["attributes"].get("ckpt.save.background")]
+    assert len(blocking) == len(background) == 2
+    for (root, children), (bg_root, bg_children) in zip(blocking, background, strict=True):
+        assert set(children) == {"ckpt.stage"}
+        assert {"ckpt.write", "ckpt.commit"} == set(bg_children)
+        assert bg_children["ckpt.write"]["attributes"]["ckpt.bytes"] == total
+        [link] = bg_root["links"]
+        assert link["context"]["span_id"] == root["context"]["span_id"]
+        assert root["end_time"] <= bg_root["end_time"]  # training goes on before it ends
+    restored = restore_full(dest, tmp_path / "rout")
+    assert restored.returncode == 0, restored.stderr
+
+
+def test_an_s3_save_is_a_multipart_upload_the_restore_reads_back(s3_bucket, s3_env, tmp_path):
+    env = s3_env()
+    location = f"s3://{s3_bucket.name}/saved/torch"
+    out = tmp_path / "out"
+    saved = run_cli(
+        "synth", "save", location, "--layout", "torch", "--scale", str(TINY_SCALE),
+        "--strategy", "parallel", "--concurrency", "4", "--repeat", "1", "--out", str(out),
+        env=env,
+    )  # fmt: skip
+    assert saved.returncode == 0, saved.stderr
+    [(root, children)] = save_spans(out)
+    assert {"ckpt.serialize", "ckpt.write", "ckpt.commit"} == set(children)  # S3: no fsync
+    head = s3_bucket.client.head_object(
+        Bucket=s3_bucket.name, Key="saved/torch/checkpoint_rank0.pt"
+    )
+    assert "-" in head["ETag"]  # "<md5>-<parts>": uploaded part by part
+    assert root["attributes"]["ckpt.storage.kind"] == "s3"
+    restored = restore_full(location, tmp_path / "rout", env=env)
+    assert restored.returncode == 0, restored.stderr
 
 
 @pytest.mark.slow
@@ -78,13 +165,14 @@ def test_no_fsync_is_recorded_and_leaves_the_phase_out(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_full_disk_mid_save_never_leaves_a_complete_looking_checkpoint(tmp_path):
+@pytest.mark.parametrize("strategy", ["framework", "parallel"])
+def test_a_full_disk_mid_save_never_leaves_a_complete_looking_checkpoint(strategy, tmp_path):
     # room for one copy of the checkpoint but not two: the second save (written beside
     # the first, as a job keeps its last checkpoint while writing the next) runs out
     with small_fs(tmp_path / "fs", "200M") as fs:  # the checkpoint: ~145 MB
         dest = fs / "ckpt"
         saved = save_cli(dest, tmp_path / "out", "--repeat", "2", "--no-fsync",
-                         scale=SMALL_SCALE)  # fmt: skip
+                         "--strategy", strategy, scale=SMALL_SCALE)  # fmt: skip
         line = assert_one_line_error(saved, "could not be written", str(dest))
         assert "free space" in line
         assert not (dest / MANIFEST_NAME).exists()  # never complete-looking
@@ -92,11 +180,15 @@ def test_a_full_disk_mid_save_never_leaves_a_complete_looking_checkpoint(tmp_pat
         assert not list(dest.rglob("*.partial"))
 
 
-def test_what_save_cannot_do_yet_is_one_line(tmp_path):
-    dcp = save_cli(tmp_path / "a", tmp_path / "out", layout="dcp")
-    assert_one_line_error(dcp, "--layout dcp", "torch and safetensors")
+def test_what_save_cannot_do_is_one_line(tmp_path):
+    parallel_dcp = save_cli(tmp_path / "a", tmp_path / "out", "--strategy", "parallel",
+                            layout="dcp")  # fmt: skip
+    assert_one_line_error(parallel_dcp, "--strategy parallel", "DCP's own writer")
+    async_torch = save_cli(tmp_path / "a", tmp_path / "out", "--strategy", "async")
+    assert_one_line_error(async_torch, "--strategy async", "--layout dcp")
     s3 = run_cli("synth", "save", "s3://bucket/ckpt", "--scale", str(TINY_SCALE))
-    assert_one_line_error(s3, "s3://bucket/ckpt", "local or mounted path")
+    assert_one_line_error(s3, "--strategy framework", "--strategy parallel")
+    assert not (tmp_path / "a").exists()  # refused before anything was written
 
 
 @pytest.mark.slow

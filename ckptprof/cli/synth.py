@@ -25,6 +25,8 @@ from ckptprof.synth.strategies import registry as strategy_registry
 SAVE_EXAMPLES = """examples:
   ckptprof synth save /mnt/fsx/ckpt --model llama2-7b --layout safetensors --scale 0.05
   ckptprof synth save ./ckpt --layout torch --scale 0.01 --repeat 5 --no-fsync
+  ckptprof synth save s3://bucket/ckpt --strategy parallel --concurrency 16
+  ckptprof synth save ./ckpt --layout dcp --strategy async    # the blocking part vs the rest
   ckptprof synth restore ./ckpt --cache cold      # then the restore of the same bytes
 """
 
@@ -104,7 +106,17 @@ def add_parser(commands) -> None:
     add_spec_arguments(save)
     save.add_argument(
         "--strategy", default="framework", choices=ranges.SAVE_STRATEGIES,
-        help="framework: the layout's own writer, as a job calls it",
+        help="framework: the layout's own writer, as a job calls it; parallel: ckptprof's "
+        "writer, the same bytes in part-size writes, --concurrency at once (the one for "
+        "S3: a multipart upload); async: DCP's async_save (the blocking part is the save)",
+    )  # fmt: skip
+    save.add_argument(
+        "--concurrency", type=whole(ranges.CONCURRENCY), default=8,
+        help="parts in flight per file (parallel; default 8)",
+    )  # fmt: skip
+    save.add_argument(
+        "--part-size", type=size(ranges.PART_SIZE), default="16M",
+        help="bytes per write request / multipart part, 4K to 1G (default 16M)",
     )  # fmt: skip
     save.add_argument(
         "--repeat", type=whole(ranges.REPEAT), default=3, help="saves to time (medians)"
@@ -115,9 +127,7 @@ def add_parser(commands) -> None:
         default=True,
         help="force every file to the device before the commit",
     )
-    save.add_argument(
-        "--out", type=Path, default=Path("ckptprof-save"), help="where the traces go"
-    )
+    save.add_argument("--out", type=Path, default=Path("ckptprof-save"), help="where the traces go")
     save.add_argument(
         "--force",
         action="store_true",
@@ -336,8 +346,9 @@ def run_save(args) -> int:
         step=args.step, seed=args.seed,
     )  # fmt: skip
     options = SaveOptions(
-        repeat=args.repeat, fsync=args.fsync, force=args.force, strategy=args.strategy
-    )
+        repeat=args.repeat, fsync=args.fsync, force=args.force, strategy=args.strategy,
+        concurrency=args.concurrency, part_size=args.part_size,
+    )  # fmt: skip
     telemetry = setup_telemetry(args.out / "traces")
     try:
         run_id = telemetry.run_id

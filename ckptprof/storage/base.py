@@ -17,9 +17,38 @@ from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 #: bytes per ranged read (a fetch request, an S3 multipart part) unless told otherwise
 DEFAULT_PART_SIZE = 16 << 20
+
+
+@dataclass(frozen=True)
+class Part:
+    """One write request: ``views`` land at ``offset``; ``number`` counts from 1 (S3's)."""
+
+    number: int
+    offset: int
+    views: tuple[memoryview, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(v.nbytes for v in self.views)
+
+
+class FileWriter(Protocol):
+    """One file (object) being written; nothing is visible under its name before
+    :meth:`commit`, and :meth:`abort` leaves nothing behind."""
+
+    def write_part(self, part: Part) -> None: ...
+
+    def sync(self) -> None:
+        """Force what was written to the device (a no-op where completing is durable)."""
+
+    def commit(self) -> None:
+        """Make the file visible under its name."""
+
+    def abort(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -136,6 +165,11 @@ class Storage(ABC):
     @abstractmethod
     def staging_file(self, path: str) -> AbstractContextManager[Path]:
         """A local file to write ``path`` into; published atomically on clean exit."""
+
+    def open_writer(self, path: str, size: int, part_size: int) -> FileWriter:
+        """A writer that lands ``size`` bytes of ``path`` part by part, several at once
+        (:mod:`ckptprof.io.writes`); the file appears under its name only on commit."""
+        raise NotImplementedError(f"{self.kind} storage has no part writer")
 
     @abstractmethod
     def write_bytes(self, path: str, data: bytes) -> None:

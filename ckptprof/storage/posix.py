@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ckptprof.atomic import atomic_write, replacing
+from ckptprof.atomic import atomic_write, named, partial_path, replacing
 from ckptprof.errors import CkptprofError
 from ckptprof.schema import is_relative_path
 from ckptprof.storage import pagecache
-from ckptprof.storage.base import CacheState, ObjectInfo, Storage
+from ckptprof.storage.base import CacheState, ObjectInfo, Part, Storage
 
 
 def mount_of(path: Path) -> dict[str, str]:
@@ -165,6 +165,11 @@ class PosixStorage(Storage):
         with replacing(final) as tmp:
             yield tmp
 
+    def open_writer(self, path: str, size: int, part_size: int) -> PosixFileWriter:
+        final = self._writable(path)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        return PosixFileWriter(final, size)
+
     def write_bytes(self, path: str, data: bytes) -> None:
         final = self._writable(path)
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -227,6 +232,50 @@ class PosixStorage(Storage):
         info = super().describe()
         info.update(mount_of(self.root if self.root.exists() else self.root.parent))
         return info
+
+
+IOV_MAX = 1024  # buffers one pwritev takes (Linux's limit)
+
+
+class PosixFileWriter:
+    """A file written at offsets by many threads (``pwritev``) under a temporary name,
+    renamed into place on commit."""
+
+    def __init__(self, final: Path, size: int) -> None:
+        self.final, self.partial = final, partial_path(final)
+        self.fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.size = size
+
+    def write_part(self, part: Part) -> None:
+        views, offset = list(part.views), part.offset
+        try:
+            while views:
+                n = os.pwritev(self.fd, views[:IOV_MAX], offset)
+                offset += n
+                while views and n >= views[0].nbytes:  # a short write: resume where it ended
+                    n -= views[0].nbytes
+                    views.pop(0)
+                if views and n:
+                    views[0] = views[0][n:]
+        except OSError as exc:
+            raise named(exc, self.final) from None
+
+    def sync(self) -> None:
+        try:
+            os.fsync(self.fd)
+        except OSError as exc:
+            raise named(exc, self.final) from None
+
+    def commit(self) -> None:
+        os.close(self.fd)
+        self.fd = -1
+        os.replace(self.partial, self.final)
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.partial.unlink(missing_ok=True)
 
 
 def _raise(exc: OSError) -> None:

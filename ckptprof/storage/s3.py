@@ -26,7 +26,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ckptprof.errors import CkptprofError, StorageError, UnreachableError
-from ckptprof.storage.base import DEFAULT_PART_SIZE, CacheState, ObjectInfo, Storage
+from ckptprof.storage.base import DEFAULT_PART_SIZE, CacheState, ObjectInfo, Part, Storage
 
 log = logging.getLogger("ckptprof")
 
@@ -380,6 +380,9 @@ class S3Storage(Storage):
             except Exception as exc:  # noqa: BLE001
                 raise self._translate(getattr(exc, "last_exception", None) or exc, path) from None
 
+    def open_writer(self, path: str, size: int, part_size: int) -> S3FileWriter:
+        return S3FileWriter(self, path, multipart=size > part_size)
+
     def write_bytes(self, path: str, data: bytes) -> None:
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data)
@@ -422,3 +425,64 @@ class S3Storage(Storage):
             }
         )
         return info
+
+
+class S3FileWriter:
+    """An object uploaded part by part (multipart upload, parts in flight at once); it
+    exists under its key only once the upload is completed (the commit). A file of one
+    part is one PUT at the commit."""
+
+    def __init__(self, storage: S3Storage, path: str, multipart: bool) -> None:
+        self.storage, self.path = storage, path
+        self.client, self.bucket, self.key = storage.client, storage.bucket, storage._key(path)
+        self.upload_id: str | None = None
+        self.etags: dict[int, str] = {}
+        self.single: bytes | None = None
+        if multipart:
+            try:
+                self.upload_id = self.client.create_multipart_upload(
+                    Bucket=self.bucket, Key=self.key
+                )["UploadId"]
+            except Exception as exc:  # noqa: BLE001
+                raise storage._translate(exc, path) from None
+
+    def write_part(self, part: Part) -> None:
+        body = b"".join(part.views)  # one part's copy: the HTTP body must be contiguous
+        if self.upload_id is None:
+            self.single = body
+            return
+        try:
+            resp = self.client.upload_part(
+                Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
+                PartNumber=part.number, Body=body,
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            raise self.storage._translate(exc, self.path) from None
+        self.etags[part.number] = resp["ETag"]
+
+    def sync(self) -> None:
+        """Nothing to force: a completed upload is durable (S3's guarantee)."""
+
+    def commit(self) -> None:
+        try:
+            if self.upload_id is None:
+                self.client.put_object(Bucket=self.bucket, Key=self.key, Body=self.single or b"")
+                return
+            parts = [{"PartNumber": n, "ETag": e} for n, e in sorted(self.etags.items())]
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
+                MultipartUpload={"Parts": parts},
+            )  # fmt: skip
+            self.upload_id = None
+        except Exception as exc:  # noqa: BLE001
+            raise self.storage._translate(exc, self.path) from None
+
+    def abort(self) -> None:
+        """Drop the uploaded parts (best effort: a bucket lifecycle rule cleans the rest)."""
+        if self.upload_id is None:
+            return
+        with contextlib.suppress(Exception):
+            self.client.abort_multipart_upload(
+                Bucket=self.bucket, Key=self.key, UploadId=self.upload_id
+            )
+        self.upload_id = None

@@ -24,5 +24,5 @@ STEP_SECONDS = schema.number(minimum=0)
 GBPS = schema.number(above=0)
 SECONDS = schema.number(above=0)
 CACHES = ("cold", "hot")
-SAVE_STRATEGIES = ("framework",)  # `synth save`: the layout's own writer
+SAVE_STRATEGIES = ("framework", "parallel", "async")  # `synth save` (synth.savers)
 LAYOUTS = ("torch", "safetensors", "dcp", "deepspeed")  # each a module of synth.layouts

@@ -1,44 +1,34 @@
 """``ckptprof synth save``: the write side of checkpointing, timed on the target storage.
 
 The training state is built in memory first (real tensors of the preset's shapes,
-filled and touched, as a job's are after its steps), then saved through the layout's
-own writer (``torch.save``, safetensors' ``save_file``) as one ``ckpt.save`` trace:
-
-* ``write``: each file serialized and written by the writer (one interval: the writers
-  serialize while they write, so it is marked fused with ``serialize``);
-* ``fsync``: each file forced to the device (on by default: a write that only reached
-  the page cache is not a checkpoint; ``--no-fsync`` leaves it out and says so);
-* ``commit``: the files renamed into place, the folder synced, the manifest written.
+filled and touched, as a job's are after its steps), then saved ``repeat`` times by a
+strategy of :mod:`ckptprof.synth.savers` (the layout's own writer, ckptprof's parallel
+writer, DCP's ``async_save``), each save one ``ckpt.save`` trace: ``serialize`` /
+``write`` / ``fsync`` / ``commit`` (``stage`` and a linked background save for async).
 
 Files are written under temporary names and the manifest goes last, so an interrupted
 save never looks complete, and the result is a checkpoint ``synth restore`` reads
-back: one storage gets a save and a restore figure from the same bytes. Local disks
-and POSIX mounts, torch and safetensors layouts, the ``framework`` strategy (the
-layout's own writer as a job calls it) so far.
+back: one storage gets a save and a restore figure from the same bytes.
 """
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptprof.atomic import PARTIAL_SUFFIX
-from ckptprof.errors import CkptprofError, StorageError
-from ckptprof.manifest import Manifest
-from ckptprof.phases import Attr, Phase, fused_value
+from ckptprof.errors import CkptprofError
+from ckptprof.manifest import Manifest, entry_for_bytes
+from ckptprof.phases import Attr
 from ckptprof.storage import open_storage
+from ckptprof.storage.base import DEFAULT_PART_SIZE
 from ckptprof.synth.fill import RandomFiller
 from ckptprof.synth.generate import claim_location, entry_of, publish_manifest
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.plan import CheckpointPlan, SynthSpec
-from ckptprof.synth.ranges import SAVE_STRATEGIES
+from ckptprof.synth.savers import SaveContext, check_strategy, save
 from ckptprof.units import fmt_bytes
 
-FSYNC = "fsync"  # the phase that forces written bytes to the device
 MEMORY_HEADROOM = 0.85
-SAVE_LAYOUTS = ("torch", "safetensors")
 
 
 @dataclass
@@ -47,6 +37,8 @@ class SaveOptions:
     fsync: bool = True
     force: bool = False
     strategy: str = "framework"
+    concurrency: int = 8  # parts in flight (parallel)
+    part_size: int = DEFAULT_PART_SIZE
     progress: bool | None = None
 
 
@@ -60,6 +52,8 @@ class SaveRecord:
     phases: dict[str, float]  # busy seconds per phase
     fsync: bool
     trace_id: str
+    strategy: str = "framework"
+    background_s: float | None = None  # async: the background write, after the blocking part
 
     @property
     def gbps(self) -> float:
@@ -68,21 +62,7 @@ class SaveRecord:
 
 def check(location: str, spec: SynthSpec, options: SaveOptions) -> None:
     """Refuse up front what this save cannot do (one line, with the fix)."""
-    if spec.layout not in SAVE_LAYOUTS:
-        raise CkptprofError(
-            f"--layout {spec.layout}: `synth save` writes {' and '.join(SAVE_LAYOUTS)} "
-            "checkpoints so far; choose one of them."
-        )
-    if options.strategy not in SAVE_STRATEGIES:
-        raise CkptprofError(
-            f"--strategy {options.strategy}: `synth save` has {', '.join(SAVE_STRATEGIES)} "
-            "so far (the layout's own writer)."
-        )
-    if location.startswith("s3://"):
-        raise CkptprofError(
-            f"{location}: `synth save` writes to a local or mounted path so far; for S3, "
-            "time the restore side (`synth generate` then `synth restore`)."
-        )
+    check_strategy(options.strategy, spec.layout, location.startswith("s3://"))
     if options.repeat < 1:
         raise CkptprofError(f"--repeat {options.repeat} must be at least 1.")
 
@@ -129,62 +109,6 @@ def _fill(filler: RandomFiller, tensor) -> None:
         done += len(chunk)
 
 
-def save_once(storage_root: Path, plan: CheckpointPlan, tensors: dict, op, fsync: bool) -> int:
-    """One save of ``tensors`` into ``storage_root`` as ``plan`` lays it out, recorded on
-    ``op``; returns the bytes written."""
-    layout = get_layout(plan.spec.layout)
-    written: list[tuple[Path, Path]] = []
-    total = 0
-    try:
-        for file in plan.files:
-            final = storage_root / file.path
-            final.parent.mkdir(parents=True, exist_ok=True)
-            partial = final.with_name(f"{final.name}.{os.getpid()}{PARTIAL_SUFFIX}")
-            written.append((partial, final))
-            total += _write_one(layout, plan, file, tensors, partial, final, op, fsync)
-    except BaseException:
-        for partial, _ in written:  # an unfinished save leaves none of its files behind
-            partial.unlink(missing_ok=True)
-        raise
-    with op.phase(Phase.COMMIT):
-        for partial, final in written:
-            os.replace(partial, final)
-        if fsync:
-            for folder in sorted({final.parent for _, final in written}):
-                _fsync(folder)
-    op.set_attributes({Attr.SAVE_FSYNC: fsync, Attr.FILES: len(written)})
-    return total
-
-
-def _write_one(layout, plan, file, tensors, partial: Path, final: Path, op, fsync: bool) -> int:
-    """One file through the layout's writer (``write``), then forced to the device."""
-    fused = {Attr.FUSED: fused_value((Phase.SERIALIZE, Phase.WRITE), "the layout's writer")}
-    with op.phase(Phase.WRITE, **fused):
-        start = time.perf_counter()
-        try:
-            layout.save_file(plan, file, partial, tensors)
-        except (OSError, RuntimeError) as exc:  # torch.save reports ENOSPC as RuntimeError
-            raise StorageError(
-                f"{final}: could not be written ({str(exc).splitlines()[0]}); check free "
-                "space and permissions there."
-            ) from None
-    size = partial.stat().st_size
-    op.add_file(Phase.WRITE, file.path, size, time.perf_counter() - start)  # + its bytes
-    if fsync:
-        with op.phase(FSYNC):
-            _fsync(partial)
-        op.add_bytes(FSYNC, size)
-    return size
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def run_save(
     location: str, spec: SynthSpec, options: SaveOptions, tracer, echo=print
 ) -> list[SaveRecord]:
@@ -196,7 +120,6 @@ def run_save(
     _check_memory(plan)
     storage = open_storage(location)
     claim_location(storage, plan, options.force)
-    root = Path(storage.uri)
     echo(f"building the state in memory: {fmt_bytes(plan.payload_bytes)} (not timed)")
     tensors = build_state(plan, spec.seed)
     records = []
@@ -207,34 +130,59 @@ def run_save(
         Attr.STORAGE_KIND: storage.kind,
         Attr.STORAGE_URI: storage.uri,
         Attr.STRATEGY: options.strategy,
+        Attr.SAVE_FSYNC: options.fsync,
     }
     for repeat in range(options.repeat):
         with tracer.save({**attrs, Attr.REPEAT: repeat}) as op:
-            nbytes = save_once(root, plan, tensors, op, options.fsync)
+            ctx = SaveContext(
+                storage=storage, plan=plan, tensors=tensors, op=op, fsync=options.fsync,
+                concurrency=options.concurrency, part_size=options.part_size, tracer=tracer,
+            )  # fmt: skip
+            written = save(options.strategy, ctx)
         summary = op.summary
-        ctx = op.span_context
+        span = op.span_context
         record = SaveRecord(
             repeat=repeat,
             wall_s=summary.wall_s,
-            bytes=nbytes,
+            bytes=written.nbytes,
             phases={name: stats.busy_s for name, stats in summary.phases.items()},
             fsync=options.fsync,
-            trace_id=format(ctx.trace_id, "032x") if ctx else "",
+            trace_id=format(span.trace_id, "032x") if span else "",
+            strategy=options.strategy,
+            background_s=written.background_s,
         )
         records.append(record)
         echo(save_line(record))
-    entries = {f.path: entry_of(root / f.path) for f in plan.files}  # untimed: for restore
-    publish_manifest(storage, Manifest(entries, spec=spec.to_dict()))
+    publish_manifest(storage, Manifest(_entries(storage, plan, tensors), spec=spec.to_dict()))
     return records
+
+
+def _entries(storage, plan: CheckpointPlan, tensors: dict) -> dict:
+    """The manifest's entries (size, digests) of what the last save wrote (untimed): read
+    back from a file system; from the same serialization on an object store."""
+    if not storage.object_store:
+        root = Path(storage.uri)
+        return {f.path: entry_of(root / f.path) for f in plan.files}
+    layout = get_layout(plan.spec.layout)
+    return {
+        f.path: entry_for_bytes(b"".join(layout.serialize_file(plan, f, tensors)))
+        for f in plan.files
+    }
 
 
 def save_line(record: SaveRecord) -> str:
     parts = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in record.phases.items())
     synced = "" if record.fsync else " (no fsync: the bytes may be only in the page cache)"
+    background = (
+        f"; then {record.background_s:.3f} s in the background"
+        if record.background_s is not None
+        else ""
+    )
+    blocking = " blocking" if record.background_s is not None else ""
     return (
-        f"save #{record.repeat}: {record.wall_s:.3f} s, {record.gbps:.2f} GB/s "
-        f"({fmt_bytes(record.bytes)}; {parts}){synced}"
+        f"save #{record.repeat}: {record.wall_s:.3f} s{blocking}, {record.gbps:.2f} GB/s "
+        f"({fmt_bytes(record.bytes)}; {parts}){background}{synced}"
     )
 
 
-__all__ = ["SaveOptions", "SaveRecord", "build_state", "run_save", "save_once"]
+__all__ = ["SaveOptions", "SaveRecord", "build_state", "run_save"]

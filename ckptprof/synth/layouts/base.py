@@ -63,12 +63,42 @@ class Layout(ABC):
     def write_file(self, plan: CheckpointPlan, file: FilePlan, dest: Path, filler: RandomFiller):
         """Write ``file`` to the local path ``dest`` (random tensor bytes)."""
 
+    def small_bytes(self, plan: CheckpointPlan, file: FilePlan) -> bytes:
+        """A file without tensors (config, ``latest``, an index), as the framework writes it."""
+        from ckptprof.synth.layouts.small_files import small_file_bytes
+
+        return small_file_bytes(plan.spec, file.path)
+
+    def archive(self, plan: CheckpointPlan, file: FilePlan, tensors: dict[Piece, torch.Tensor]):
+        """The object the framework hands ``torch.save`` for ``file`` (``tensors[piece]``
+        are its tensors: real ones for a save, fake ones for generation)."""
+        raise NotImplementedError(f"the {self.name} layout has no torch.save archive")
+
     def save_file(
         self, plan: CheckpointPlan, file: FilePlan, dest: Path, tensors: dict[Piece, torch.Tensor]
     ) -> None:
-        """Write ``file`` from real tensors (``tensors[piece]``) through the framework's own
-        writer, as a job saves (``ckptprof synth save`` times it)."""
-        raise NotImplementedError(f"the {self.name} layout has no timed save yet")
+        """Write ``file`` from real tensors through the framework's own writer, as a job
+        saves (``ckptprof synth save --strategy framework`` times it)."""
+        import torch
+
+        if not file.pieces:
+            dest.write_bytes(self.small_bytes(plan, file))
+            return
+        with open(dest, "wb") as handle:
+            torch.save(self.archive(plan, file, tensors), handle)
+
+    def serialize_file(
+        self, plan: CheckpointPlan, file: FilePlan, tensors: dict[Piece, torch.Tensor]
+    ) -> list:
+        """``file``'s bytes as the framework's writer lays them out, as segments in order,
+        for ckptprof's own parallel writer: the archive's small parts, and views of the
+        tensors' memory for their bytes (nothing copied)."""
+        from ckptprof.synth.layouts.torchfile import torch_save_segments
+
+        if not file.pieces:
+            return [self.small_bytes(plan, file)]
+        archive = self.archive(plan, file, tensors)
+        return torch_save_segments(archive, [tensors[p] for p in file.pieces])
 
     def discover(self, storage: Storage, plan: CheckpointPlan) -> list[str]:
         """Read the layout's own index as its framework does at resume (``latest``,

@@ -16,7 +16,6 @@ import torch
 
 from ckptprof.errors import CkptprofError
 from ckptprof.synth.layouts.base import Layout
-from ckptprof.synth.layouts.small_files import small_file_bytes
 from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
 from ckptprof.synth.plan import (
     GROUP_MASTER,
@@ -80,57 +79,54 @@ class DeepSpeedLayout(Layout):
         return CheckpointPlan(spec, preset, tuple(files), extras={"tag": tag, "numel": numel})
 
     def write_file(self, plan, file, dest: Path, filler) -> None:
-        spec = plan.spec
         if file.kind == "small":
-            dest.write_bytes(small_file_bytes(spec, file.path))
-        elif file.kind == "model_states":
-            write_torch_save(
-                dest,
-                {
-                    "module": {p.key: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces},
-                    "buffer_names": [],
-                    "optimizer": None,
-                    "param_shapes": [{t.name: t.shape for t in plan.preset.tensors()}],
-                    "frozen_param_shapes": None,
-                    "shared_params": {},
-                    "lr_scheduler": {"last_batch_iteration": spec.step},
-                    "sparse_tensor_module_names": set(),
-                    "skipped_steps": 0,
-                    "global_steps": spec.step,
-                    "global_samples": spec.step * 8,
-                    "dp_world_size": spec.ranks,
-                    "mp_world_size": 1,
-                    "ds_config": {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}},
-                    "ds_version": DS_VERSION,
+            dest.write_bytes(self.small_bytes(plan, file))
+            return
+        fake = {p: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces}
+        write_torch_save(dest, self.archive(plan, file, fake), filler)
+
+    def archive(self, plan, file, tensors: dict) -> dict:
+        """What DeepSpeed's engine saves: the module states, or one rank's ZeRO partition."""
+        spec = plan.spec
+        if file.kind == "model_states":
+            return {
+                "module": {p.key: tensors[p] for p in file.pieces},
+                "buffer_names": [],
+                "optimizer": None,
+                "param_shapes": [{t.name: t.shape for t in plan.preset.tensors()}],
+                "frozen_param_shapes": None,
+                "shared_params": {},
+                "lr_scheduler": {"last_batch_iteration": spec.step},
+                "sparse_tensor_module_names": set(),
+                "skipped_steps": 0,
+                "global_steps": spec.step,
+                "global_samples": spec.step * 8,
+                "dp_world_size": spec.ranks,
+                "mp_world_size": 1,
+                "ds_config": {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}},
+                "ds_version": DS_VERSION,
+            }
+        parts = {p.group: tensors[p] for p in file.pieces}
+        master = parts.pop(GROUP_MASTER)
+        return {
+            "optimizer_state_dict": {
+                "loss_scaler": None,
+                "dynamic_loss_scale": False,
+                "overflow": False,
+                "clip_grad": 1.0,
+                "base_optimizer_state": {
+                    "state": {0: parts},
+                    "param_groups": [{"lr": 2e-5, "betas": (0.9, 0.95), "params": [0]}],
                 },
-                filler,
-            )
-        else:
-            parts = {p.group: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces}
-            master = parts.pop(GROUP_MASTER)
-            write_torch_save(
-                dest,
-                {
-                    "optimizer_state_dict": {
-                        "loss_scaler": None,
-                        "dynamic_loss_scale": False,
-                        "overflow": False,
-                        "clip_grad": 1.0,
-                        "base_optimizer_state": {
-                            "state": {0: parts},
-                            "param_groups": [{"lr": 2e-5, "betas": (0.9, 0.95), "params": [0]}],
-                        },
-                        "single_partition_of_fp32_groups": [master],
-                        "zero_stage": 2,
-                        "group_paddings": [file.pieces[0].shape[0] - plan.extras["numel"]],
-                        "partition_count": [spec.ranks],
-                        "ds_version": DS_VERSION,
-                    },
-                    "ds_config": {"zero_optimization": {"stage": 2}},
-                    "ds_version": DS_VERSION,
-                },
-                filler,
-            )
+                "single_partition_of_fp32_groups": [master],
+                "zero_stage": 2,
+                "group_paddings": [file.pieces[0].shape[0] - plan.extras["numel"]],
+                "partition_count": [spec.ranks],
+                "ds_version": DS_VERSION,
+            },
+            "ds_config": {"zero_optimization": {"stage": 2}},
+            "ds_version": DS_VERSION,
+        }
 
     def discover(self, storage, plan) -> list[str]:
         tag = storage.read_bytes("latest").decode().strip()

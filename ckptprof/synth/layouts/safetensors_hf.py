@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ckptprof.synth.layouts.base import Layout
-from ckptprof.synth.layouts.small_files import hf_small_files, small_file_bytes
+from ckptprof.synth.layouts.small_files import hf_small_files
 from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
 from ckptprof.synth.plan import (
     GROUP_MODEL,
@@ -120,30 +120,35 @@ class SafetensorsLayout(Layout):
                 os.close(fd)
         elif file.kind == "optim":
             fake = {p: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces}
-            write_torch_save(dest, self._optim_archive(plan, file, fake), filler)
+            write_torch_save(dest, self.archive(plan, file, fake), filler)
         else:
-            dest.write_bytes(self._small_bytes(plan, file))
+            dest.write_bytes(self.small_bytes(plan, file))
 
     def save_file(self, plan, file, dest: Path, tensors: dict) -> None:
         if file.kind == "weights":  # safetensors' own writer, as save_pretrained calls it
             from safetensors.torch import save_file
 
             save_file({p.key: tensors[p] for p in file.pieces}, str(dest))
-        elif file.kind == "optim":
-            with open(dest, "wb") as handle:
-                torch.save(self._optim_archive(plan, file, tensors), handle)
         else:
-            dest.write_bytes(self._small_bytes(plan, file))
+            super().save_file(plan, file, dest, tensors)
 
-    def _small_bytes(self, plan, file) -> bytes:
+    def serialize_file(self, plan, file, tensors: dict) -> list:
+        """A shard is its header, then each tensor's bytes as they are in memory."""
+        if file.kind != "weights":
+            return super().serialize_file(plan, file, tensors)
+        header = _header(file.pieces)
+        views = [tensors[p].reshape(-1).view(torch.uint8).numpy() for p in file.pieces]
+        return [len(header).to_bytes(8, "little") + header, *views]
+
+    def small_bytes(self, plan, file) -> bytes:
         if file.path != INDEX:
-            return small_file_bytes(plan.spec, file.path)
+            return super().small_bytes(plan, file)
         weight_map = {p.key: f.path for f in plan.files if f.kind == "weights" for p in f.pieces}
         total = sum(f.payload_bytes for f in plan.files if f.kind == "weights")
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         return json.dumps(index, indent=2).encode()
 
-    def _optim_archive(self, plan, file, tensors: dict) -> dict:
+    def archive(self, plan, file, tensors: dict) -> dict:
         """The Trainer's ``optimizer.pt``: AdamW's state by parameter index."""
         state: dict[int, dict] = {}
         index = _param_index(plan)

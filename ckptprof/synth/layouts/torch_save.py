@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ckptprof.synth.layouts.base import Layout
-from ckptprof.synth.layouts.small_files import rng_state, small_file_bytes
+from ckptprof.synth.layouts.small_files import rng_state
 from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
 from ckptprof.synth.plan import (
     GROUP_MODEL,
@@ -42,19 +42,12 @@ class TorchSaveLayout(Layout):
 
     def write_file(self, plan, file, dest: Path, filler) -> None:
         if not file.pieces:
-            dest.write_bytes(small_file_bytes(plan.spec, file.path))
+            dest.write_bytes(self.small_bytes(plan, file))
             return
         fake = {p: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces}
-        write_torch_save(dest, self._archive(plan, file, fake), filler)
+        write_torch_save(dest, self.archive(plan, file, fake), filler)
 
-    def save_file(self, plan, file, dest: Path, tensors: dict) -> None:
-        if not file.pieces:
-            dest.write_bytes(small_file_bytes(plan.spec, file.path))
-            return
-        with open(dest, "wb") as handle:
-            torch.save(self._archive(plan, file, tensors), handle)
-
-    def _archive(self, plan, file, tensors: dict) -> dict:
+    def archive(self, plan, file, tensors: dict) -> dict:
         """What the rank's ``torch.save`` holds: its model shard, Adam state, loop state."""
         state: dict[str, dict] = {}
         for piece in file.pieces:

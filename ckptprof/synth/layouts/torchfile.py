@@ -1,9 +1,13 @@
-"""Writing real ``torch.save`` archives without holding their tensors in memory.
+"""Writing real ``torch.save`` archives without holding their tensors in memory, and
+serializing real ones without copying their tensors.
 
 ``torch.serialization.skip_data`` writes the archive (pickle, records, zip
 directory) around fake tensors and leaves each storage's bytes as a hole; we
 then fill the holes with random bytes and patch each record's CRC-32 in the
 zip headers, so the result is byte-for-byte a valid torch.save file.
+:func:`torch_save_segments` runs the real ``torch.save`` into a sink that keeps each
+tensor record as a view of the tensor's own memory (the zip writer hands it the
+storage's pointer), so the archive is its small parts plus views: the same bytes.
 """
 
 from __future__ import annotations
@@ -132,6 +136,8 @@ def _patch_crcs(fd: int, start: int, start_dir: int, infos, crcs: dict[str, int]
             os.pwrite(fd, packed, pos + 16)
             os.pwrite(fd, packed, start + info.header_offset + 14)
         pos += 46 + name_len + extra_len + comment_len
+
+
 ZIP_HEADER_BLOCK = 4 << 10  # one zip local header; a page
 ZIP_TAIL = 64 << 10  # where a zip archive's end record and (mostly) its directory are
 
@@ -150,3 +156,51 @@ def zip_hints(sparse) -> list[tuple[int, int]]:
     ]
 
 
+class _SegmentSink(io.RawIOBase):
+    """What ``torch.save`` writes, as segments: copies of the small writes (headers, the
+    pickle, the directory) and, for a write that is exactly a known tensor's storage, a
+    view of that tensor instead of a copy."""
+
+    def __init__(self, tensors) -> None:
+        import numpy as np
+
+        self._np = np
+        self.storages = {}
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            whole = tensor.is_contiguous() and tensor.storage_offset() == 0
+            if whole and tensor.numel() * tensor.element_size() == storage.nbytes():
+                self.storages[storage.data_ptr()] = tensor
+        self.segments: list = []
+        self.small = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        if view.nbytes >= 4096 and self.storages:
+            tensor = self.storages.get(self._np.frombuffer(view, dtype=self._np.uint8).ctypes.data)
+            if tensor is not None and tensor.untyped_storage().nbytes() == view.nbytes:
+                self._flush_small()
+                self.segments.append(tensor.reshape(-1).view(torch.uint8).numpy())
+                return view.nbytes
+        self.small += view
+        return view.nbytes
+
+    def _flush_small(self) -> None:
+        if self.small:
+            self.segments.append(bytes(self.small))
+            self.small = bytearray()
+
+    def done(self) -> list:
+        self._flush_small()
+        return self.segments
+
+
+def torch_save_segments(obj: Any, tensors) -> list:
+    """``torch.save(obj)``'s bytes as segments in order, ``tensors``' records as views of
+    their memory (nothing copied; the zip writer's CRC-32 is the only pass over them)."""
+    sink = _SegmentSink(tensors)
+    torch.save(obj, sink)
+    return sink.done()
