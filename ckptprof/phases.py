@@ -24,9 +24,11 @@ class Phase(str, Enum):
     RESHARD = "reshard"
     FIRST_STEP = "first_step"
     # save
+    STAGE = "stage"  # an async save's blocking copy into its background writer's buffers
     SERIALIZE = "serialize"
     WRITE = "write"
     UPLOAD = "upload"
+    FSYNC = "fsync"  # written bytes forced to the device
     COMMIT = "commit"
     # interruption
     NOTICE = "notice"
@@ -45,7 +47,14 @@ RESTORE_PHASES: tuple[Phase, ...] = (
     Phase.RESHARD,
     Phase.FIRST_STEP,
 )
-SAVE_PHASES: tuple[Phase, ...] = (Phase.SERIALIZE, Phase.WRITE, Phase.UPLOAD, Phase.COMMIT)
+SAVE_PHASES: tuple[Phase, ...] = (
+    Phase.STAGE,
+    Phase.SERIALIZE,
+    Phase.WRITE,
+    Phase.UPLOAD,
+    Phase.FSYNC,
+    Phase.COMMIT,
+)
 
 RESTORE_SPAN = "ckpt.restore"
 #: the steps after a resume compared with those before its save (linked to the restore)

@@ -79,6 +79,30 @@ def parse_size(text: str) -> int:
     return int(t)
 
 
+_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``6h``, ``30m``, ``90s``, ``2d`` or plain seconds; ``ValueError`` if not."""
+    t = text.strip().lower()
+    for unit in sorted(_SECONDS, key=len, reverse=True):
+        if t.endswith(unit):
+            return float(t[: -len(unit)]) * _SECONDS[unit]
+    return float(t)
+
+
+def duration(check: schema.Check) -> Callable[[str], float]:
+    """A length of time like ``6h`` (s, m, h, d), in seconds, in ``check``'s range."""
+
+    def in_seconds(value: Any) -> schema.Problem | None:
+        problem = check(value)
+        if problem is None:
+            return None
+        return schema.Problem("", f"a duration like 6h or 30m: {problem.expected} seconds", value)
+
+    return _checked(parse_duration, in_seconds)
+
+
 def size(check: schema.Check) -> Callable[[str], int]:
     """A byte count like ``16M`` in ``check``'s range."""
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ckptprof.cli.options import HelpFormatter
+from ckptprof import schema
+from ckptprof.cli.options import HelpFormatter, duration
 
 DESCRIPTION = """\
 Read ckptprof trace files (*.jsonl, one OpenTelemetry span per line) and/or results.json
@@ -28,6 +29,7 @@ examples:
   ckptprof report ckptprof-traces/ --by run
   ckptprof report runs/ --format json > report.json
   ckptprof report --interruptions ckptprof-traces/
+  ckptprof report ckptprof-save/ runs/ --mtbi 6h   # save vs restore, checkpoint interval
 
 A directory is searched recursively; one holding a results.json is read from that file
 rather than from its traces."""
@@ -78,6 +80,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="tell each interruption's story: notice, emergency save and its margin, "
         "downtime, restore, steps lost, cost",
     )
+    parser.add_argument(
+        "--mtbi",
+        metavar="DURATION",
+        type=duration(schema.number(above=0)),
+        help="mean time between interruptions (e.g. 6h for Spot): each save's checkpoint "
+        "interval that loses the least time (Young/Daly), and what saving and lost work "
+        "then cost",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -88,6 +98,7 @@ def print_report(
     by: str = "phase",
     fmt: str = "table",
     html: str | None = None,
+    mtbi_s: float | None = None,
 ) -> None:
     """Print the report for ``paths``; other commands call this after writing results.
 
@@ -99,7 +110,7 @@ def print_report(
     data = load(paths)
     for warning in data.warnings:
         print(f"ckptprof: warning: {warning}", file=sys.stderr)
-    report = aggregate(data)
+    report = aggregate(data, mtbi_s)
     sys.stdout.write(render_json(report) if fmt == "json" else render_text(report, by=by))
     sys.stdout.flush()
     if plot:
@@ -141,5 +152,6 @@ def run(args: argparse.Namespace) -> int:
         by=getattr(args, "by", "phase"),
         fmt=getattr(args, "format", "table"),
         html=getattr(args, "html", None),
+        mtbi_s=getattr(args, "mtbi", None),
     )
     return 0

@@ -32,6 +32,7 @@ from ckptprof.report.breakdown import (
     SweepRow,
     VerifyCoverage,
 )
+from ckptprof.report.checkpoint_cost import intervals, pair_saves
 from ckptprof.report.load import (
     PhaseSample,
     ReportData,
@@ -479,10 +480,14 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
 
 
 # --------------------------------------------------------------------- entry
-def aggregate(data: ReportData) -> Report:
-    """Group and summarise everything ``load`` read; hints are attached here."""
+def aggregate(data: ReportData, mtbi_s: float | None = None) -> Report:
+    """Group and summarise everything ``load`` read; hints are attached here. With
+    ``mtbi_s`` (a mean time between interruptions), each save's checkpoint interval."""
+    pairs = pair_saves(data.operations, data.results)
     return Report(
         groups=group_operations(data.operations),
         sweeps=[sweep_from_results(r) for r in data.results],
         warnings=list(data.warnings),
+        save_restore=pairs,
+        intervals=intervals(pairs, data.operations, mtbi_s) if mtbi_s else [],
     )

@@ -7,10 +7,13 @@ aggregate fills these in and attaches hints; hints only reads them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptprof.phases import Phase, fused_phases
 from ckptprof.report.load import Ceiling
+
+if TYPE_CHECKING:
+    from ckptprof.report.checkpoint_cost import CheckpointInterval, SaveRestore
 
 # Sum of phases above wall by more than this fraction means the phases overlapped;
 # below it by more than this, time was spent outside every phase.
@@ -219,3 +222,7 @@ class Report:
     groups: list[OperationGroup]
     sweeps: list[Sweep]
     warnings: list[str] = field(default_factory=list)
+    #: checkpoints both saved and restored in what was read: write/read side by side
+    save_restore: list[SaveRestore] = field(default_factory=list)
+    #: with a mean time between interruptions: each save's Young/Daly interval
+    intervals: list[CheckpointInterval] = field(default_factory=list)

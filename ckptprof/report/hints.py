@@ -267,7 +267,8 @@ def noisy_repeats(b: Breakdown) -> Hint | None:
         return None
     return Hint(
         "noisy",
-        f"the repeats disagree (RTO {b.wall_min_s:.2f}-{b.wall_max_s:.2f} s around "
+        f"the repeats disagree ({'RTO' if b.kind == 'restore' else 'save time'} "
+        f"{b.wall_min_s:.2f}-{b.wall_max_s:.2f} s around "
         f"a median of {median:.2f} s, ±{spread:.0%}): the machine or the storage was not "
         "steady; compare medians of more repeats (--repeat), and look for other load.",
         severity=min(1.0, spread / 2),

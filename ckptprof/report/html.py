@@ -190,6 +190,45 @@ def _groups_section(report: Report) -> str:
     return "".join(parts)
 
 
+def _save_restore_section(report: Report) -> str:
+    """Saves beside the restores of the same checkpoint, and the checkpoint intervals."""
+    parts = []
+    if report.save_restore:
+        rows = [
+            [
+                p.location,
+                p.strategy or "",
+                f"{p.save_s:.3f}" + (" (blocking)" if p.blocking_only else ""),
+                f"{p.save_gbps:.2f}",
+                p.restore_label,
+                f"{p.restore_s:.3f}",
+                f"{p.restore_gbps:.2f}",
+                f"{p.ratio:.2f}" if p.ratio is not None else "-",
+            ]
+            for p in report.save_restore
+        ]
+        parts.append("<h2>Save vs restore of the same checkpoint</h2>")
+        headers = ["checkpoint", "save", "save s", "write GB/s", "restore", "RTO s", "read GB/s"]
+        parts.append(_table([*headers, "write/read"], rows, 2))
+    if report.intervals:
+        rows = [
+            [
+                i.location,
+                f"{i.save_s:.3f}",
+                f"{i.interval_s / 60:.1f}",
+                f"{i.save_share:.1%}",
+                f"{i.lost_share:.1%}",
+                f"{i.overhead_share:.1%}",
+            ]
+            for i in report.intervals
+        ]
+        mtbi = report.intervals[0].mtbi_s / 3600
+        parts.append(f"<h2>Checkpoint interval at a {mtbi:.1f} h MTBI (Young/Daly)</h2>")
+        headers = ["checkpoint", "save s", "every min", "saving", "lost work", "overhead"]
+        parts.append(_table(headers, rows, 1))
+    return "".join(parts)
+
+
 def render_html(
     report: Report,
     timeline: Timeline | None = None,
@@ -230,6 +269,7 @@ def render_html(
         )
     parts += [_sweep_section(i, sweep) for i, sweep in enumerate(report.sweeps)]
     parts.append(_groups_section(report))
+    parts.append(_save_restore_section(report))
     if stories:
         parts.append("<h2>Interruptions</h2>")
         parts.append(f"<pre>{_e(render_stories(list(stories)))}</pre>")

@@ -10,8 +10,9 @@ from ckptprof.report.aggregate import Report
 
 
 def to_dict(report: Report) -> dict[str, Any]:
-    """Plain dicts and lists; phase sums, overlap and each fused phase's
-    ``fused_phases`` (the phases its one interval stands for) are computed fields."""
+    """Plain dicts and lists; phase sums, overlap, each fused phase's ``fused_phases``
+    (the phases its one interval stands for), the save/restore ratios and the
+    checkpoint intervals' shares are computed fields."""
     out = dataclasses.asdict(report)
     breakdowns = [g.breakdown for g in report.groups] + [
         row.breakdown for s in report.sweeps for row in s.rows
@@ -27,6 +28,16 @@ def to_dict(report: Report) -> dict[str, Any]:
             for row, phase in zip(b.phases, d["phases"], strict=True):
                 if row.fused:
                     phase["fused_phases"] = list(row.fused_phases)
+    for pair, d in zip(report.save_restore, out["save_restore"], strict=True):
+        d.update(save_gbps=pair.save_gbps, restore_gbps=pair.restore_gbps, ratio=pair.ratio)
+    for interval, d in zip(report.intervals, out["intervals"], strict=True):
+        d.update(
+            interval_s=interval.interval_s,
+            save_share=interval.save_share,
+            lost_share=interval.lost_share,
+            restore_share=interval.restore_share,
+            overhead_share=interval.overhead_share,
+        )
     return out
 
 

@@ -37,9 +37,6 @@ from ckptprof.synth.layouts.dcp import METADATA, fqn
 from ckptprof.synth.plan import CheckpointPlan
 from ckptprof.synth.ranges import SAVE_STRATEGIES
 
-FSYNC = "fsync"  # the phase that forces written bytes to the device
-STAGE = "stage"  # an async save's blocking copy into the background writer's buffers
-
 
 @dataclass(frozen=True, kw_only=True)
 class SaveContext:
@@ -119,9 +116,9 @@ def save_framework(ctx: SaveContext) -> Written:
             ctx.op.add_file(Phase.WRITE, file.path, size, time.perf_counter() - start)
             total += size
             if ctx.fsync:
-                with ctx.op.phase(FSYNC), _named(final):
+                with ctx.op.phase(Phase.FSYNC), _named(final):
                     _fsync(partial)
-                ctx.op.add_bytes(FSYNC, size)
+                ctx.op.add_bytes(Phase.FSYNC, size)
     except BaseException:
         for partial, _ in written:  # an unfinished save leaves none of its files behind
             partial.unlink(missing_ok=True)
@@ -161,9 +158,9 @@ def save_parallel(ctx: SaveContext) -> Written:
             del segments, parts  # the archive's small parts: freed before the next file
             total += size
             if ctx.fsync and not ctx.storage.object_store:
-                with op.phase(FSYNC), _named(ctx.storage.uri + "/" + file.path):
+                with op.phase(Phase.FSYNC), _named(ctx.storage.uri + "/" + file.path):
                     writer.sync()
-                op.add_bytes(FSYNC, size)
+                op.add_bytes(Phase.FSYNC, size)
     except BaseException:
         for writer in writers:
             writer.abort()
@@ -214,9 +211,9 @@ def _dcp_save(ctx: SaveContext, asynchronous: bool) -> Written:
         links=[Link(ctx.op.span_context)] if ctx.op.span_context else None,
     )
     writer = _traced_writer(ctx, background)
-    with ctx.op.phase(STAGE), _named(ctx.storage.uri), _quiet_dcp():
+    with ctx.op.phase(Phase.STAGE), _named(ctx.storage.uri), _quiet_dcp():
         future = dcp.async_save(state, storage_writer=writer, no_dist=True)
-    ctx.op.add_bytes(STAGE, sum(t.nbytes for t in state.values()))
+    ctx.op.add_bytes(Phase.STAGE, sum(t.nbytes for t in state.values()))
     ctx.op.finish()  # the blocking part ends here: training would go on now
     try:
         with _named(ctx.storage.uri):
@@ -247,7 +244,7 @@ def _traced_writer(ctx: SaveContext, op):
     """DCP's FileSystemWriter into the checkpoint folder, its steps recorded on ``op``."""
     from torch.distributed.checkpoint import FileSystemWriter
 
-    fused = (Phase.SERIALIZE, Phase.WRITE, FSYNC) if ctx.fsync else (Phase.SERIALIZE, Phase.WRITE)
+    fused = (Phase.SERIALIZE, Phase.WRITE) + ((Phase.FSYNC,) if ctx.fsync else ())
 
     class TracedWriter(FileSystemWriter):
         written = 0  # bytes DCP's writer reported
@@ -311,4 +308,4 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["FSYNC", "STAGE", "SaveContext", "Written", "check_strategy", "save"]
+__all__ = ["SaveContext", "Written", "check_strategy", "save"]
