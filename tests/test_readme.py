@@ -52,6 +52,8 @@ def test_the_main_job_runs_on_a_fresh_base_install(tmp_path):
     )  # fmt: skip
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert "== report" in demo.stdout and "RTO" in demo.stdout
+    assert "== save" in demo.stdout  # the save is timed, and set beside its restores:
+    assert "save vs restore of the same checkpoint" in demo.stdout
     assert (tmp_path / "ckptprof-demo" / "report.png").stat().st_size > 10_000
     freeze = subprocess.run([str(venv / "bin" / "pip"), "freeze"], capture_output=True,
                             text=True, env=env).stdout.lower()  # fmt: skip
