@@ -57,6 +57,14 @@ def test_a_save_is_timed_phase_by_phase_and_restores_with_full_verify(layout, tm
     total = manifest_total(dest)
     assert not (dest / GENERATING_NAME).exists()
     assert not list(dest.rglob("*.partial"))  # every file renamed into place
+    assert not list(dest.rglob(".ckptprof-write-probe*"))  # the write probe left nothing
+    doc = json.loads((out / "save.json").read_text())  # the result, with what it ran on
+    assert doc["environment"]["storage.kind"] == "posix" and "version.torch" in doc["environment"]
+    assert "probe" in doc["ceiling"]["source"] and doc["ceiling"]["write_gbps"] > 0
+    assert [r["repeat"] for r in doc["saves"]] == [0, 1]
+    assert doc["summary"]["of_ceiling"] == pytest.approx(
+        doc["summary"]["median_gbps"] / doc["ceiling"]["write_gbps"]
+    )
     saves = save_spans(out)
     assert len(saves) == 2
     for root, phases in saves:
@@ -144,6 +152,10 @@ def test_an_s3_save_is_a_multipart_upload_the_restore_reads_back(s3_bucket, s3_e
     assert saved.returncode == 0, saved.stderr
     [(root, children)] = save_spans(out)
     assert {"ckpt.serialize", "ckpt.write", "ckpt.commit"} == set(children)  # S3: no fsync
+    keys = [o["Key"] for o in s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name)["Contents"]]
+    assert not [k for k in keys if "write-probe" in k]  # the probe's upload was aborted
+    uploads = s3_bucket.client.list_multipart_uploads(Bucket=s3_bucket.name)
+    assert not uploads.get("Uploads")  # and no upload is left open
     head = s3_bucket.client.head_object(
         Bucket=s3_bucket.name, Key="saved/torch/checkpoint_rank0.pt"
     )
@@ -156,7 +168,9 @@ def test_an_s3_save_is_a_multipart_upload_the_restore_reads_back(s3_bucket, s3_e
 @pytest.mark.slow
 def test_no_fsync_is_recorded_and_leaves_the_phase_out(tmp_path):
     out = tmp_path / "out"
-    saved = save_cli(tmp_path / "ckpt", out, "--repeat", "1", "--no-fsync")
+    saved = save_cli(tmp_path / "ckpt", out, "--repeat", "1", "--no-fsync", "--ceiling-gbps", "2")
+    doc = json.loads((out / "save.json").read_text())
+    assert doc["ceiling"] == {"write_gbps": 2.0, "source": "given (--ceiling-gbps)", "bytes": 0}
     assert saved.returncode == 0, saved.stderr
     assert "no fsync" in saved.stdout
     [(root, phases)] = save_spans(out)

@@ -156,7 +156,7 @@ def run(args) -> int:
 
 def _save(ckpt: Path, spec, out: Path, repeat: int) -> Path:
     """``synth save`` of the spec's state into ``ckpt``, timed; returns its trace folder."""
-    from ckptprof.synth.save import SaveOptions, run_save
+    from ckptprof.synth.save import SaveOptions, run_save, write_results
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
     strategy = "framework"
@@ -171,7 +171,8 @@ def _save(ckpt: Path, spec, out: Path, repeat: int) -> Path:
             telemetry.provider, framework="synthetic", run_id=telemetry.run_id
         )
         options = SaveOptions(repeat=repeat, force=True, strategy=strategy)
-        run_save(str(ckpt), spec, options, tracer)
+        result = run_save(str(ckpt), spec, options, tracer)
+        write_results(out, spec, options, result)
     finally:
         telemetry.shutdown()
     return traces

@@ -122,12 +122,20 @@ def add_parser(commands) -> None:
         "--repeat", type=whole(ranges.REPEAT), default=3, help="saves to time (medians)"
     )
     save.add_argument(
+        "--ceiling-gbps", type=real(ranges.GBPS), default=None,
+        help="the storage's write bandwidth, if known (skips the write probe: a short "
+        "sequential write with fsync at --concurrency)",
+    )  # fmt: skip
+    save.add_argument(
         "--fsync",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="force every file to the device before the commit",
     )
-    save.add_argument("--out", type=Path, default=Path("ckptprof-save"), help="where the traces go")
+    save.add_argument(
+        "--out", type=Path, default=Path("ckptprof-save"),
+        help="where save.json (environment, ceiling, every save, medians) and traces go",
+    )  # fmt: skip
     save.add_argument(
         "--force",
         action="store_true",
@@ -334,10 +342,9 @@ def add_spec_arguments(parser) -> None:
 
 
 def run_save(args) -> int:
-    from statistics import median
 
     from ckptprof.synth.plan import SynthSpec
-    from ckptprof.synth.save import SaveOptions, run_save
+    from ckptprof.synth.save import SaveOptions, run_save, write_results
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
     spec = SynthSpec(
@@ -347,20 +354,21 @@ def run_save(args) -> int:
     )  # fmt: skip
     options = SaveOptions(
         repeat=args.repeat, fsync=args.fsync, force=args.force, strategy=args.strategy,
-        concurrency=args.concurrency, part_size=args.part_size,
+        concurrency=args.concurrency, part_size=args.part_size, ceiling_gbps=args.ceiling_gbps,
     )  # fmt: skip
     telemetry = setup_telemetry(args.out / "traces")
     try:
         run_id = telemetry.run_id
         tracer = CheckpointTracer(telemetry.provider, framework="synthetic", run_id=run_id)
-        records = run_save(args.dest, spec, options, tracer)
+        result = run_save(args.dest, spec, options, tracer)
     finally:
         telemetry.shutdown()
-    seconds = median(r.wall_s for r in records)
+    written = write_results(args.out, spec, options, result)
+    share = f", {result.of_ceiling:.0%} of the write ceiling" if result.of_ceiling else ""
     print(
-        f"save of {spec.model} {spec.scale_label()} ({spec.layout}) to {args.dest}: median "
-        f"{seconds:.3f} s, {records[0].bytes / seconds / 1e9:.2f} GB/s over {len(records)} "
-        f"saves; {telemetry.describe_trace()}"
+        f"save of {spec.model} {spec.scale_label()} ({spec.layout}, {options.strategy}) to "
+        f"{args.dest}: median {result.median_s:.3f} s, {result.median_gbps:.2f} GB/s{share} "
+        f"over {len(result.records)} saves; results: {written}; {telemetry.describe_trace()}"
     )
     return 0
 

@@ -32,7 +32,7 @@ from ckptprof.report.breakdown import (
     SweepRow,
     VerifyCoverage,
 )
-from ckptprof.report.checkpoint_cost import intervals, pair_saves
+from ckptprof.report.checkpoint_cost import intervals, pair_saves, written_bytes
 from ckptprof.report.load import (
     PhaseSample,
     ReportData,
@@ -337,6 +337,8 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
             after_resume=after_resume(ops) if kind == "restore" else None,
             reads=_reads(instances) if kind == "restore" else None,
             memory=_memory(ops) if kind == "restore" else None,
+            write_ceiling_gbps=_median(op.attr(Attr.SAVE_CEILING_GBPS) for op in good),
+            written_bytes=_median_int(written_bytes(op) for op in good) if kind == "save" else None,
         )
         group.hints = hint_rules.group_hints(group)
         group.verify_coverage = verify_coverage(config_map.get("verify"), breakdown)

@@ -149,6 +149,18 @@ class OperationGroup:
     after_resume: AfterResume | None = None
     reads: Reads | None = None
     memory: ResumeMemory | None = None
+    #: a synthetic save's probed write ceiling (median over its saves), GB/s
+    write_ceiling_gbps: float | None = None
+    #: what the saves wrote (median bytes), to set against that ceiling
+    written_bytes: int | None = None
+
+    @property
+    def of_write_ceiling(self) -> float | None:
+        """The median save's GB/s as a share of the write ceiling."""
+        b = self.breakdown
+        if not (self.write_ceiling_gbps and self.written_bytes and b and b.wall_median_s):
+            return None
+        return self.written_bytes / b.wall_median_s / 1e9 / self.write_ceiling_gbps
 
 
 @dataclass

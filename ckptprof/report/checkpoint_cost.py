@@ -107,7 +107,7 @@ def pair_saves(
                 location=location,
                 strategy=strategy,
                 save_s=median(op.wall_s for op in ops),
-                save_bytes=int(median(_written(op) for op in ops)),
+                save_bytes=int(median(written_bytes(op) for op in ops)),
                 restore_s=restore_s,
                 restore_bytes=restore_bytes,
                 restore_label=label,
@@ -118,7 +118,8 @@ def pair_saves(
     return pairs
 
 
-def _written(op: TraceOperation) -> int:
+def written_bytes(op: TraceOperation) -> int:
+    """What a save wrote: its write (or upload, or async stage) phase's bytes."""
     phases = [op.phases.get(p.value) for p in (Phase.WRITE, Phase.UPLOAD, Phase.STAGE)]
     return max((p.nbytes or 0) for p in phases if p is not None) if any(phases) else 0
 
@@ -176,4 +177,4 @@ def intervals(
     ]
 
 
-__all__ = ["CheckpointInterval", "SaveRestore", "intervals", "pair_saves"]
+__all__ = ["CheckpointInterval", "SaveRestore", "intervals", "pair_saves", "written_bytes"]

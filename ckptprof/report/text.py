@@ -217,6 +217,13 @@ def render_group(group: OperationGroup, by: str = "phase") -> list[str]:
         facts.append(f"{group.failed} failed, {verb}{why}")
     if group.retries or group.errors:
         facts.append(f"retries {group.retries}, errors {group.errors}")
+    if group.of_write_ceiling is not None:
+        share = group.of_write_ceiling
+        above = ", above it: the short probe ran slower than the saves" if share > 1 else ""
+        facts.append(
+            f"{fmt_pct(min(share, 1.0))} of the write ceiling "
+            f"({fmt_gbps(group.write_ceiling_gbps)} GB/s{above})"
+        )
     lines += _wrap("; ".join(facts), INDENT)
     if b is None:
         return lines

@@ -1,9 +1,11 @@
-"""The ceiling of the read path, estimated before measuring (docs/design.md §9).
+"""The ceilings of the read and write paths, estimated before measuring (docs/design.md §9).
 
-Best bandwidth: a short cold read of the checkpoint's largest files at a high
+Best read bandwidth: a short cold read of the checkpoint's largest files at a high
 queue depth. Per-request latency: a few cold single requests. Little's Law then
 says how many requests must be in flight to reach that bandwidth:
-in-flight = throughput × latency.
+in-flight = throughput × latency. Best write bandwidth (:func:`probe_write`): a short
+sequential write of random bytes through the I/O core at the save's concurrency,
+forced to the device, into a scratch file of ckptprof's that is removed after.
 """
 
 from __future__ import annotations
@@ -64,6 +66,65 @@ class Ceiling:
                 f"≈{self.littles_law_inflight:.1f} requests in flight"
             )
         return text
+
+
+WRITE_PROBE_NAME = ".ckptprof-write-probe"
+
+
+@dataclass
+class WriteCeiling:
+    write_gbps: float
+    source: str
+    bytes: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return f"write ceiling {self.write_gbps:.2f} GB/s ({self.source})"
+
+
+def probe_write(
+    storage: Storage, nbytes: int, part_size: int, concurrency: int, fsync: bool = True
+) -> WriteCeiling:
+    """Write ``nbytes`` (at most ``PROBE_BYTES``) of random bytes as one file in
+    part-size requests, one at a time and ``concurrency`` at a time (a local file system
+    is often fastest with one writer, a network store with many), then fsync (on a file
+    system); the best of ``PROBE_PASSES`` at each. The file never becomes visible (it is
+    aborted, not committed)."""
+    from ckptprof.io.writes import cut_parts, write_parts
+    from ckptprof.synth.fill import RandomFiller
+
+    nbytes = max(1, min(nbytes, PROBE_BYTES))
+    if storage.object_store:  # a multipart upload, as the save's: at least two parts
+        nbytes = max(nbytes, 2 * part_size)
+    filler = RandomFiller(0)
+    chunks = [bytes(filler.next_chunk()) for _ in range(4)]  # distinct: no dedup shortcut
+    size = len(chunks[0])
+    segments = [chunks[i % 4] for i in range(nbytes // size)] + [chunks[0][: nbytes % size]]
+    parts = cut_parts(segments, part_size)
+    best: dict[int, float] = {}
+    for level in sorted({1, concurrency}):
+        for _ in range(PROBE_PASSES):
+            writer = storage.open_writer(WRITE_PROBE_NAME, nbytes, part_size)
+            try:
+                t0 = time.perf_counter()
+                write_parts(writer, parts, level)
+                if fsync:
+                    writer.sync()
+                seconds = time.perf_counter() - t0
+            finally:
+                writer.abort()
+            best[level] = min(best.get(level, float("inf")), seconds)
+    level, seconds = min(best.items(), key=lambda kv: kv[1])
+    synced = " with fsync" if fsync and not storage.object_store else ""
+    source = (
+        f"probe: best of {PROBE_PASSES} writes of {fmt_bytes(nbytes)}{synced} at "
+        f"{' and '.join(map(str, sorted(best)))} in flight (best at {level})"
+    )
+    if nbytes < STEADY_PROBE_BYTES:
+        source += ", the checkpoint's size: too few bytes for a steady figure"
+    return WriteCeiling(nbytes / seconds / 1e9 if seconds > 0 else 0.0, source, nbytes)
 
 
 def probe(

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
+from ckptprof.env import capture
 from ckptprof.errors import CkptprofError
 from ckptprof.manifest import Manifest, entry_for_bytes
 from ckptprof.phases import Attr
 from ckptprof.storage import open_storage
 from ckptprof.storage.base import DEFAULT_PART_SIZE
+from ckptprof.synth.ceiling import WriteCeiling, probe_write
 from ckptprof.synth.fill import RandomFiller
 from ckptprof.synth.generate import claim_location, entry_of, publish_manifest
 from ckptprof.synth.layouts import get_layout
@@ -37,8 +40,9 @@ class SaveOptions:
     fsync: bool = True
     force: bool = False
     strategy: str = "framework"
-    concurrency: int = 8  # parts in flight (parallel)
+    concurrency: int = 8  # parts in flight (parallel; the write probe's too)
     part_size: int = DEFAULT_PART_SIZE
+    ceiling_gbps: float | None = None  # given: no write probe
     progress: bool | None = None
 
 
@@ -58,6 +62,28 @@ class SaveRecord:
     @property
     def gbps(self) -> float:
         return self.bytes / self.wall_s / 1e9 if self.wall_s else 0.0
+
+
+@dataclass
+class SaveResult:
+    """Every timed save of one ``synth save``, with the write ceiling they are set against."""
+
+    records: list[SaveRecord]
+    ceiling: WriteCeiling
+    environment: dict
+
+    @property
+    def median_s(self) -> float:
+        return median(r.wall_s for r in self.records)
+
+    @property
+    def median_gbps(self) -> float:
+        return self.records[0].bytes / self.median_s / 1e9 if self.median_s else 0.0
+
+    @property
+    def of_ceiling(self) -> float | None:
+        gbps = self.ceiling.write_gbps
+        return self.median_gbps / gbps if gbps else None
 
 
 def check(location: str, spec: SynthSpec, options: SaveOptions) -> None:
@@ -111,7 +137,7 @@ def _fill(filler: RandomFiller, tensor) -> None:
 
 def run_save(
     location: str, spec: SynthSpec, options: SaveOptions, tracer, echo=print
-) -> list[SaveRecord]:
+) -> SaveResult:
     """Build the state, then save it ``repeat`` times into ``location`` (each save
     replaces the last: they are ours); the last one stays, with its manifest."""
     check(location, spec, options)
@@ -120,6 +146,8 @@ def run_save(
     _check_memory(plan)
     storage = open_storage(location)
     claim_location(storage, plan, options.force)
+    ceiling = _ceiling(storage, plan, options)
+    echo(ceiling.describe())
     echo(f"building the state in memory: {fmt_bytes(plan.payload_bytes)} (not timed)")
     tensors = build_state(plan, spec.seed)
     records = []
@@ -131,6 +159,8 @@ def run_save(
         Attr.STORAGE_URI: storage.uri,
         Attr.STRATEGY: options.strategy,
         Attr.SAVE_FSYNC: options.fsync,
+        Attr.SAVE_CEILING_GBPS: round(ceiling.write_gbps, 4),
+        Attr.CONCURRENCY: options.concurrency,
     }
     for repeat in range(options.repeat):
         with tracer.save({**attrs, Attr.REPEAT: repeat}) as op:
@@ -154,7 +184,40 @@ def run_save(
         records.append(record)
         echo(save_line(record))
     publish_manifest(storage, Manifest(_entries(storage, plan, tensors), spec=spec.to_dict()))
-    return records
+    environment = capture({**storage.describe(), "save.part_size": str(options.part_size)})
+    return SaveResult(records, ceiling, environment)
+
+
+def _ceiling(storage, plan: CheckpointPlan, options: SaveOptions) -> WriteCeiling:
+    if options.ceiling_gbps:
+        return WriteCeiling(options.ceiling_gbps, "given (--ceiling-gbps)", 0)
+    size = sum(f.payload_bytes for f in plan.files) or 1
+    return probe_write(storage, size, options.part_size, options.concurrency, options.fsync)
+
+
+def write_results(out: Path, spec: SynthSpec, options: SaveOptions, result: SaveResult) -> Path:
+    """``save.json``: the spec, options, environment, write ceiling, every save and the
+    medians (what a result needs to be compared and repeated)."""
+    import dataclasses
+    import json
+
+    from ckptprof.atomic import atomic_write
+
+    doc = {
+        "spec": spec.to_dict(),
+        "options": dataclasses.asdict(options),
+        "environment": result.environment,
+        "ceiling": result.ceiling.to_dict(),
+        "saves": [{**dataclasses.asdict(r), "gbps": r.gbps} for r in result.records],
+        "summary": {
+            "median_s": result.median_s,
+            "median_gbps": result.median_gbps,
+            "of_ceiling": result.of_ceiling,
+        },
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "save.json", json.dumps(doc, indent=2, default=str))
+    return out / "save.json"
 
 
 def _entries(storage, plan: CheckpointPlan, tensors: dict) -> dict:
@@ -185,4 +248,4 @@ def save_line(record: SaveRecord) -> str:
     )
 
 
-__all__ = ["SaveOptions", "SaveRecord", "build_state", "run_save"]
+__all__ = ["SaveOptions", "SaveRecord", "SaveResult", "build_state", "run_save", "write_results"]
