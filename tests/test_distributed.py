@@ -244,3 +244,51 @@ def test_only_torchruns_own_environment_makes_a_rank(monkeypatch):
     assert not launched()
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
     assert launched()
+
+
+def seconds(start: str, end: str) -> float:
+    """Seconds between two span timestamps (ISO 8601, as the trace files write them)."""
+    from datetime import datetime
+
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def test_two_ranks_save_at_once_and_the_job_takes_the_slowest(tmp_path):
+    """``synth save --nproc-per-node 2``: each rank writes its own file at the same time,
+    one trace per save with a span per rank; the job's save time is its slowest rank's,
+    and the checkpoint restores with every byte checked."""
+    dest, out = tmp_path / "ckpt", tmp_path / "out"
+    saved = run_cli(
+        "synth", "save", str(dest), "--layout", "torch", "--scale", "0.0005",
+        "--nproc-per-node", "2", "--repeat", "2", "--ceiling-gbps", "1", "--out", str(out),
+        env=LOOPBACK_ENV, timeout=300,
+    )  # fmt: skip
+    assert saved.returncode == 0, saved.stderr
+    assert saved.stdout.count("save #") == 2  # one display for the job: rank 0's
+    assert sorted(p.name for p in dest.glob("checkpoint_rank*.pt")) == [
+        "checkpoint_rank0.pt", "checkpoint_rank1.pt",
+    ]  # fmt: skip
+    spans = [s for s in spans_in(out / "traces") if s["name"] == "ckpt.save"]
+    by_trace: dict[str, list[dict]] = {}
+    for span in spans:
+        by_trace.setdefault(span["context"]["trace_id"].removeprefix("0x"), []).append(span)
+    assert len(by_trace) == 2  # one trace per save of the job
+    doc = json.loads((out / "save.json").read_text())
+    for record in doc["saves"]:
+        ranks = by_trace[record["trace_id"]]
+        assert sorted(s["attributes"]["ckpt.rank"] for s in ranks) == [0, 1]
+        walls = {
+            s["attributes"]["ckpt.rank"]: seconds(s["start_time"], s["end_time"]) for s in ranks
+        }
+        assert record["ranks"] == 2 and record["rank"] == max(walls, key=walls.get)
+        assert record["wall_s"] == pytest.approx(max(walls.values()), abs=2e-3)
+        first, second = sorted(s["start_time"] for s in ranks)
+        assert seconds(first, second) < max(walls.values())  # the ranks wrote at once
+    manifest = json.loads((dest / MANIFEST_NAME).read_text())
+    assert doc["saves"][0]["bytes"] == sum(f["size"] for f in manifest["files"].values())
+    restored = run_cli(
+        "synth", "restore", str(dest), "--verify", "full", "--cache", "hot", "--concurrency",
+        "2", "--repeat", "1", "--no-first-step", "--ceiling-gbps", "1", "--no-report",
+        "--out", str(tmp_path / "rout"),
+    )  # fmt: skip
+    assert restored.returncode == 0, restored.stderr

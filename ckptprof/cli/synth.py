@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from ckptprof.cli.options import (
@@ -141,6 +142,12 @@ def add_parser(commands) -> None:
         action="store_true",
         help="replace the ckptprof checkpoint in DEST (only the files ckptprof wrote there)",
     )
+    save.add_argument(
+        "--nproc-per-node", type=whole(ranges.RANKS), default=None, metavar="N",
+        help="save as N ranks of a job on this machine, one process each, every rank writing "
+        "its own files at once (torch.distributed.run); across nodes, start `torchrun ... -m "
+        "ckptprof synth save` on each node (the job's save time is its slowest rank's)",
+    )  # fmt: skip
     save.set_defaults(func=run_save)
 
     res = sub.add_parser(
@@ -342,13 +349,16 @@ def add_spec_arguments(parser) -> None:
 
 
 def run_save(args) -> int:
-
+    from ckptprof.synth import distributed
     from ckptprof.synth.plan import SynthSpec
-    from ckptprof.synth.save import SaveOptions, run_save, write_results
+    from ckptprof.synth.save import SaveOptions, check, run_save, write_results
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
+    launched = distributed.launched()
+    world = int(os.environ["WORLD_SIZE"]) if launched else args.nproc_per_node
+    ranks = world if world and args.ranks == 1 else args.ranks  # a job's ranks, by default
     spec = SynthSpec(
-        model=args.model, layout=args.layout, scale=args.scale, ranks=args.ranks,
+        model=args.model, layout=args.layout, scale=args.scale, ranks=ranks,
         optimizer=args.optimizer, master_weights=args.master_weights, files=args.files,
         step=args.step, seed=args.seed,
     )  # fmt: skip
@@ -356,19 +366,34 @@ def run_save(args) -> int:
         repeat=args.repeat, fsync=args.fsync, force=args.force, strategy=args.strategy,
         concurrency=args.concurrency, part_size=args.part_size, ceiling_gbps=args.ceiling_gbps,
     )  # fmt: skip
+    if args.nproc_per_node and not launched:
+        check(args.dest, spec, options)  # a bad option is one line here, not one per rank
+        argv = without_nproc(args.argv) + ["--ranks", str(ranks)]
+        return distributed.launch(args.nproc_per_node, argv, what="save")
+    job = distributed.join() if launched else None
+    lead = job is None or job.rank == 0
+    finished = False
     telemetry = setup_telemetry(args.out / "traces")
     try:
-        run_id = telemetry.run_id
+        run_id = job.broadcast(telemetry.run_id) if job else telemetry.run_id
         tracer = CheckpointTracer(telemetry.provider, framework="synthetic", run_id=run_id)
-        result = run_save(args.dest, spec, options, tracer)
+        echo = print if lead else (lambda *_: None)
+        result = run_save(args.dest, spec, options, tracer, echo, job)
+        finished = True
     finally:
         telemetry.shutdown()
+        if job is not None:
+            job.close(finished)
+    if not lead:
+        return 0
     written = write_results(args.out, spec, options, result)
     share = f", {result.of_ceiling:.0%} of the write ceiling" if result.of_ceiling else ""
+    who = f", {job.world} ranks at once (the slowest rank's time)" if job else ""
     print(
         f"save of {spec.model} {spec.scale_label()} ({spec.layout}, {options.strategy}) to "
         f"{args.dest}: median {result.median_s:.3f} s, {result.median_gbps:.2f} GB/s{share} "
-        f"over {len(result.records)} saves; results: {written}; {telemetry.describe_trace()}"
+        f"over {len(result.records)} saves{who}; results: {written}; "
+        f"{telemetry.describe_trace()}"
     )
     return 0
 

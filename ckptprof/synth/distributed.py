@@ -162,7 +162,7 @@ def test_faults(job: Job | None, op) -> None:
         os._exit(70)
 
 
-def launch(nproc: int, argv: list[str]) -> int:
+def launch(nproc: int, argv: list[str], what: str = "restore") -> int:
     """Run ``ckptprof ARGV`` as ``nproc`` ranks on this machine through
     torch.distributed.run (a standalone rendezvous on 127.0.0.1); a failed rank is one
     line naming it and its exit code."""
@@ -198,7 +198,7 @@ def launch(nproc: int, argv: list[str]) -> int:
             else f"exited with code {failure.exitcode}"
         )
         raise CkptprofError(
-            f"rank {rank} of {nproc} {how} during the restore"
+            f"rank {rank} of {nproc} {how} during the {what}"
             + (f": {message.rstrip('.')}" if message else " (its output is above)")
             + "; the other ranks were stopped."
         ) from None

@@ -13,6 +13,7 @@ back: one storage gets a save and a restore figure from the same bytes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -24,6 +25,7 @@ from ckptprof.phases import Attr
 from ckptprof.storage import open_storage
 from ckptprof.storage.base import DEFAULT_PART_SIZE
 from ckptprof.synth.ceiling import WriteCeiling, probe_write
+from ckptprof.synth.distributed import Job, job_context
 from ckptprof.synth.fill import RandomFiller
 from ckptprof.synth.generate import claim_location, entry_of, publish_manifest
 from ckptprof.synth.layouts import get_layout
@@ -58,6 +60,8 @@ class SaveRecord:
     trace_id: str
     strategy: str = "framework"
     background_s: float | None = None  # async: the background write, after the blocking part
+    rank: int | None = None  # the rank that wrote it (a job's save: its slowest rank)
+    ranks: int = 1  # ranks that saved at once (the record of a job's save: all of them)
 
     @property
     def gbps(self) -> float:
@@ -86,11 +90,30 @@ class SaveResult:
         return self.median_gbps / gbps if gbps else None
 
 
-def check(location: str, spec: SynthSpec, options: SaveOptions) -> None:
+def check(location: str, spec: SynthSpec, options: SaveOptions, job: Job | None = None) -> None:
     """Refuse up front what this save cannot do (one line, with the fix)."""
     check_strategy(options.strategy, spec.layout, location.startswith("s3://"))
     if options.repeat < 1:
         raise CkptprofError(f"--repeat {options.repeat} must be at least 1.")
+    if job is not None and spec.layout == "dcp":
+        raise CkptprofError(
+            "--layout dcp: a DCP save by several ranks needs sharded tensors (DTensor); "
+            "save torch, safetensors or deepspeed across ranks, or DCP from one process."
+        )
+    if job is not None and spec.ranks != job.world:
+        raise CkptprofError(
+            f"--ranks {spec.ranks}: under the launcher each of the {job.world} ranks writes "
+            f"its own files; use --ranks {job.world} (or leave it out)."
+        )
+
+
+def rank_plan(plan: CheckpointPlan, job: Job | None) -> CheckpointPlan:
+    """The files this process writes: its rank's (files of no rank: rank 0's, as a job's
+    main process writes the config and index)."""
+    if job is None:
+        return plan
+    mine = tuple(f for f in plan.files if (f.rank if f.rank is not None else 0) == job.rank)
+    return dataclasses.replace(plan, files=mine)
 
 
 def build_state(plan: CheckpointPlan, seed: int = 0) -> dict:
@@ -108,12 +131,12 @@ def build_state(plan: CheckpointPlan, seed: int = 0) -> dict:
     return tensors
 
 
-def _check_memory(plan: CheckpointPlan) -> None:
+def _check_memory(plan: CheckpointPlan, sharing: int = 1) -> None:
     """The state is held in memory, as a job holds it: refuse before building it when it
-    cannot fit."""
+    cannot fit (``sharing``: the ranks of this node, each holding its own)."""
     import psutil
 
-    available = psutil.virtual_memory().available
+    available = psutil.virtual_memory().available // sharing
     if plan.payload_bytes > available * MEMORY_HEADROOM:
         raise CkptprofError(
             f"the training state to save ({fmt_bytes(plan.payload_bytes)}) does not fit in "
@@ -136,20 +159,33 @@ def _fill(filler: RandomFiller, tensor) -> None:
 
 
 def run_save(
-    location: str, spec: SynthSpec, options: SaveOptions, tracer, echo=print
+    location: str,
+    spec: SynthSpec,
+    options: SaveOptions,
+    tracer,
+    echo=print,
+    job: Job | None = None,
 ) -> SaveResult:
     """Build the state, then save it ``repeat`` times into ``location`` (each save
-    replaces the last: they are ours); the last one stays, with its manifest."""
-    check(location, spec, options)
+    replaces the last: they are ours); the last one stays, with its manifest. As one
+    rank of a ``job``: this rank's files, every rank saving at once; rank 0 claims the
+    location, probes, gathers the records (the job's save time: its slowest rank's) and
+    writes the manifest."""
+    check(location, spec, options, job)
     layout = get_layout(spec.layout)
     plan = layout.plan(spec)
-    _check_memory(plan)
+    mine = rank_plan(plan, job)
+    _check_memory(mine, job.local_world if job else 1)
     storage = open_storage(location)
-    claim_location(storage, plan, options.force)
-    ceiling = _ceiling(storage, plan, options)
+    lead = job is None or job.rank == 0
+    if lead:
+        claim_location(storage, plan, options.force)
+        ceiling = _ceiling(storage, plan, options)
+    ceiling = job.broadcast(ceiling if lead else None) if job else ceiling
     echo(ceiling.describe())
-    echo(f"building the state in memory: {fmt_bytes(plan.payload_bytes)} (not timed)")
-    tensors = build_state(plan, spec.seed)
+    each = f", {job.world} ranks each holding its share" if job else ""
+    echo(f"building the state in memory: {fmt_bytes(plan.payload_bytes)}{each} (not timed)")
+    tensors = build_state(mine, spec.seed)
     records = []
     attrs = {
         Attr.FORMAT: layout.format,
@@ -162,10 +198,16 @@ def run_save(
         Attr.SAVE_CEILING_GBPS: round(ceiling.write_gbps, 4),
         Attr.CONCURRENCY: options.concurrency,
     }
+    if job is not None:
+        attrs.update({Attr.RANK: job.rank, Attr.WORLD_SIZE: job.world, **job.attributes()})
     for repeat in range(options.repeat):
-        with tracer.save({**attrs, Attr.REPEAT: repeat}) as op:
+        parent = None
+        if job is not None:
+            job.barrier()  # the ranks of a job save at once, as a job's do
+            parent = job_context(job)  # each save of the job: one trace, a span per rank
+        with tracer.save({**attrs, Attr.REPEAT: repeat}, parent=parent) as op:
             ctx = SaveContext(
-                storage=storage, plan=plan, tensors=tensors, op=op, fsync=options.fsync,
+                storage=storage, plan=mine, tensors=tensors, op=op, fsync=options.fsync,
                 concurrency=options.concurrency, part_size=options.part_size, tracer=tracer,
             )  # fmt: skip
             written = save(options.strategy, ctx)
@@ -180,12 +222,38 @@ def run_save(
             trace_id=format(span.trace_id, "032x") if span else "",
             strategy=options.strategy,
             background_s=written.background_s,
+            rank=job.rank if job else None,
         )
         records.append(record)
-        echo(save_line(record))
-    publish_manifest(storage, Manifest(_entries(storage, plan, tensors), spec=spec.to_dict()))
+        if job is None:
+            echo(save_line(record))
+    entries = _entries(storage, mine, tensors)
+    if job is not None:
+        gathered = job.gather((records, entries))
+        if not lead:
+            return SaveResult(records, ceiling, {})
+        records = job_records([r for rank_records, _ in gathered for r in rank_records])
+        entries = {path: e for _, rank_entries in gathered for path, e in rank_entries.items()}
+        for record in records:
+            echo(save_line(record))
+    publish_manifest(storage, Manifest(entries, spec=spec.to_dict()))
     environment = capture({**storage.describe(), "save.part_size": str(options.part_size)})
     return SaveResult(records, ceiling, environment)
+
+
+def job_records(rank_records: list[SaveRecord]) -> list[SaveRecord]:
+    """One record per save of the job: its slowest rank's time and phases (the job saves
+    when its last rank has), every rank's bytes."""
+    by_repeat: dict[int, list[SaveRecord]] = {}
+    for record in rank_records:
+        by_repeat.setdefault(record.repeat, []).append(record)
+    out = []
+    for _, ranks in sorted(by_repeat.items()):
+        slowest = max(ranks, key=lambda r: r.wall_s)
+        out.append(
+            dataclasses.replace(slowest, bytes=sum(r.bytes for r in ranks), ranks=len(ranks))
+        )
+    return out
 
 
 def _ceiling(storage, plan: CheckpointPlan, options: SaveOptions) -> WriteCeiling:
