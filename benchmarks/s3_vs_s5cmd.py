@@ -226,10 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                     "fetch": lambda c: run_fetch(storage, infos, c, args.part_size),
                 }
                 for strategy in args.strategies:
-                    tools[f"restore:{strategy}"] = (
-                        lambda c, s=strategy: run_restore_once(
-                            location, s, c, args.part_size, work / "restore-out"
-                        )
+                    tools[f"restore:{strategy}"] = lambda c, s=strategy: run_restore_once(
+                        location, s, c, args.part_size, work / "restore-out"
                     )
                 if importlib.util.find_spec("s3torchconnector"):
                     client = s3tc_client(server.endpoint_url, args.part_size)

@@ -63,6 +63,8 @@ SAVE_SPAN = "ckpt.save"
 FILE_SPAN = "ckpt.file"
 #: the interrupted run's root: its ``ckpt.notice`` and ``ckpt.emergency_save`` are children
 INTERRUPTION_SPAN = "ckpt.interruption"
+#: an event on a phase's span: no progress for a while (ckptprof.tracing.watchdog)
+STALL_EVENT = "ckpt.stall"
 
 
 def _phase_value(phase: str | Phase) -> str:
@@ -174,6 +176,12 @@ class Attr:
     FIRST_STEP_BATCH_IDX = "ckpt.first_step.batch_idx"
     FIRST_STEP_BATCH_INCLUDES = "ckpt.first_step.batch_includes"  # what batch_s also holds
     FIRST_STEP_SKIPPED_BATCHES = "ckpt.first_step.skipped_batches"  # data skipped to resume
+
+    # ---- a stall (``ckpt.stall`` events on the phase that was open)
+    STALL_IDLE_S = "ckpt.stall.idle_s"  # seconds without progress when it was said
+    STALL_MESSAGE = "ckpt.stall.message"  # the warning's text
+    STALL_STACKS = "ckpt.stall.stacks"  # every thread's Python stack
+    STALL_WARNING = "ckpt.stall.warning"  # 1 for the first warning of the stall, then 2, …
 
     # ---- save (root ``ckpt.save`` and its phases)
     SAVE_BACKGROUND = "ckpt.save.background"  # the background half of an async save

@@ -1089,7 +1089,9 @@ def test_a_lazy_fetch_has_no_fraction_of_the_ceiling_and_one_above_it_is_capped(
     assert all(len(line) <= 100 for line in text.splitlines())
     rows = json.loads(render_json(report))["sweeps"][0]["rows"]
     assert [(r["fraction_of_ceiling"], r["ceiling_mark"]) for r in rows] == [
-        (None, "lazy"), (1.0, "capped"), (None, None)
+        (None, "lazy"),
+        (1.0, "capped"),
+        (None, None),
     ]
     assert rows[1]["fraction_above_ceiling"] == pytest.approx(1.1 / 0.9)
     # the runner's own summary leaves the lazy cell's fraction out, by the same rule

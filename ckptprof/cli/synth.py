@@ -148,6 +148,11 @@ def add_parser(commands) -> None:
         "its own files at once (torch.distributed.run); across nodes, start `torchrun ... -m "
         "ckptprof synth save` on each node (the job's save time is its slowest rank's)",
     )  # fmt: skip
+    save.add_argument(
+        "--stall-after", type=real(ranges.SECONDS), default=None, metavar="SECONDS",
+        help="warn (with every thread's stack, also in the trace) when a phase makes no "
+        "progress for this long; the run goes on (default: $CKPTPROF_STALL_AFTER or 120)",
+    )  # fmt: skip
     save.set_defaults(func=run_save)
 
     res = sub.add_parser(
@@ -291,6 +296,11 @@ def add_parser(commands) -> None:
         "is the recovery (see `ckptprof report --interruptions OUT/traces`)",
     )
     res.add_argument(
+        "--stall-after", type=real(ranges.SECONDS), default=None, metavar="SECONDS",
+        help="warn (with every thread's stack, also in the trace) when a phase makes no "
+        "progress for this long; the run goes on (default: $CKPTPROF_STALL_AFTER or 120)",
+    )  # fmt: skip
+    res.add_argument(
         "--deadline",
         type=real(ranges.SECONDS),
         default=120.0,
@@ -365,6 +375,7 @@ def run_save(args) -> int:
     options = SaveOptions(
         repeat=args.repeat, fsync=args.fsync, force=args.force, strategy=args.strategy,
         concurrency=args.concurrency, part_size=args.part_size, ceiling_gbps=args.ceiling_gbps,
+        stall_after_s=args.stall_after or True,
     )  # fmt: skip
     if args.nproc_per_node and not launched:
         check(args.dest, spec, options)  # a bad option is one line here, not one per rank
@@ -376,7 +387,10 @@ def run_save(args) -> int:
     telemetry = setup_telemetry(args.out / "traces")
     try:
         run_id = job.broadcast(telemetry.run_id) if job else telemetry.run_id
-        tracer = CheckpointTracer(telemetry.provider, framework="synthetic", run_id=run_id)
+        tracer = CheckpointTracer(
+            telemetry.provider, framework="synthetic", run_id=run_id,
+            stall_after_s=options.stall_after_s,
+        )  # fmt: skip
         echo = print if lead else (lambda *_: None)
         result = run_save(args.dest, spec, options, tracer, echo, job)
         finished = True
@@ -477,6 +491,7 @@ def run_restore(args) -> int:
         simulate_interruption=args.simulate_interruption,
         deadline_s=args.deadline,
         device=args.device,
+        stall_after_s=args.stall_after or True,
     )
     from ckptprof.synth import distributed
 

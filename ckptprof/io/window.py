@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any, Protocol
 
 from ckptprof.io.buffers import HostBuffer
@@ -244,8 +245,9 @@ class Window:
         for request in resident:
             done.put((request, read(request, None), None, False))
         failure: list[BaseException] = []
+        under_way = self.op.running(Phase.FETCH) if self.op is not None else nullcontext()
         try:
-            with ThreadPoolExecutor(self.in_flight, thread_name_prefix="ckptprof-io") as pool:
+            with under_way, ThreadPoolExecutor(self.in_flight, "ckptprof-io") as pool:
                 futures = [pool.submit(one, r, n) for n, r in enumerate(live)]
                 for future in futures:
                     try:

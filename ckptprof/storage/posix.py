@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ckptprof import activity
 from ckptprof.atomic import atomic_write, named, partial_path, replacing
 from ckptprof.errors import CkptprofError
 from ckptprof.schema import is_relative_path
@@ -116,8 +117,12 @@ class PosixStorage(Storage):
             raise FileNotFoundError(str(self._full(path))) from None
 
     def read_into(self, path: str, offset: int, buffer: memoryview) -> None:
-        started = time.perf_counter()
         full = self._full(path)
+        with activity.request(str(full), len(buffer)):  # what the stall watchdog sees
+            self._read_into(full, offset, buffer)
+
+    def _read_into(self, full: Path, offset: int, buffer: memoryview) -> None:
+        started = time.perf_counter()
         want = len(buffer)
         # O_DIRECT moves whole blocks into block-aligned memory: the aligned head of the
         # range that way, any tail (end of file) through the page cache
@@ -247,6 +252,10 @@ class PosixFileWriter:
         self.size = size
 
     def write_part(self, part: Part) -> None:
+        with activity.request(str(self.final), part.size):  # what the stall watchdog sees
+            self._pwrite(part)
+
+    def _pwrite(self, part: Part) -> None:
         views, offset = list(part.views), part.offset
         try:
             while views:

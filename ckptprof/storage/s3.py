@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ckptprof import activity
 from ckptprof.errors import CkptprofError, StorageError, UnreachableError
 from ckptprof.storage.base import DEFAULT_PART_SIZE, CacheState, ObjectInfo, Part, Storage
 
@@ -304,7 +305,8 @@ class S3Storage(Storage):
 
     def stat(self, path: str) -> ObjectInfo:
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(path))
+            with activity.request(self._where(path), 0):
+                head = self.client.head_object(Bucket=self.bucket, Key=self._key(path))
         except Exception as exc:  # noqa: BLE001
             raise self._translate(exc, path) from None
         return ObjectInfo(path, head["ContentLength"])
@@ -316,6 +318,10 @@ class S3Storage(Storage):
         """One ranged GET for the whole range, its body received into each view in turn
         (no bytes copied aside)."""
         want = sum(len(v) for v in views)
+        with activity.request(self._where(path), want):  # what the stall watchdog sees
+            self._get_into_views(path, offset, views, want)
+
+    def _get_into_views(self, path: str, offset: int, views: list[memoryview], want: int) -> None:
         started = time.perf_counter()
         try:
             resp = self.client.get_object(
@@ -452,13 +458,17 @@ class S3FileWriter:
             self.single = body
             return
         try:
-            resp = self.client.upload_part(
-                Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
-                PartNumber=part.number, Body=body,
-            )  # fmt: skip
+            with activity.request(self.storage._where(self.path), len(body)):
+                resp = self._upload(part.number, body)
         except Exception as exc:  # noqa: BLE001
             raise self.storage._translate(exc, self.path) from None
         self.etags[part.number] = resp["ETag"]
+
+    def _upload(self, number: int, body: bytes) -> dict:
+        return self.client.upload_part(
+            Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
+            PartNumber=number, Body=body,
+        )  # fmt: skip
 
     def sync(self) -> None:
         """Nothing to force: a completed upload is durable (S3's guarantee)."""
@@ -466,7 +476,10 @@ class S3FileWriter:
     def commit(self) -> None:
         try:
             if self.upload_id is None:
-                self.client.put_object(Bucket=self.bucket, Key=self.key, Body=self.single or b"")
+                with activity.request(self.storage._where(self.path), len(self.single or b"")):
+                    self.client.put_object(
+                        Bucket=self.bucket, Key=self.key, Body=self.single or b""
+                    )
                 return
             parts = [{"PartNumber": n, "ETag": e} for n, e in sorted(self.etags.items())]
             self.client.complete_multipart_upload(

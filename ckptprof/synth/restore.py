@@ -84,6 +84,8 @@ class RestoreOptions:
     progress: bool | None = None
     simulate_interruption: bool = False
     deadline_s: float = 120.0
+    #: seconds without progress before a run is named as stalled (True: the env/default)
+    stall_after_s: float | None | bool = True
     device: str = "auto"  # where the restored state lives: auto, cpu, cuda, cuda:N
 
     def validate(self) -> None:
@@ -510,6 +512,7 @@ def run_restore(
         framework="synthetic",
         run_id=run_id,
         per_file_spans=options.per_file_spans,
+        stall_after_s=options.stall_after_s,
     )
     try:
         runner = RestoreRunner(location, options, tracer, job)

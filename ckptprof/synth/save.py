@@ -45,6 +45,8 @@ class SaveOptions:
     concurrency: int = 8  # parts in flight (parallel; the write probe's too)
     part_size: int = DEFAULT_PART_SIZE
     ceiling_gbps: float | None = None  # given: no write probe
+    #: seconds without progress before a save is named as stalled (True: the env/default)
+    stall_after_s: float | None | bool = True
     progress: bool | None = None
 
 
@@ -200,6 +202,7 @@ def run_save(
     }
     if job is not None:
         attrs.update({Attr.RANK: job.rank, Attr.WORLD_SIZE: job.world, **job.attributes()})
+    kept: dict = {}  # what the job keeps between its saves
     for repeat in range(options.repeat):
         parent = None
         if job is not None:
@@ -209,6 +212,7 @@ def run_save(
             ctx = SaveContext(
                 storage=storage, plan=mine, tensors=tensors, op=op, fsync=options.fsync,
                 concurrency=options.concurrency, part_size=options.part_size, tracer=tracer,
+                kept=kept,
             )  # fmt: skip
             written = save(options.strategy, ctx)
         summary = op.summary

@@ -24,7 +24,7 @@ import contextlib
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptprof.atomic import fsync_dir, partial_path
@@ -50,6 +50,8 @@ class SaveContext:
     concurrency: int
     part_size: int
     tracer: object  # for the background half of an async save
+    #: what a job keeps from one save to the next (an async save's staging buffers)
+    kept: dict = field(default_factory=dict)
 
     @property
     def root(self) -> Path:
@@ -152,13 +154,14 @@ def save_parallel(ctx: SaveContext) -> Written:
             writer = ctx.storage.open_writer(file.path, size, ctx.part_size)
             writers.append(writer)
             start = time.perf_counter()
-            with op.phase(Phase.WRITE), _named(ctx.storage.uri + "/" + file.path):
+            where = f"{ctx.storage.uri}/{file.path}"
+            with op.phase(Phase.WRITE), _named(where):
                 write_parts(writer, parts, ctx.concurrency)
             op.add_file(Phase.WRITE, file.path, size, time.perf_counter() - start)
             del segments, parts  # the archive's small parts: freed before the next file
             total += size
             if ctx.fsync and not ctx.storage.object_store:
-                with op.phase(Phase.FSYNC), _named(ctx.storage.uri + "/" + file.path):
+                with op.phase(Phase.FSYNC), _named(where):
                     writer.sync()
                 op.add_bytes(Phase.FSYNC, size)
     except BaseException:
@@ -212,7 +215,9 @@ def _dcp_save(ctx: SaveContext, asynchronous: bool) -> Written:
     )
     writer = _traced_writer(ctx, background)
     with ctx.op.phase(Phase.STAGE), _named(ctx.storage.uri), _quiet_dcp():
-        future = dcp.async_save(state, storage_writer=writer, no_dist=True)
+        future = dcp.async_save(
+            state, storage_writer=writer, async_stager=_stager(ctx), no_dist=True
+        )
     ctx.op.add_bytes(Phase.STAGE, sum(t.nbytes for t in state.values()))
     ctx.op.finish()  # the blocking part ends here: training would go on now
     try:
@@ -238,6 +243,24 @@ def _quiet_dcp():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         warnings.filterwarnings("ignore", message=".*Detected an existing checkpoint.*")
         yield
+
+
+def _stager(ctx: SaveContext):
+    """The async save's stager, one for every save of the run: it keeps the host buffers
+    it copies the state into (DCP's advice for periodic saves; only the first save
+    allocates them), pinned where there is an accelerator to copy from."""
+    stager = ctx.kept.get("dcp_stager")
+    if stager is None:
+        import torch
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        pinned = torch.cuda.is_available()
+        options = StagingOptions(
+            use_pinned_memory=pinned, use_shared_memory=False, use_async_staging=False,
+            use_non_blocking_copy=pinned,
+        )  # fmt: skip
+        stager = ctx.kept["dcp_stager"] = DefaultStager(options)
+    return stager
 
 
 def _traced_writer(ctx: SaveContext, op):

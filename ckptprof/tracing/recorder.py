@@ -97,6 +97,8 @@ class PhaseStats:
     nbytes: int = 0
     files: list[FileRecord] = field(default_factory=list)
     attributes: dict[str, AttrValue] = field(default_factory=dict)
+    #: events on the phase's span, ``(name, time ns, attributes)`` (a stall, while open)
+    events: list[tuple[str, int, dict]] = field(default_factory=list)
 
     @property
     def start_ns(self) -> int:
@@ -183,17 +185,29 @@ class Operation:
         per_file_spans: bool,
         links: list[Link] | None = None,
         parent: Context | None = None,
+        stall_after_s: float | None = None,
     ) -> None:
         self.kind = kind
         self._tracer = tracer
         self._per_file_spans = per_file_spans
         self._lock = threading.Lock()
         self._phases: dict[str, PhaseStats] = {}
+        self._open: dict[str, int] = {}  # phases inside a ``phase()`` block now
         self._attributes: dict[str, AttrValue] = dict(attributes)
         self._start_ns = time.time_ns()
         self._end_ns: int | None = None
         self._summary: OperationSummary | None = None
         self._span = self._start_root(links, parent)
+        self._watched = False
+        if stall_after_s:
+            self._watch(stall_after_s)
+
+    @_guest
+    def _watch(self, stall_after_s: float) -> None:
+        from ckptprof.tracing.watchdog import watchdog
+
+        watchdog().watch(self, stall_after_s)
+        self._watched = True
 
     @_guest
     def _start_root(self, links, parent):
@@ -280,12 +294,62 @@ class Operation:
         stats = self._stats(phase)
         start = time.time_ns()
         try:
-            yield stats
+            with self.running(phase):
+                yield stats
         finally:
             end = time.time_ns()
             with self._lock:
                 stats.intervals.append((start, end))
                 stats.attributes.update(attributes)
+
+    @contextmanager
+    def running(self, phase: Phase | str) -> Iterator[None]:
+        """``phase`` is under way, its time recorded elsewhere (``add_interval`` from the
+        workers): what the stall watchdog names as the phase a stall is in."""
+        name = phase.value if isinstance(phase, Phase) else str(phase)
+        with self._lock:
+            self._open[name] = self._open.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open[name] -= 1
+                if not self._open[name]:
+                    del self._open[name]
+
+    # ----------------------------------------------------------- progress (the watchdog's)
+    def open_phases(self) -> list[str]:
+        """The phases inside a ``phase()`` block now, in the order they began."""
+        with self._lock:
+            return list(self._open)
+
+    def progress_signature(self) -> tuple:
+        """Changes whenever the operation makes visible progress (a phase begins or
+        ends, bytes or files are recorded)."""
+        with self._lock:
+            return (
+                tuple(self._open.items()),
+                sum(len(s.intervals) for s in self._phases.values()),
+                sum(s.nbytes for s in self._phases.values()),
+                sum(len(s.files) for s in self._phases.values()),
+            )
+
+    def bytes_so_far(self) -> int:
+        with self._lock:
+            return sum(s.nbytes for s in self._phases.values())
+
+    @_guest
+    def add_stall_event(self, name: str, attributes: dict) -> None:
+        """An event on the span of the phase open now (the latest begun), else the root's."""
+        now = time.time_ns()
+        with self._lock:
+            open_now = list(self._open)
+            stats = self._phases.get(open_now[-1]) if open_now else None
+            if stats is not None:
+                stats.events.append((name, now, attributes))
+                return
+        if self._span is not None:
+            self._span.add_event(name, attributes, timestamp=now)
 
     def add_interval(self, phase: Phase | str, start_ns: int, end_ns: int) -> None:
         """Record a stretch of ``phase`` measured elsewhere (e.g. in a worker)."""
@@ -342,6 +406,8 @@ class Operation:
         """
         if self._summary is not None:
             return self._summary
+        if self._watched:
+            self._unwatch()
         now = time.time_ns()
         with self._lock:
             latest = max((e for s in self._phases.values() for _, e in s.intervals), default=now)
@@ -351,6 +417,13 @@ class Operation:
         self._summary = OperationSummary(self.kind, wall_s, phases, dict(self._attributes))
         self._emit(self._summary, error)
         return self._summary
+
+    @_guest
+    def _unwatch(self) -> None:
+        from ckptprof.tracing.watchdog import watchdog
+
+        self._watched = False
+        watchdog().unwatch(self)
 
     @property
     def summary(self) -> OperationSummary | None:
@@ -369,6 +442,8 @@ class Operation:
                 start_time=stats.start_ns,
                 attributes=stats.span_attributes(),
             )
+            for name, at_ns, attributes in stats.events:
+                span.add_event(name, attributes, timestamp=at_ns)
             if self._per_file_spans:
                 self._emit_files(span, stats)
             span.end(end_time=stats.end_ns)
@@ -403,6 +478,9 @@ class CheckpointTracer:
         framework: value of ``ckpt.framework`` on every root span.
         run_id: value of ``ckpt.run_id``.
         per_file_spans: also emit one ``ckpt.file`` child span per file.
+        stall_after_s: seconds without progress before an open operation is named as
+            stalled (:mod:`ckptprof.tracing.watchdog`); by default
+            ``$CKPTPROF_STALL_AFTER`` or 120 s; None turns it off.
 
     Example::
 
@@ -419,14 +497,21 @@ class CheckpointTracer:
         framework: str = "synthetic",
         run_id: str | None = None,
         per_file_spans: bool = False,
+        stall_after_s: float | None | bool = True,
     ) -> None:
         from ckptprof._version import __version__
+        from ckptprof.tracing.watchdog import stall_after_from_env
 
         provider = tracer_provider or trace.get_tracer_provider()
         self._tracer = provider.get_tracer("ckptprof", __version__)
         self.framework = framework
         self.run_id = run_id
         self.per_file_spans = per_file_spans
+        #: seconds without progress before an operation is said to stall (True: from
+        #: $CKPTPROF_STALL_AFTER or the default; None/False: not watched)
+        if stall_after_s is True:
+            stall_after_s = stall_after_from_env()
+        self.stall_after_s = stall_after_s or None
 
     def _base(self, attributes: Mapping[str, Any] | None) -> dict[str, AttrValue]:
         base: dict[str, AttrValue] = {Attr.FRAMEWORK: self.framework}
@@ -444,8 +529,9 @@ class CheckpointTracer:
         parent: Context | None = None,
     ) -> Operation:
         return Operation(
-            self._tracer, "restore", self._base(attributes), self.per_file_spans, links, parent
-        )
+            self._tracer, "restore", self._base(attributes), self.per_file_spans, links, parent,
+            self.stall_after_s,
+        )  # fmt: skip
 
     def save(
         self,
@@ -454,8 +540,9 @@ class CheckpointTracer:
         parent: Context | None = None,
     ) -> Operation:
         return Operation(
-            self._tracer, "save", self._base(attributes), self.per_file_spans, links, parent
-        )
+            self._tracer, "save", self._base(attributes), self.per_file_spans, links, parent,
+            self.stall_after_s,
+        )  # fmt: skip
 
     def start_span(
         self,

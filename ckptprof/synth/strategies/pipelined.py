@@ -241,8 +241,11 @@ def index_files(ctx: RunContext, clocks: FileClocks) -> tuple[list[Source], dict
                 clocks.note(file.path, first, last, sparse.fetched_bytes)
 
     op.set_phase_attributes(Phase.DESERIALIZE, **{Attr.DESERIALIZE_WHAT: "each file's index"})
-    try:
-        with ThreadPoolExecutor(max(1, min(ctx.concurrency, len(data) or 1))) as pool:
+    try:  # reads on demand: fetch is under way while the indexes are read
+        with (
+            op.running(Phase.FETCH),
+            ThreadPoolExecutor(max(1, min(ctx.concurrency, len(data) or 1))) as pool,
+        ):
             sources = [s for found in pool.map(one, data) for s in found]
     except BaseException:
         for sparse in indexed.values():
