@@ -63,8 +63,12 @@ SAVE_SPAN = "ckpt.save"
 FILE_SPAN = "ckpt.file"
 #: the interrupted run's root: its ``ckpt.notice`` and ``ckpt.emergency_save`` are children
 INTERRUPTION_SPAN = "ckpt.interruption"
+#: one process of a job, from its start to its adapter's close: its steps (goodput)
+RUN_SPAN = "ckpt.run"
 #: an event on a phase's span: no progress for a while (ckptprof.tracing.watchdog)
 STALL_EVENT = "ckpt.stall"
+#: an event on rank 0's open operation: another rank still inside a phase the rest left
+STRAGGLER_EVENT = "ckpt.straggler"
 
 
 def _phase_value(phase: str | Phase) -> str:
@@ -182,6 +186,18 @@ class Attr:
     STALL_MESSAGE = "ckpt.stall.message"  # the warning's text
     STALL_STACKS = "ckpt.stall.stacks"  # every thread's Python stack
     STALL_WARNING = "ckpt.stall.warning"  # 1 for the first warning of the stall, then 2, …
+    STRAGGLER_RANK = "ckpt.straggler.rank"  # the rank the rest of the job waits on
+    STRAGGLER_PHASE = "ckpt.straggler.phase"  # the phase it is still in
+
+    # ---- a process of the job (``ckpt.run``: the goodput report's input)
+    RUN_PID = "ckpt.run.pid"
+    RUN_STEPS = "ckpt.run.steps"  # steps timed (from the first step end seen)
+    RUN_STEP_S = "ckpt.run.step_s"  # their seconds, less the saves and restores inside
+    RUN_STEP_MEDIAN_S = "ckpt.run.step_median_s"  # without a background save running
+    RUN_BACKGROUND_STEPS = "ckpt.run.background_steps"  # while a background save wrote
+    RUN_BACKGROUND_STEP_S = "ckpt.run.background_step_s"
+    RUN_FIRST_STEP = "ckpt.run.first_step"  # the global step the timing began at
+    RUN_LAST_STEP = "ckpt.run.last_step"  # the last step this process trained
 
     # ---- save (root ``ckpt.save`` and its phases)
     SAVE_BACKGROUND = "ckpt.save.background"  # the background half of an async save

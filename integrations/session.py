@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ckptprof.integrations.health import BEFORE_SAVE, AfterResume, StepClock
+from ckptprof.integrations.lifetime import Lifetime
 from ckptprof.memory import MemoryWatch
 from ckptprof.phases import AFTER_RESUME_SPAN, Attr, Phase
 from ckptprof.tracing.export import Telemetry, setup_telemetry
@@ -98,6 +99,7 @@ class TracingSession:
         self.metrics_sink: MetricsSink | None = None
         self.steps = StepClock()  # step times: before a save, and after a resume
         self.after_resume: AfterResume | None = None
+        self.lifetime = Lifetime()  # this process's steps and life, for goodput
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -126,6 +128,12 @@ class TracingSession:
                 with contextlib.suppress(Exception):
                     op.finish()
         self.restore_op = self.save_op = None
+        if self.tracer is not None:
+            try:
+                self.lifetime.emit(self.tracer, self.rank)
+            except Exception as exc:  # noqa: BLE001
+                self.warn_once("lifetime", exc)
+        self.lifetime = Lifetime()
         telemetry, self.telemetry, self.tracer = self.telemetry, None, None
         if telemetry is not None:
             try:
@@ -180,6 +188,7 @@ class TracingSession:
             if watch is not None:
                 watch.record(op)
             summary = op.finish(error)
+            self.lifetime.blocked(op.start_ns, op.start_ns + int(summary.wall_s * 1e9))
             self.last_restore = summary
             # off the training loop's critical path, unless the restore failed
             self.flush(wait=error is not None)
@@ -253,6 +262,7 @@ class TracingSession:
         """A training step ended (every step): time it; after a resume, once enough steps
         are timed, say how they compare with the steps before the save."""
         try:
+            self.lifetime.step_ended(step)
             seconds = self.steps.tick()
             watch = self.after_resume
             if watch is not None and seconds is not None and watch.add(seconds):
@@ -310,6 +320,7 @@ class TracingSession:
             return None
         try:
             self.last_save = op.finish(error)
+            self.lifetime.blocked(op.start_ns, op.start_ns + int(self.last_save.wall_s * 1e9))
             if error is None:
                 self._send_metrics(self.last_save, op.attributes.get(Attr.STEP))
             return self.last_save
@@ -339,7 +350,9 @@ class TracingSession:
                 return None
             links = [Link(queued_by)] if queued_by is not None else None
             attrs = self._attrs({**attributes, Attr.SAVE_BACKGROUND: True})
-            return self.tracer.save(attrs, links=links)
+            op = self.tracer.save(attrs, links=links)
+            self.lifetime.background(op)
+            return op
         except Exception as exc:  # noqa: BLE001
             self.warn_once("background_save", exc)
             return None

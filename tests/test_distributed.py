@@ -292,3 +292,26 @@ def test_two_ranks_save_at_once_and_the_job_takes_the_slowest(tmp_path):
         "--out", str(tmp_path / "rout"),
     )  # fmt: skip
     assert restored.returncode == 0, restored.stderr
+
+
+def test_rank_zero_names_the_straggler_while_it_straggles(checkpoints, tmp_path):
+    """Rank 1 held inside its fetch (the suite's slow rank) while rank 0 has finished the
+    run: rank 0 warns, during the run, that the job waits on rank 1 in fetch; rank 1's own
+    watchdog says it made no progress; the run still ends well."""
+    path = checkpoints("torch", 2)
+    out = tmp_path / "out"
+    done = job(path, out, 2, "--cache", "hot", "--stall-after", "1",
+               env={"CKPTPROF_TEST_SLOW_RANK": "1:6"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    named = [line for line in done.stderr.splitlines() if "still in fetch" in line]
+    assert named, done.stderr
+    assert named[0].startswith("ckptprof: warning: rank 1 on ")
+    assert "after every other rank of the job left it: the job waits on it" in named[0]
+    seconds = float(named[0].split("still in fetch ")[1].split(" s ")[0])
+    assert 1.0 <= seconds < 6  # said while it straggled, not after
+    assert "restore rank 1" in done.stderr and "stalled in fetch" in done.stderr  # its own
+    spans = spans_in(out / "traces")
+    [root0] = [
+        s for s in spans if s["name"] == "ckpt.restore" and s["attributes"]["ckpt.rank"] == 0
+    ]
+    assert root0["attributes"]["ckpt.wall_s"] < 6  # rank 0 was done: it waited outside

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ckptprof import schema
-from ckptprof.cli.options import HelpFormatter, duration
+from ckptprof.cli.options import HelpFormatter, duration, real
 
 DESCRIPTION = """\
 Read ckptprof trace files (*.jsonl, one OpenTelemetry span per line) and/or results.json
@@ -30,6 +30,7 @@ examples:
   ckptprof report runs/ --format json > report.json
   ckptprof report --interruptions ckptprof-traces/
   ckptprof report ckptprof-save/ runs/ --mtbi 6h   # save vs restore, checkpoint interval
+  ckptprof report --goodput ckptprof-traces/ --price-per-hour 32.77 --plot goodput.png
 
 A directory is searched recursively; one holding a results.json is read from that file
 rather than from its traces."""
@@ -79,6 +80,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="store_true",
         help="tell each interruption's story: notice, emergency save and its margin, "
         "downtime, restore, steps lost, cost",
+    )
+    parser.add_argument(
+        "--goodput",
+        action="store_true",
+        help="where a job's wall time went across its restarts (traces of every process): "
+        "productive steps, restore, first step, save blocking, background-save slowdown, "
+        "lost work, downtime, the rest; with --plot, its picture",
+    )
+    parser.add_argument(
+        "--price-per-hour",
+        metavar="PRICE",
+        type=real(schema.number(above=0)),
+        help="with --goodput: what an hour of the job costs, to price each bucket",
     )
     parser.add_argument(
         "--mtbi",
@@ -132,8 +146,37 @@ def _write_html(paths: list[str], report, sources: list[str], target: str):
     return write_html(report, target, representative(timelines(spans)), stories, sources)
 
 
+def run_goodput(args: argparse.Namespace) -> int:
+    """``--goodput``: the job's wall time across its processes, as a table (or JSON)."""
+    import json
+
+    from ckptprof.errors import CkptprofError
+    from ckptprof.report.goodput import build_goodput, goodput_json, render_goodput
+    from ckptprof.report.load import read_trace_spans
+
+    goodput = build_goodput(read_trace_spans(args.paths), args.price_per_hour)
+    if goodput is None:
+        raise CkptprofError(
+            f"{', '.join(args.paths)}: no ckpt.run spans (one per process of a job): trace "
+            "the job with a ckptprof callback (CkptProf, CkptProfCallback), then report on "
+            "every process's trace files together."
+        )
+    if args.format == "json":
+        sys.stdout.write(json.dumps(goodput_json(goodput), indent=2) + "\n")
+    else:
+        sys.stdout.write(render_goodput(goodput))
+    if args.plot:
+        from ckptprof.report.plot import goodput_figure, save_figure
+
+        written = save_figure(lambda: goodput_figure(goodput), args.plot, "--plot")
+        print(f"ckptprof: plot written to {written}", file=sys.stderr)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry for ``ckptprof report``: the table (or JSON) on stdout, warnings on stderr."""
+    if getattr(args, "goodput", False):
+        return run_goodput(args)
     if getattr(args, "interruptions", False):
         from ckptprof.report.interruptions import (
             build_stories,

@@ -358,10 +358,18 @@ def add_spec_arguments(parser) -> None:
     )
 
 
+def stall_after_s(option: float | bool | None) -> float | None:
+    """The seconds an option gives (True: the environment's, or the default)."""
+    from ckptprof.tracing.watchdog import stall_after_from_env
+
+    return stall_after_from_env() if option is True else (option or None)
+
+
 def run_save(args) -> int:
     from ckptprof.synth import distributed
     from ckptprof.synth.plan import SynthSpec
     from ckptprof.synth.save import SaveOptions, check, run_save, write_results
+    from ckptprof.synth.stragglers import PhaseBoard
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
     launched = distributed.launched()
@@ -384,6 +392,7 @@ def run_save(args) -> int:
     job = distributed.join() if launched else None
     lead = job is None or job.rank == 0
     finished = False
+    board = PhaseBoard(job, stall_after_s(options.stall_after_s)).start() if job else None
     telemetry = setup_telemetry(args.out / "traces")
     try:
         run_id = job.broadcast(telemetry.run_id) if job else telemetry.run_id
@@ -397,6 +406,7 @@ def run_save(args) -> int:
     finally:
         telemetry.shutdown()
         if job is not None:
+            board.stop()
             job.close(finished)
     if not lead:
         return 0
@@ -503,9 +513,11 @@ def run_restore(args) -> int:
         report = args.report
     else:
         from ckptprof.synth.device import resolve_device
+        from ckptprof.synth.stragglers import PhaseBoard
 
         job = distributed.join(resolve_device(options.device).type)
         finished = False
+        board = PhaseBoard(job, stall_after_s(options.stall_after_s)).start()
         try:
             quiet = job.rank != 0  # one display for the whole job: rank 0's
             if quiet:
@@ -514,6 +526,7 @@ def run_restore(args) -> int:
             run_restore(args.dest, options, args.out, args.trace_dir, echo, job)
             finished = True
         finally:
+            board.stop()
             job.close(finished)
         report = args.report and not quiet
     if report:

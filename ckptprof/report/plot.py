@@ -273,6 +273,40 @@ def save_figure(make, path: str | os.PathLike, option: str) -> Path:
     return target
 
 
+def goodput_figure(goodput) -> object:
+    """Where the job's wall time went: one stacked bar per process (its downtime after
+    it), and the job's."""
+    from ckptprof.report.goodput import BUCKETS, LABELS
+
+    colors = {
+        "productive": "#2e7d32", "restore": "#1565c0", "first_step": "#64b5f6",
+        "save_blocking": "#ef6c00", "background_slowdown": "#ffb74d", "lost_work": "#c62828",
+        "downtime": "#757575", "other": "#d7ccc8",
+    }  # fmt: skip
+    rows = []
+    for i, lt in enumerate(goodput.lifetimes):
+        values = dict(lt.buckets)
+        values["downtime"] = goodput.downtimes_s[i] if i < len(goodput.downtimes_s) else 0.0
+        rows.append((f"process {i + 1}", values))
+    rows.append(("job", goodput.total))
+    fig = _figure(1.4 + 0.5 * len(rows))
+    ax = fig.subplots()
+    for y, (_, values) in enumerate(rows):
+        left = 0.0
+        for bucket in BUCKETS:
+            width = max(0.0, values.get(bucket, 0.0))
+            ax.barh(
+                y, width, left=left, color=colors[bucket], label=LABELS[bucket] if y == 0 else None
+            )
+            left += width
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds of wall time")
+    ax.set_title(f"goodput {goodput.goodput:.1%}: where the job's time went")
+    ax.legend(loc="lower right", fontsize="small", ncols=2)
+    return fig
+
+
 def compare_figure(comparison) -> object | None:
     """``ckptprof compare --plot``: per setting, one bar per source (fastest first, the
     base marked), phases stacked, the repeats' min–max drawn."""

@@ -76,12 +76,18 @@ class Watchdog:
         self._watched: dict[object, _Watch] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: the trace id (hex) of the operation watched last: the run a rank is in, or
+        #: was in last (the straggler board compares ranks by it)
+        self.latest_trace = ""
 
     def watch(self, op, stall_after_s: float) -> None:
         watch = _Watch(stall_after_s, next_after_s=stall_after_s, moved_at_start=activity.moved())
         watch.signature = self._signature(op)
+        context = op.span_context
         with self._lock:
             self._watched[op] = watch
+            if context is not None:
+                self.latest_trace = format(context.trace_id, "032x")
             if self._thread is None or not self._thread.is_alive():
                 self._stop = threading.Event()
                 self._thread = threading.Thread(
@@ -98,6 +104,11 @@ class Watchdog:
             self._stop.set()
         if thread is not threading.current_thread():
             thread.join(timeout=2.0)  # it wakes on the event at once
+
+    def watched(self) -> list:
+        """The operations open and watched now."""
+        with self._lock:
+            return list(self._watched)
 
     @property
     def running(self) -> bool:

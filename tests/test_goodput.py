@@ -1,0 +1,101 @@
+"""A job's goodput across restarts, from a real Lightning job killed twice by a real
+SIGTERM and resumed twice, the gaps between its processes set by the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptprof.tracing.times import span_ns
+from tests.conftest import run_cli, spans_in
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_resume.py"
+GAP_S = 1.5  # the test's own downtime between a process's exit and the next one's start
+
+
+def run_process(directory: Path, phase: str, steps: int, kill_at: str | None = None):
+    """One process of the job; with ``kill_at``, a real SIGTERM once that checkpoint is
+    written. Returns (start, exit) on the wall clock."""
+    command = [sys.executable, str(EXAMPLE), "--dir", str(directory), "--step-delay", "0.2",
+               "--phase", phase, "--steps", str(steps)]  # fmt: skip
+    env = {**os.environ, "CKPTPROF_NOTICE_SOURCES": ""}
+    started = time.time()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)  # fmt: skip
+    if kill_at:
+        ready = directory / "checkpoints" / kill_at
+        deadline = time.monotonic() + 240
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # a step or two past the save: work the next process redoes
+        proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    return started, time.time()
+
+
+@pytest.mark.slow
+def test_the_goodput_of_a_job_killed_twice_adds_up(tmp_path):
+    job = tmp_path / "job"
+    lives = [run_process(job, "train", 1000, kill_at="epoch=0-step=5.ckpt")]
+    time.sleep(GAP_S)
+    lives.append(run_process(job, "resume", 1000, kill_at="epoch=0-step=10.ckpt"))
+    time.sleep(GAP_S)
+    lives.append(run_process(job, "resume", 20))
+    shown = run_cli("report", "--goodput", str(job / "traces"), "--format", "json",
+                    "--price-per-hour", "36")  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    lifetimes = report["lifetimes"]
+    assert len(lifetimes) == 3
+    walls = sum(lt["wall_s"] for lt in lifetimes) + sum(report["downtimes_s"])
+    assert sum(report["total"].values()) == pytest.approx(walls, rel=0.01)  # they add up
+    for lt in lifetimes:
+        assert lt["buckets"]["other"] >= -0.01 * lt["wall_s"]  # no bucket overcounted
+        assert lt["buckets"]["productive"] > 0
+    # lost work: the steps each killed process trained after its last completed save
+    spans = spans_in(job / "traces")
+    runs = sorted((s for s in spans if s["name"] == "ckpt.run"), key=lambda s: s["start_time"])
+    for index, (lt, run) in enumerate(zip(lifetimes[:2], runs, strict=False)):
+        start, end = span_ns(run["start_time"]), span_ns(run["end_time"])
+        saved = [
+            s["attributes"]["ckpt.step"] for s in spans
+            if s["name"] == "ckpt.save" and start <= span_ns(s["start_time"]) <= end
+        ]  # fmt: skip
+        assert lt["lost_steps"] == lt["last_step"] - max(saved), index
+        assert lifetimes[index + 1]["resumed_from"] == max(saved)
+        assert lt["buckets"]["lost_work"] == pytest.approx(
+            lt["lost_steps"] * lt["step_median_s"], rel=1e-6
+        )
+    assert lifetimes[0]["lost_steps"] + lifetimes[1]["lost_steps"] > 0  # work was redone
+    assert lifetimes[2]["lost_steps"] == 0
+    # downtime: the test's gap, plus the old process's exit after its last record
+    for index, downtime in enumerate(report["downtimes_s"]):
+        exited, next_start = lives[index][1], lives[index + 1][0]
+        run_end = span_ns(runs[index]["end_time"]) / 1e9
+        assert next_start - exited == pytest.approx(GAP_S, abs=0.2)
+        assert downtime == pytest.approx(next_start - run_end, abs=0.3)
+        assert GAP_S - 0.2 <= downtime <= GAP_S + (exited - run_end) + 0.3
+    assert report["cost"]["productive"] == pytest.approx(report["total"]["productive"] / 100)
+    text = run_cli("report", "--goodput", str(job / "traces"), "--plot",
+                   str(tmp_path / "goodput.png"))  # fmt: skip
+    assert text.returncode == 0, text.stderr
+    assert "goodput:" in text.stdout and "lost work (redone)" in text.stdout
+    assert (tmp_path / "goodput.png").stat().st_size > 10_000
+
+
+def test_goodput_without_run_spans_is_one_line(tmp_path):
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "empty.jsonl").write_text("")
+    done = run_cli("report", "--goodput", str(traces))
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no ckpt.run spans" in lines[0] and "callback" in lines[0]
