@@ -41,9 +41,13 @@ def process_start_ns() -> int:
         return time.time_ns()
 
 
+_previous_end_ns = 0  # where this process's last Lifetime ended (a notebook's second fit)
+
+
 class Lifetime:
     def __init__(self) -> None:
-        self.started_ns = process_start_ns()
+        # the process's start, or the end of its previous run (several fits in one process)
+        self.started_ns = max(process_start_ns(), _previous_end_ns)
         self._lock = threading.Lock()
         self._blocked: list[tuple[int, int]] = []  # finished saves' and restores' intervals
         self._background: list = []  # background saves' operations (open while writing)
@@ -103,8 +107,10 @@ class Lifetime:
 
     def emit(self, tracer, rank: int) -> None:
         """The ``ckpt.run`` span: from the process's start to now."""
+        global _previous_end_ns
         span = tracer.start_span(RUN_SPAN, self.attributes(rank), start_ns=self.started_ns)
-        span.end()
+        _previous_end_ns = time.time_ns()
+        span.end(end_time=_previous_end_ns)
 
 
 __all__ = ["Lifetime", "process_start_ns"]

@@ -63,6 +63,10 @@ def shared_run_id() -> str | None:
     return None
 
 
+#: the trace folder's size up to which a resume reads it for the goodput so far
+GOODPUT_READ_LIMIT = 16 << 20
+
+
 class TracingSession:
     """Telemetry and the open operations of one adapter.
 
@@ -297,9 +301,37 @@ class TracingSession:
         if self.metrics_sink is None or step is None:
             return
         try:
-            self.metrics_sink(summary.metrics(), int(step))
+            metrics = summary.metrics()
+            if summary.kind == "restore":
+                metrics.update(self._goodput_so_far(summary.attributes.get(Attr.RESTORED_STEP)))
+            self.metrics_sink(metrics, int(step))
         except Exception as exc:  # noqa: BLE001 - a logger's trouble is never the job's
             self.warn_once("log_metrics", exc)
+
+    def _goodput_so_far(self, restored_step: int | None) -> dict[str, float]:
+        """At a resume: the job's goodput up to this process's start (the earlier
+        processes' ``ckpt.run`` spans in this trace folder, the downtime before this one
+        and the work it redoes from ``restored_step``; skipped when the folder holds more
+        than :data:`GOODPUT_READ_LIMIT` bytes: reading it would slow the step)."""
+        trace = self.telemetry.trace_file if self.telemetry is not None else None
+        if trace is None:
+            return {}
+        files = [f for f in trace.parent.glob("*.jsonl") if f != trace]
+        if not files or sum(f.stat().st_size for f in files) > GOODPUT_READ_LIMIT:
+            return {}
+        from ckptprof.report.goodput import build_goodput
+        from ckptprof.report.load import read_trace_spans
+
+        resuming = (self.lifetime.started_ns, restored_step) if restored_step is not None else None
+        goodput = build_goodput(read_trace_spans([str(f) for f in files]), resuming=resuming)
+        if goodput is None:
+            return {}
+        return {
+            "ckptprof/goodput": round(goodput.goodput, 6),
+            "ckptprof/goodput/wall_s": round(goodput.wall_s, 3),
+            "ckptprof/goodput/lost_work_s": round(goodput.total["lost_work"], 3),
+            "ckptprof/goodput/downtime_s": round(goodput.total["downtime"], 3),
+        }
 
     # ------------------------------------------------------------------ save
     def begin_save(self, attributes: dict[str, Any]) -> Operation | None:

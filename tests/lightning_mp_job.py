@@ -9,6 +9,7 @@ and one without ckptprof can be compared.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import lightning as L
@@ -61,8 +62,13 @@ def main() -> int:
 
     checksum = sum(float(p.detach().to_local().double().sum()) for p in model.parameters())
     patched = is_ours(dcp.load) or is_ours(dcp.save)
-    print(f"rank {trainer.global_rank} step {trainer.global_step} checksum {checksum:.12e}")
-    print(f"rank {trainer.global_rank} dcp patched after fit: {patched}")
+    rank = trainer.global_rank
+    lines = (
+        f"rank {rank} step {trainer.global_step} checksum {checksum:.12e}\n"
+        f"rank {rank} dcp patched after fit: {patched}\n"
+    )
+    sys.stdout.flush()
+    os.write(1, lines.encode())  # one write: the ranks share the pipe, lines never interleave
     return 0
 
 

@@ -89,6 +89,10 @@ def test_the_goodput_of_a_job_killed_twice_adds_up(tmp_path):
     assert text.returncode == 0, text.stderr
     assert "goodput:" in text.stdout and "lost work (redone)" in text.stdout
     assert (tmp_path / "goodput.png").stat().st_size > 10_000
+    page = run_cli("report", str(job / "traces"), "--html", str(tmp_path / "job.html"))
+    assert page.returncode == 0, page.stderr
+    html = (tmp_path / "job.html").read_text()
+    assert "Goodput across restarts" in html and 'data-chart="goodput"' in html
 
 
 def test_goodput_without_run_spans_is_one_line(tmp_path):

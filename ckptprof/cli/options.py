@@ -91,28 +91,25 @@ def parse_duration(text: str) -> float:
     return float(t)
 
 
-def duration(check: schema.Check) -> Callable[[str], float]:
-    """A length of time like ``6h`` (s, m, h, d), in seconds, in ``check``'s range."""
+def _with_unit(parse: Callable[[str], Any], example: str, unit: str):
+    """An option type: ``parse``, then ``check``; a refusal shows the example and the unit."""
 
-    def in_seconds(value: Any) -> schema.Problem | None:
-        problem = check(value)
-        if problem is None:
-            return None
-        return schema.Problem("", f"a duration like 6h or 30m: {problem.expected} seconds", value)
+    def make(check: schema.Check) -> Callable[[str], Any]:
+        def in_unit(value: Any) -> schema.Problem | None:
+            problem = check(value)
+            if problem is None:
+                return None
+            return schema.Problem("", f"{example}: {problem.expected} {unit}", value)
 
-    return _checked(parse_duration, in_seconds)
+        return _checked(parse, in_unit)
+
+    return make
 
 
-def size(check: schema.Check) -> Callable[[str], int]:
-    """A byte count like ``16M`` in ``check``'s range."""
-
-    def in_bytes(value: Any) -> schema.Problem | None:
-        problem = check(value)
-        if problem is None:
-            return None
-        return schema.Problem("", f"a size like 16M: {problem.expected} bytes", value)
-
-    return _checked(parse_size, in_bytes)
+#: a length of time like ``6h`` (s, m, h, d), in seconds, in the check's range
+duration = _with_unit(parse_duration, "a duration like 6h or 30m", "seconds")
+#: a byte count like ``16M`` in the check's range
+size = _with_unit(parse_size, "a size like 16M", "bytes")
 
 
 def int_list(check: schema.Check) -> Callable[[str], tuple[int, ...]]:

@@ -136,6 +136,7 @@ def print_report(
 
 
 def _write_html(paths: list[str], report, sources: list[str], target: str):
+    from ckptprof.report.goodput import build_goodput
     from ckptprof.report.html import write_html
     from ckptprof.report.interruptions import build_stories
     from ckptprof.report.load import read_trace_spans
@@ -143,7 +144,9 @@ def _write_html(paths: list[str], report, sources: list[str], target: str):
 
     spans = read_trace_spans(paths, beside_results=True)
     stories = build_stories(spans)
-    return write_html(report, target, representative(timelines(spans)), stories, sources)
+    goodput = build_goodput(spans)  # a job's processes, when their traces are here
+    line = representative(timelines(spans))
+    return write_html(report, target, line, stories, sources, goodput)
 
 
 def run_goodput(args: argparse.Namespace) -> int:

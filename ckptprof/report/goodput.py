@@ -119,9 +119,14 @@ def _children(spans: Sequence[dict], root: dict) -> dict[str, dict]:
     return {s["name"]: s for s in spans if s.get("parent_id") == span_id}
 
 
-def build_goodput(spans: Sequence[dict], price_per_hour: float | None = None) -> Goodput | None:
+def build_goodput(
+    spans: Sequence[dict],
+    price_per_hour: float | None = None,
+    resuming: tuple[int, int] | None = None,
+) -> Goodput | None:
     """The job's goodput from every span read (rank 0's processes); None without any
-    ``ckpt.run`` span."""
+    ``ckpt.run`` span. ``resuming``: (start ns, restored step) of a process resuming now,
+    whose own spans are not written yet: the downtime and lost work before it count."""
     runs = sorted(
         (s for s in spans if s["name"] == RUN_SPAN and _attr(s, Attr.RANK, 0) == 0),
         key=lambda s: _bounds(s)[0],
@@ -129,10 +134,12 @@ def build_goodput(spans: Sequence[dict], price_per_hour: float | None = None) ->
     if not runs:
         return None
     lifetimes = [_lifetime(run, spans) for run in runs]
+    nexts: list[tuple[int, int | None]] = [(lt.start_ns, lt.resumed_from) for lt in lifetimes[1:]]
+    if resuming is not None:
+        nexts.append(resuming)
     downtimes = []
-    for before, after in zip(lifetimes, lifetimes[1:], strict=False):
-        downtimes.append(max(0.0, (after.start_ns - before.end_ns) / 1e9))
-        resumed = after.resumed_from
+    for before, (start_ns, resumed) in zip(lifetimes, nexts, strict=False):
+        downtimes.append(max(0.0, (start_ns - before.end_ns) / 1e9))
         if resumed is not None and before.last_step is not None and before.last_step > resumed:
             before.lost_steps = before.last_step - resumed
             pace = before.step_median_s or 0.0

@@ -234,6 +234,7 @@ def render_html(
     timeline: Timeline | None = None,
     stories: Sequence[Story] = (),
     sources: Sequence[str] = (),
+    goodput=None,
 ) -> str:
     """The whole page as a string (see :func:`write_html`)."""
     made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -273,6 +274,14 @@ def render_html(
     if stories:
         parts.append("<h2>Interruptions</h2>")
         parts.append(f"<pre>{_e(render_stories(list(stories)))}</pre>")
+    if goodput is not None:
+        from ckptprof.report.goodput import render_goodput
+
+        parts.append("<h2>Goodput across restarts</h2>")
+        parts.append(
+            _figure(plot.goodput_figure(goodput), "where the job's wall time went", "goodput")
+        )
+        parts.append(f"<pre>{_e(render_goodput(goodput))}</pre>")
     parts.append("<h2>The terminal report</h2>")
     parts.append(f"<pre>{_e(render_text(report))}</pre>")
     parts.append("</body></html>\n")
@@ -285,6 +294,7 @@ def write_html(
     timeline: Timeline | None = None,
     stories: Sequence[Story] = (),
     sources: Sequence[str] = (),
+    goodput=None,
 ) -> Path:
     """Write the page atomically to ``path``.
 
@@ -300,7 +310,7 @@ def write_html(
     plot.require_matplotlib(path, "--html")
     if not report.sweeps and not any(g.breakdown for g in report.groups):
         raise CkptprofError(f"--html {path}: no successful operations to show")
-    page = render_html(report, timeline, stories, sources)
+    page = render_html(report, timeline, stories, sources, goodput)
     with atomic_open(target, "w", encoding="utf-8") as handle:
         handle.write(page)
     return target
