@@ -113,4 +113,65 @@ class Lifetime:
         span.end(end_time=_previous_end_ns)
 
 
-__all__ = ["Lifetime", "process_start_ns"]
+#: the trace folder's size up to which a resume reads it for the goodput so far
+GOODPUT_READ_LIMIT = 16 << 20
+
+
+class GoodputSoFar:
+    """At a resume, the job's goodput up to this process's start, computed on a thread
+    of its own (reading the earlier processes' traces must not slow the first steps):
+    the ``ckpt.run`` spans in the trace folder, the downtime before this process and the
+    work it redoes from ``restored_step``. Skipped when the folder holds more than
+    :data:`GOODPUT_READ_LIMIT` bytes."""
+
+    def __init__(self, session, restored_step: int | None) -> None:
+        telemetry = session.telemetry
+        self.trace = telemetry.trace_file if telemetry is not None else None
+        self.resuming = (
+            (session.lifetime.started_ns, int(restored_step)) if restored_step is not None else None
+        )
+        self.sent = False
+        self._metrics: dict | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ckptprof-goodput", daemon=True)
+
+    def start(self) -> GoodputSoFar:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._metrics = self._compute()
+        except Exception:  # noqa: BLE001 - a guest: no figure rather than a broken job
+            self._metrics = {}
+        finally:
+            self._done.set()
+
+    def _compute(self) -> dict:
+        if self.trace is None:
+            return {}
+        files = [f for f in self.trace.parent.glob("*.jsonl") if f != self.trace]
+        if not files or sum(f.stat().st_size for f in files) > GOODPUT_READ_LIMIT:
+            return {}
+        from ckptprof.report.goodput import build_goodput
+        from ckptprof.report.load import read_trace_spans
+
+        goodput = build_goodput(read_trace_spans([str(f) for f in files]), resuming=self.resuming)
+        if goodput is None:
+            return {}
+        return {
+            "ckptprof/goodput": round(goodput.goodput, 6),
+            "ckptprof/goodput/wall_s": round(goodput.wall_s, 3),
+            "ckptprof/goodput/lost_work_s": round(goodput.total["lost_work"], 3),
+            "ckptprof/goodput/downtime_s": round(goodput.total["downtime"], 3),
+        }
+
+    def result(self, wait_s: float = 0.0) -> dict | None:
+        """The metrics once computed (empty: none to give); None while still computing."""
+        return self._metrics if self._done.wait(wait_s) else None
+
+    def join(self) -> None:
+        self._thread.join(timeout=5)
+
+
+__all__ = ["GoodputSoFar", "Lifetime", "process_start_ns"]

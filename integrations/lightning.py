@@ -408,6 +408,9 @@ class CkptProf(GuestCallback, Callback):
         self._instrumentor.uninstrument()
 
     @override
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._instrumentor.session.training_ended(trainer.global_step)  # loggers still open
+
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self._instrumentor.uninstrument()
 

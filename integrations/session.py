@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ckptprof.integrations.health import BEFORE_SAVE, AfterResume, StepClock
-from ckptprof.integrations.lifetime import Lifetime
+from ckptprof.integrations.lifetime import GoodputSoFar, Lifetime
 from ckptprof.memory import MemoryWatch
 from ckptprof.phases import AFTER_RESUME_SPAN, Attr, Phase
 from ckptprof.tracing.export import Telemetry, setup_telemetry
@@ -63,10 +63,6 @@ def shared_run_id() -> str | None:
     return None
 
 
-#: the trace folder's size up to which a resume reads it for the goodput so far
-GOODPUT_READ_LIMIT = 16 << 20
-
-
 class TracingSession:
     """Telemetry and the open operations of one adapter.
 
@@ -104,6 +100,7 @@ class TracingSession:
         self.steps = StepClock()  # step times: before a save, and after a resume
         self.after_resume: AfterResume | None = None
         self.lifetime = Lifetime()  # this process's steps and life, for goodput
+        self._goodput: GoodputSoFar | None = None  # computed after a resume, then logged
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -132,6 +129,10 @@ class TracingSession:
                 with contextlib.suppress(Exception):
                     op.finish()
         self.restore_op = self.save_op = None
+        if self._goodput is not None:
+            self._send_goodput(self.lifetime.last_step, wait_s=2.0)
+            self._goodput.join()
+            self._goodput = None
         if self.tracer is not None:
             try:
                 self.lifetime.emit(self.tracer, self.rank)
@@ -267,6 +268,8 @@ class TracingSession:
         are timed, say how they compare with the steps before the save."""
         try:
             self.lifetime.step_ended(step)
+            if self._goodput is not None and not self._goodput.sent:
+                self._send_goodput(step)
             seconds = self.steps.tick()
             watch = self.after_resume
             if watch is not None and seconds is not None and watch.add(seconds):
@@ -301,37 +304,33 @@ class TracingSession:
         if self.metrics_sink is None or step is None:
             return
         try:
-            metrics = summary.metrics()
-            if summary.kind == "restore":
-                metrics.update(self._goodput_so_far(summary.attributes.get(Attr.RESTORED_STEP)))
-            self.metrics_sink(metrics, int(step))
+            self.metrics_sink(summary.metrics(), int(step))
         except Exception as exc:  # noqa: BLE001 - a logger's trouble is never the job's
             self.warn_once("log_metrics", exc)
+        if summary.kind == "restore" and self._goodput is None:
+            restored = summary.attributes.get(Attr.RESTORED_STEP)
+            self._goodput = GoodputSoFar(self, restored).start()
 
-    def _goodput_so_far(self, restored_step: int | None) -> dict[str, float]:
-        """At a resume: the job's goodput up to this process's start (the earlier
-        processes' ``ckpt.run`` spans in this trace folder, the downtime before this one
-        and the work it redoes from ``restored_step``; skipped when the folder holds more
-        than :data:`GOODPUT_READ_LIMIT` bytes: reading it would slow the step)."""
-        trace = self.telemetry.trace_file if self.telemetry is not None else None
-        if trace is None:
-            return {}
-        files = [f for f in trace.parent.glob("*.jsonl") if f != trace]
-        if not files or sum(f.stat().st_size for f in files) > GOODPUT_READ_LIMIT:
-            return {}
-        from ckptprof.report.goodput import build_goodput
-        from ckptprof.report.load import read_trace_spans
+    def training_ended(self, step: int | None) -> None:
+        """Training is over but the loggers are still open: what is still to be logged
+        goes now (the goodput so far, if it was not ready at a step's end)."""
+        self._send_goodput(step, wait_s=2.0)
 
-        resuming = (self.lifetime.started_ns, restored_step) if restored_step is not None else None
-        goodput = build_goodput(read_trace_spans([str(f) for f in files]), resuming=resuming)
-        if goodput is None:
-            return {}
-        return {
-            "ckptprof/goodput": round(goodput.goodput, 6),
-            "ckptprof/goodput/wall_s": round(goodput.wall_s, 3),
-            "ckptprof/goodput/lost_work_s": round(goodput.total["lost_work"], 3),
-            "ckptprof/goodput/downtime_s": round(goodput.total["downtime"], 3),
-        }
+    def _send_goodput(self, step: int | None, wait_s: float = 0.0) -> None:
+        """The goodput so far, to the loggers once it is computed (at a step's end, off
+        the resume's critical path; at the close, waiting ``wait_s`` at most)."""
+        job = self._goodput
+        if job is None or job.sent or self.metrics_sink is None or step is None:
+            return
+        metrics = job.result(wait_s)
+        if metrics is None:
+            return
+        job.sent = True
+        if metrics:
+            try:
+                self.metrics_sink(metrics, int(step))
+            except Exception as exc:  # noqa: BLE001
+                self.warn_once("log_metrics", exc)
 
     # ------------------------------------------------------------------ save
     def begin_save(self, attributes: dict[str, Any]) -> Operation | None:
