@@ -26,6 +26,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckptprof.atomic import fsync_dir, partial_path
 from ckptprof.errors import CkptprofError, StorageError
@@ -37,6 +38,9 @@ from ckptprof.synth.layouts.dcp import METADATA, fqn
 from ckptprof.synth.plan import CheckpointPlan
 from ckptprof.synth.ranges import SAVE_STRATEGIES
 
+if TYPE_CHECKING:
+    from ckptprof.tracing.recorder import CheckpointTracer, Operation
+
 
 @dataclass(frozen=True, kw_only=True)
 class SaveContext:
@@ -45,11 +49,11 @@ class SaveContext:
     storage: Storage
     plan: CheckpointPlan
     tensors: dict  # {Piece: tensor}: the state being saved
-    op: object  # the save's Operation
+    op: Operation  # the save's
     fsync: bool
     concurrency: int
     part_size: int
-    tracer: object  # for the background half of an async save
+    tracer: CheckpointTracer  # for the background half of an async save
     #: what a job keeps from one save to the next (an async save's staging buffers)
     kept: dict = field(default_factory=dict)
 
@@ -64,7 +68,6 @@ class Written:
 
     nbytes: int
     background_s: float | None = None
-    background_trace: str = ""
 
 
 def check_strategy(strategy: str, layout: str, object_store: bool) -> None:
@@ -227,12 +230,7 @@ def _dcp_save(ctx: SaveContext, asynchronous: bool) -> Written:
         background.finish(error=exc)
         raise
     summary = background.finish()
-    span = background.span_context
-    return Written(
-        writer.written + _size(ctx.root / METADATA),
-        background_s=summary.wall_s,
-        background_trace=format(span.trace_id, "032x") if span else "",
-    )
+    return Written(writer.written + _size(ctx.root / METADATA), background_s=summary.wall_s)
 
 
 @contextlib.contextmanager
