@@ -103,3 +103,37 @@ def test_goodput_without_run_spans_is_one_line(tmp_path):
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "no ckpt.run spans" in lines[0] and "callback" in lines[0]
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_steps_during_a_background_save_are_measured_apart(background, tmp_path):
+    """A real Lightning job saving every 5 steps, with AsyncCheckpointIO (the write runs
+    on a thread while training goes on) or without: the steps that end while a
+    background save writes are counted apart, and their slowdown is what they took
+    beyond as many steps at the job's median pace; none without a background save."""
+    sys.path.insert(0, str(EXAMPLE.parent))
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+    from lightning_resume import TinyModel, data, make_trainer
+
+    from ckptprof.integrations.lightning import CkptProf
+    from ckptprof.report.goodput import build_goodput
+
+    plugins = [AsyncCheckpointIO()] if background else []
+    trainer = make_trainer(tmp_path, 30, [CkptProf(trace_dir=tmp_path / "t")],
+                           checkpoint_dir=tmp_path / "ckpt", plugins=plugins)  # fmt: skip
+    trainer.fit(TinyModel(hidden=1024, layers=4), data(n=512))  # ~50 MB to write each time
+    spans = spans_in(tmp_path / "t")
+    [run] = [s for s in spans if s["name"] == "ckpt.run"]
+    attrs = run["attributes"]
+    assert attrs["ckpt.run.steps"] == 29 and attrs["ckpt.run.last_step"] == 30
+    [lifetime] = build_goodput(spans).lifetimes
+    slowdown = lifetime.buckets["background_slowdown"]
+    if background:
+        assert attrs["ckpt.run.background_steps"] > 0  # steps ran while the writes did
+        expected = attrs["ckpt.run.background_step_s"] - (
+            attrs["ckpt.run.background_steps"] * attrs["ckpt.run.step_median_s"]
+        )
+        assert slowdown == pytest.approx(max(0.0, expected), abs=1e-6)
+    else:
+        assert attrs["ckpt.run.background_steps"] == 0 and slowdown == 0
+    assert lifetime.buckets["productive"] == pytest.approx(attrs["ckpt.run.step_s"] - slowdown)
