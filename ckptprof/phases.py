@@ -198,6 +198,7 @@ class Attr:
     RUN_BACKGROUND_STEP_S = "ckpt.run.background_step_s"
     RUN_FIRST_STEP = "ckpt.run.first_step"  # the global step the timing began at
     RUN_LAST_STEP = "ckpt.run.last_step"  # the last step this process trained
+    RUN_FINAL = "ckpt.run.final"  # false: written at a save, the process went on after
 
     # ---- save (root ``ckpt.save`` and its phases)
     SAVE_BACKGROUND = "ckpt.save.background"  # the background half of an async save

@@ -8,7 +8,8 @@ only it saw: when it started (the OS's record of the process), when it ended (th
 adapter's close), and its steps, timed from one step's end to the next less the saves
 and restores inside them (those are their own spans), with the steps that ran while a
 background save was writing kept apart. :meth:`Lifetime.emit` writes them as one
-``ckpt.run`` span at the end.
+``ckpt.run`` span at the end (and after every save, for a process that dies
+without closing).
 """
 
 from __future__ import annotations
@@ -105,12 +106,17 @@ class Lifetime:
                 out[Attr.RUN_LAST_STEP] = self.last_step
         return out
 
-    def emit(self, tracer, rank: int) -> None:
-        """The ``ckpt.run`` span: from the process's start to now."""
+    def emit(self, tracer, rank: int, final: bool = True) -> None:
+        """The ``ckpt.run`` span: from the process's start to now. Also written (not
+        ``final``) after every save: a process killed later without closing (a Spot
+        reclaim, SIGKILL) still tells its life up to its last save."""
         global _previous_end_ns
-        span = tracer.start_span(RUN_SPAN, self.attributes(rank), start_ns=self.started_ns)
-        _previous_end_ns = time.time_ns()
-        span.end(end_time=_previous_end_ns)
+        attributes = {**self.attributes(rank), Attr.RUN_FINAL: final}
+        span = tracer.start_span(RUN_SPAN, attributes, start_ns=self.started_ns)
+        end = time.time_ns()
+        if final:
+            _previous_end_ns = end
+        span.end(end_time=end)
 
 
 #: the trace folder's size up to which a resume reads it for the goodput so far

@@ -352,6 +352,8 @@ class TracingSession:
         try:
             self.last_save = op.finish(error)
             self.lifetime.blocked(op.start_ns, op.start_ns + int(self.last_save.wall_s * 1e9))
+            if self.tracer is not None:  # the life so far: a process killed later keeps it
+                self.lifetime.emit(self.tracer, self.rank, final=False)
             if error is None:
                 self._send_metrics(self.last_save, op.attributes.get(Attr.STEP))
             return self.last_save

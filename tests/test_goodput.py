@@ -62,7 +62,11 @@ def test_the_goodput_of_a_job_killed_twice_adds_up(tmp_path):
         assert lt["buckets"]["productive"] > 0
     # lost work: the steps each killed process trained after its last completed save
     spans = spans_in(job / "traces")
-    runs = sorted((s for s in spans if s["name"] == "ckpt.run"), key=lambda s: s["start_time"])
+    runs = sorted(
+        (s for s in spans if s["name"] == "ckpt.run" and s["attributes"]["ckpt.run.final"]),
+        key=lambda s: s["start_time"],
+    )  # one per process at its close (others were written at its saves)
+    assert len(runs) == 3
     for index, (lt, run) in enumerate(zip(lifetimes[:2], runs, strict=False)):
         start, end = span_ns(run["start_time"]), span_ns(run["end_time"])
         saved = [
@@ -123,7 +127,7 @@ def test_steps_during_a_background_save_are_measured_apart(background, tmp_path)
                            checkpoint_dir=tmp_path / "ckpt", plugins=plugins)  # fmt: skip
     trainer.fit(TinyModel(hidden=1024, layers=4), data(n=512))  # ~50 MB to write each time
     spans = spans_in(tmp_path / "t")
-    [run] = [s for s in spans if s["name"] == "ckpt.run"]
+    [run] = [s for s in spans if s["name"] == "ckpt.run" and s["attributes"]["ckpt.run.final"]]
     attrs = run["attributes"]
     assert attrs["ckpt.run.steps"] == 29 and attrs["ckpt.run.last_step"] == 30
     [lifetime] = build_goodput(spans).lifetimes
@@ -137,3 +141,44 @@ def test_steps_during_a_background_save_are_measured_apart(background, tmp_path)
     else:
         assert attrs["ckpt.run.background_steps"] == 0 and slowdown == 0
     assert lifetime.buckets["productive"] == pytest.approx(attrs["ckpt.run.step_s"] - slowdown)
+
+
+@pytest.mark.slow
+def test_a_process_killed_without_closing_keeps_its_life_to_its_last_save(tmp_path):
+    """A real HF Trainer job killed by SIGTERM (its emergency save, then the default
+    action: the process dies without closing), then resumed: its life is known up to
+    that save from the ckpt.run written there, and nothing is lost (the resume starts at
+    the step it was killed at)."""
+    from tests.conftest import sigterm_when
+
+    example = EXAMPLE.parent / "hf_trainer_resume.py"
+    flags = ["--dir", str(tmp_path), "--interruptions", "--step-delay", "0.1"]
+    ready = tmp_path / "checkpoints" / "checkpoint-5" / "trainer_state.json"
+    returncode, stderr = sigterm_when(
+        [sys.executable, str(example), *flags, "--phase", "train", "--steps", "1000"], ready
+    )
+    assert returncode == -signal.SIGTERM and "emergency save saved" in stderr, stderr[-2000:]
+    resumed = subprocess.run(
+        [sys.executable, str(example), *flags, "--phase", "resume", "--steps", "20"],
+        capture_output=True, text=True, timeout=400,
+        env={**os.environ, "CKPTPROF_NOTICE_SOURCES": ""},
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    spans = spans_in(tmp_path / "traces")
+    runs = [s for s in spans if s["name"] == "ckpt.run"]
+    assert not any(s["attributes"]["ckpt.run.final"] for s in runs[:1])  # killed: no close
+    shown = run_cli("report", "--goodput", str(tmp_path / "traces"), "--format", "json")
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    first, second = report["lifetimes"]
+    saves = [
+        s
+        for s in spans
+        if s["name"] == "ckpt.save" and not s["attributes"].get("ckpt.save.background")
+    ]
+    last_save_end = max(
+        span_ns(s["end_time"]) for s in saves if span_ns(s["end_time"]) <= second["start_ns"]
+    )
+    assert first["end_ns"] == pytest.approx(last_save_end, abs=50e6)  # its life ends there
+    assert second["resumed_from"] == first["last_step"] and first["lost_steps"] == 0
+    assert report["downtimes_s"][0] > 0

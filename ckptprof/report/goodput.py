@@ -127,10 +127,7 @@ def build_goodput(
     """The job's goodput from every span read (rank 0's processes); None without any
     ``ckpt.run`` span. ``resuming``: (start ns, restored step) of a process resuming now,
     whose own spans are not written yet: the downtime and lost work before it count."""
-    runs = sorted(
-        (s for s in spans if s["name"] == RUN_SPAN and _attr(s, Attr.RANK, 0) == 0),
-        key=lambda s: _bounds(s)[0],
-    )
+    runs = sorted(_latest_runs(spans), key=lambda s: _bounds(s)[0])
     if not runs:
         return None
     lifetimes = [_lifetime(run, spans) for run in runs]
@@ -149,6 +146,21 @@ def build_goodput(
     total = {b: sum(lt.buckets.get(b, 0.0) for lt in lifetimes) for b in BUCKETS}
     total["downtime"] = sum(downtimes)
     return Goodput(lifetimes, downtimes, total, price_per_hour)
+
+
+def _latest_runs(spans: Sequence[dict]) -> list[dict]:
+    """Rank 0's ``ckpt.run`` per process: its final one, else the latest written at a save
+    (a process killed without closing ends there as far as the traces know)."""
+    best: dict[tuple, dict] = {}
+    for span in spans:
+        if span["name"] != RUN_SPAN or _attr(span, Attr.RANK, 0) != 0:
+            continue
+        start, end = _bounds(span)
+        key = (_resource(span, "host.name"), _attr(span, Attr.RUN_PID), start)
+        kept = best.get(key)
+        if kept is None or _bounds(kept)[1] < end:
+            best[key] = span
+    return list(best.values())
 
 
 def _lifetime(run: dict, spans: Sequence[dict]) -> Lifetime:
