@@ -80,9 +80,12 @@ class Lifetime:
                 return
             inside = sum(max(0, min(e, now) - max(s, last)) for s, e in self._blocked)
             ns = max(0, now - last - inside)
+            # later steps start from now: what ended is done with (the step stays O(1))
+            self._blocked = [(s, e) for s, e in self._blocked if e > now]
+            self._background = [op for op in self._background if not op.finished]
             self.steps += 1
             self.step_ns += ns
-            if any(not op.finished for op in self._background):
+            if self._background:
                 self.background_steps += 1
                 self.background_step_ns += ns
             else:
