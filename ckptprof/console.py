@@ -2,12 +2,14 @@
 
 ckptprof's text uses a few typographic characters (…, —, ×, ≈, ±, →). Where a stream
 cannot encode them (``LC_ALL=C``, a pipe to an ASCII-only logger), each degrades to its
-ASCII spelling instead of raising ``UnicodeEncodeError`` half-way through a report.
+ASCII spelling instead of raising ``UnicodeEncodeError`` half-way through a report; and
+where the reader of standard output has gone, the rest is discarded, not an error.
 """
 
 from __future__ import annotations
 
 import codecs
+import os
 import sys
 
 ERROR_HANDLER = "ckptprof-ascii"
@@ -54,3 +56,37 @@ def degrade_unencodable(*streams) -> None:
             pass
         if reconfigure is not None:
             reconfigure(errors=ERROR_HANDLER)
+
+
+class ClosedPipeSafe:
+    """A text stream that outlives its reader: once the reader has gone (``| head -1``),
+    what follows goes to ``/dev/null`` and the command carries on to its end, its
+    results written, instead of failing on ``EPIPE`` half-way through a measurement."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._discard()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._discard()
+
+    def _discard(self) -> None:
+        self.reader_gone = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())  # the pending bytes go there too
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)

@@ -14,7 +14,7 @@ import os
 import sys
 
 from ckptprof.cli.options import Parser
-from ckptprof.console import degrade_unencodable
+from ckptprof.console import ClosedPipeSafe, degrade_unencodable
 from ckptprof.errors import CkptprofError
 
 DEBUG_ENV = "CKPTPROF_DEBUG"
@@ -65,6 +65,15 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     degrade_unencodable()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    stdout = sys.stdout
+    sys.stdout = ClosedPipeSafe(stdout)  # `| head -1` ends the reading, not the run
+    try:
+        return _run(argv)
+    finally:
+        sys.stdout = stdout
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

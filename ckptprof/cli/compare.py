@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from ckptprof import schema
-from ckptprof.cli.options import HelpFormatter, real, whole
+from ckptprof.cli.options import HelpFormatter, input_path, output_file, real, text_value, whole
+from ckptprof.cost import MAX_PRICE_PER_HOUR
 
 DESCRIPTION = """\
 Put several runs side by side — storage targets, ckptprof or framework versions,
@@ -41,11 +42,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         epilog=EPILOG,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="the base first, then others")
+    parser.add_argument(
+        "paths", nargs="+", metavar="PATH", type=input_path, help="the base first, then others"
+    )
     parser.add_argument(
         "--label",
         action="append",
         default=None,
+        type=text_value("a name"),
         help="a name per PATH, in order (default: each path's folder name)",
     )
     parser.add_argument(
@@ -58,7 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--cost-per-hour",
-        type=real(schema.number(minimum=0)),
+        type=real(schema.number(minimum=0, maximum=MAX_PRICE_PER_HOUR)),
         default=None,
         metavar="USD",
         help="price of one instance-hour (default $CKPTPROF_COST_PER_HOUR, else 32.77: "
@@ -66,13 +70,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--instances",
-        type=whole(schema.integer(1)),
+        type=whole(schema.integer(1, 1_000_000)),
         default=1,
         help="instances waiting while the job restores (default 1)",
     )
     parser.add_argument(
         "--plot",
         metavar="FILE.png",
+        type=output_file,
         help="also draw the comparison: per setting one bar per PATH, phases stacked",
     )
     parser.add_argument(

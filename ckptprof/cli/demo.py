@@ -41,7 +41,7 @@ def add_parser(commands) -> None:
     demo.add_argument(
         "--dir",
         type=directory,
-        default=Path("ckptprof-demo"),
+        default="ckptprof-demo",
         help="working directory (default ./ckptprof-demo)",
     )
     demo.add_argument(

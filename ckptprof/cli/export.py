@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ckptprof.cli.options import HelpFormatter
+from ckptprof.cli.options import HelpFormatter, input_path, output_file
 from ckptprof.errors import CkptprofError
 
 DESCRIPTION = """\
@@ -47,12 +47,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "paths",
         nargs="+",
         metavar="PATH",
+        type=input_path,
         help="trace files (*.jsonl), OTLP JSON lines (for --otlp), or folders holding them",
     )
     parser.add_argument(
         "--format", choices=FORMATS, help="what to write to -o: perfetto or otlp-json"
     )
-    parser.add_argument("-o", "--output", metavar="FILE", help="the file to write")
+    parser.add_argument(
+        "-o", "--output", metavar="FILE", type=output_file, help="the file to write"
+    )
     parser.add_argument(
         "--otlp",
         action="store_true",

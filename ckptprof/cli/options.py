@@ -42,8 +42,13 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"ckptprof: error: {text} (see `{self.prog} --help`)\n")
 
 
-def _checked(parse: Callable[[str], Any], check: schema.Check) -> Callable[[str], Any]:
-    """An argparse ``type``: ``parse(text)``, then ``check``; the message quotes the text."""
+def _checked(
+    parse: Callable[[str], Any], check: schema.Check, kind: str = "text"
+) -> Callable[[str], Any]:
+    """An argparse ``type``: ``parse(text)``, then ``check``; the message quotes the text.
+
+    The type carries ``kind`` and ``check`` so that the option matrix in the tests can
+    feed every option the boundary values of its kind."""
 
     def convert(text: str) -> Any:
         try:
@@ -55,43 +60,46 @@ def _checked(parse: Callable[[str], Any], check: schema.Check) -> Callable[[str]
             raise argparse.ArgumentTypeError(f"expected {problem.expected}, got {text!r}")
         return value
 
+    convert.kind, convert.check = kind, check  # type: ignore[attr-defined]
     return convert
 
 
 def whole(check: schema.Check) -> Callable[[str], int]:
     """A whole number in ``check``'s range (``--ranks 8``)."""
-    return _checked(int, check)
+    return _checked(int, check, "whole")
 
 
 def real(check: schema.Check) -> Callable[[str], float]:
     """A finite number in ``check``'s range (``--bandwidth-gbps 2.5``)."""
-    return _checked(float, check)
+    return _checked(float, check, "real")
 
 
-_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+#: binary units up to the largest any option takes (``--memory-budget`` to 1P)
+SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 
 def parse_size(text: str) -> int:
-    """``16M``, ``16MiB``, ``512k`` or plain bytes; ``ValueError``/``OverflowError`` if not."""
+    """``16M``, ``16MiB``, ``512k``, ``1T`` or plain bytes; ``ValueError``/``OverflowError``
+    if not."""
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    if t and t[-1] in _UNITS:
-        return int(float(t[:-1]) * _UNITS[t[-1]])
+    if t and t[-1] in SIZE_UNITS:
+        return int(float(t[:-1]) * SIZE_UNITS[t[-1]])
     return int(t)
 
 
-_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+DURATION_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str) -> float:
     """``6h``, ``30m``, ``90s``, ``2d`` or plain seconds; ``ValueError`` if not."""
     t = text.strip().lower()
-    for unit in sorted(_SECONDS, key=len, reverse=True):
+    for unit in sorted(DURATION_UNITS, key=len, reverse=True):
         if t.endswith(unit):
-            return float(t[: -len(unit)]) * _SECONDS[unit]
+            return float(t[: -len(unit)]) * DURATION_UNITS[unit]
     return float(t)
 
 
-def _with_unit(parse: Callable[[str], Any], example: str, unit: str):
+def _with_unit(parse: Callable[[str], Any], example: str, unit: str, kind: str):
     """An option type: ``parse``, then ``check``; a refusal shows the example and the unit."""
 
     def make(check: schema.Check) -> Callable[[str], Any]:
@@ -101,15 +109,35 @@ def _with_unit(parse: Callable[[str], Any], example: str, unit: str):
                 return None
             return schema.Problem("", f"{example}: {problem.expected} {unit}", value)
 
-        return _checked(parse, in_unit)
+        convert = _checked(parse, in_unit, kind)
+        convert.check = check  # type: ignore[attr-defined]
+        return convert
 
     return make
 
 
 #: a length of time like ``6h`` (s, m, h, d), in seconds, in the check's range
-duration = _with_unit(parse_duration, "a duration like 6h or 30m", "seconds")
+duration = _with_unit(parse_duration, "a duration like 6h or 30m", "seconds", "duration")
 #: a byte count like ``16M`` in the check's range
-size = _with_unit(parse_size, "a size like 16M", "bytes")
+size = _with_unit(parse_size, "a size like 16M", "bytes", "size")
+
+OFF_WORDS = ("0", "off", "no", "false")
+
+
+def seconds_or_off(check: schema.Check) -> Callable[[str], float]:
+    """Seconds in ``check``'s range, or ``0``/``off`` for 0.0: the feature turned off."""
+    seconds = _checked(float, check, "real")
+
+    def convert(text: str) -> float:
+        if text.strip().lower() in OFF_WORDS:
+            return 0.0
+        try:
+            return seconds(text)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} (or 0/off to turn it off)") from None
+
+    convert.kind, convert.check = "real-or-off", check  # type: ignore[attr-defined]
+    return convert
 
 
 def int_list(check: schema.Check) -> Callable[[str], tuple[int, ...]]:
@@ -121,6 +149,7 @@ def int_list(check: schema.Check) -> Callable[[str], tuple[int, ...]]:
             raise argparse.ArgumentTypeError("expected at least one value, e.g. 1,8,16")
         return tuple(whole(check)(item) for item in items)
 
+    convert.kind, convert.check = "whole-list", check  # type: ignore[attr-defined]
     return convert
 
 
@@ -134,23 +163,98 @@ def choice_list(choices: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
             raise argparse.ArgumentTypeError(f"expected one or more of {', '.join(choices)}")
         return tuple(one(item) for item in items)
 
+    convert.kind, convert.choices = "choice-list", choices  # type: ignore[attr-defined]
     return convert
+
+
+def text_value(expected: str) -> Callable[[str], str]:
+    """Free text that is not a path (a label): not empty, no NUL."""
+    return _checked(str, schema.text(pattern=_PLACE, expected=expected))
 
 
 # not empty or blank (an empty path would mean the current folder), no NUL
 _PLACE = r"[^\0]*\S[^\0]*"
-_location = _checked(str, schema.text(pattern=_PLACE, expected="a folder or s3://bucket/prefix"))
-_directory = _checked(str, schema.text(pattern=_PLACE, expected="a folder"))
+_nonblank = schema.text(pattern=_PLACE, expected="a path")
 
 
-def location(text: str) -> str:
-    """A checkpoint location (a path or ``s3://bucket/prefix``)."""
-    return _location(text)
+def _place(role: str, problem_of: Callable[[str], str | None]) -> Callable[[str], Any]:
+    """A path option's type: not blank, then ``problem_of`` (:mod:`ckptprof.cli.places`),
+    all before any work, without touching the path. ``role`` says what the command does
+    with it (the path matrix in the tests finds every writing option by it)."""
+
+    def convert(text: str) -> str:
+        if _nonblank(text) is not None:
+            raise argparse.ArgumentTypeError(f"expected {_EXPECTED[role]}, got {text!r}")
+        problem = problem_of(text)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return text
+
+    convert.kind, convert.role = "path", role  # type: ignore[attr-defined]
+    return convert
 
 
-def directory(text: str) -> Path:
-    """A local folder to write into."""
-    return Path(_directory(text))
+#: roles of path options: where a command writes, and what it reads
+OUTPUT_FOLDER, OUTPUT_FILE, INPUT, CHECKPOINT_OUT, CHECKPOINT_IN = (
+    "output folder", "output file", "input", "checkpoint to write", "checkpoint to read",
+)  # fmt: skip
+
+
+_EXPECTED = {
+    OUTPUT_FOLDER: "a folder",
+    OUTPUT_FILE: "a file",
+    INPUT: "a file or folder",
+    CHECKPOINT_OUT: "a folder or s3://bucket/prefix",
+    CHECKPOINT_IN: "a folder or s3://bucket/prefix",
+}
+
+
+def _output_folder(text: str) -> Path:
+    from ckptprof.cli import places
+
+    return Path(_place(OUTPUT_FOLDER, places.output_folder_problem)(text))
+
+
+def _output_file(text: str) -> str:
+    from ckptprof.cli import places
+
+    return _place(OUTPUT_FILE, places.output_file_problem)(text)
+
+
+def _input(text: str) -> str:
+    from ckptprof.cli import places
+
+    return _place(INPUT, places.input_problem)(text)
+
+
+def _checkpoint_out(text: str) -> str:
+    from ckptprof.cli import places
+
+    return _place(CHECKPOINT_OUT, places.location_problem(write=True))(text)
+
+
+def _checkpoint_in(text: str) -> str:
+    from ckptprof.cli import places
+
+    return _place(CHECKPOINT_IN, places.location_problem(write=False))(text)
+
+
+for _convert, _role in (
+    (_output_folder, OUTPUT_FOLDER), (_output_file, OUTPUT_FILE), (_input, INPUT),
+    (_checkpoint_out, CHECKPOINT_OUT), (_checkpoint_in, CHECKPOINT_IN),
+):  # fmt: skip
+    _convert.kind, _convert.role = "path", _role  # type: ignore[attr-defined]
+
+#: a folder the command creates (with its parents) and writes into
+directory = _output_folder
+#: a file the command writes (its folder must exist)
+output_file = _output_file
+#: a trace file, results file or a folder of them, read
+input_path = _input
+#: a checkpoint location the command writes (a folder or ``s3://bucket/prefix``)
+location = _checkpoint_out
+#: a checkpoint location the command reads
+checkpoint = _checkpoint_in
 
 
 def add_device_option(parser: argparse.ArgumentParser) -> None:

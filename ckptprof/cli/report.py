@@ -6,7 +6,12 @@ import argparse
 import sys
 
 from ckptprof import schema
-from ckptprof.cli.options import HelpFormatter, duration, real
+from ckptprof.cli.options import HelpFormatter, duration, input_path, output_file, real
+from ckptprof.cost import MAX_PRICE_PER_HOUR
+
+#: the Young/Daly interval needs interruptions rarer than a save takes: under a minute
+#: it means nothing; beyond ten years there is nothing to plan
+MIN_MTBI_S, MAX_MTBI_S = 60.0, 10 * 365 * 86_400.0
 
 DESCRIPTION = """\
 Read ckptprof trace files (*.jsonl, one OpenTelemetry span per line) and/or results.json
@@ -49,6 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "paths",
         nargs="+",
         metavar="PATH",
+        type=input_path,
         help="trace file (*.jsonl), results.json, or a directory holding them",
     )
     parser.add_argument(
@@ -66,11 +72,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--plot",
         metavar="FILE.png",
+        type=output_file,
         help="also draw phase bars (and GB/s vs concurrency) to this image; needs matplotlib",
     )
     parser.add_argument(
         "--html",
         metavar="FILE.html",
+        type=output_file,
         help="also write one self-contained page (charts inline, opens offline): phase "
         "breakdown, GB/s vs concurrency, cold vs hot, per-rank spread, a restore's "
         "timeline, interruptions, environment and hints",
@@ -91,13 +99,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--price-per-hour",
         metavar="PRICE",
-        type=real(schema.number(above=0)),
+        type=real(schema.number(maximum=MAX_PRICE_PER_HOUR, above=0)),
         help="with --goodput: what an hour of the job costs, to price each bucket",
     )
     parser.add_argument(
         "--mtbi",
         metavar="DURATION",
-        type=duration(schema.number(above=0)),
+        type=duration(schema.number(minimum=MIN_MTBI_S, maximum=MAX_MTBI_S)),
         help="mean time between interruptions (e.g. 6h for Spot): each save's checkpoint "
         "interval that loses the least time (Young/Daly), and what saving and lost work "
         "then cost",

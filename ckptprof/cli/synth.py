@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 from ckptprof.cli.options import (
     HelpFormatter,
     add_device_option,
+    checkpoint,
     choice_list,
     directory,
     int_list,
     location,
     real,
+    seconds_or_off,
     size,
     whole,
 )
@@ -134,7 +135,7 @@ def add_parser(commands) -> None:
         help="force every file to the device before the commit",
     )
     save.add_argument(
-        "--out", type=Path, default=Path("ckptprof-save"),
+        "--out", type=directory, default="ckptprof-save",
         help="where save.json (environment, ceiling, every save, medians) and traces go",
     )  # fmt: skip
     save.add_argument(
@@ -149,9 +150,10 @@ def add_parser(commands) -> None:
         "ckptprof synth save` on each node (the job's save time is its slowest rank's)",
     )  # fmt: skip
     save.add_argument(
-        "--stall-after", type=real(ranges.SECONDS), default=None, metavar="SECONDS",
+        "--stall-after", type=seconds_or_off(ranges.SECONDS), default=None, metavar="SECONDS",
         help="warn (with every thread's stack, also in the trace) when a phase makes no "
-        "progress for this long; the run goes on (default: $CKPTPROF_STALL_AFTER or 120)",
+        "progress for this long; the run goes on; 0 or off: never (default: "
+        "$CKPTPROF_STALL_AFTER or 120)",
     )  # fmt: skip
     save.set_defaults(func=run_save)
 
@@ -164,7 +166,7 @@ def add_parser(commands) -> None:
         formatter_class=HelpFormatter,
     )
     res.add_argument(
-        "dest", metavar="DEST", type=location, help="checkpoint written by `synth generate`"
+        "dest", metavar="DEST", type=checkpoint, help="checkpoint written by `synth generate`"
     )
     res.add_argument(
         "--strategy",
@@ -263,7 +265,7 @@ def add_parser(commands) -> None:
     res.add_argument(
         "--out",
         type=directory,
-        default=Path("ckptprof-out"),
+        default="ckptprof-out",
         help="directory for results and traces (default ./ckptprof-out)",
     )
     res.add_argument(
@@ -296,9 +298,10 @@ def add_parser(commands) -> None:
         "is the recovery (see `ckptprof report --interruptions OUT/traces`)",
     )
     res.add_argument(
-        "--stall-after", type=real(ranges.SECONDS), default=None, metavar="SECONDS",
+        "--stall-after", type=seconds_or_off(ranges.SECONDS), default=None, metavar="SECONDS",
         help="warn (with every thread's stack, also in the trace) when a phase makes no "
-        "progress for this long; the run goes on (default: $CKPTPROF_STALL_AFTER or 120)",
+        "progress for this long; the run goes on; 0 or off: never (default: "
+        "$CKPTPROF_STALL_AFTER or 120)",
     )  # fmt: skip
     res.add_argument(
         "--deadline",
@@ -358,6 +361,12 @@ def add_spec_arguments(parser) -> None:
     )
 
 
+def stall_option(given: float | None) -> float | bool:
+    """``--stall-after`` as the options take it: True (not given: the environment's or the
+    default), 0.0 (off) or the seconds."""
+    return True if given is None else given
+
+
 def stall_after_s(option: float | bool | None) -> float | None:
     """The seconds an option gives (True: the environment's, or the default)."""
     from ckptprof.tracing.watchdog import stall_after_from_env
@@ -383,7 +392,7 @@ def run_save(args) -> int:
     options = SaveOptions(
         repeat=args.repeat, fsync=args.fsync, force=args.force, strategy=args.strategy,
         concurrency=args.concurrency, part_size=args.part_size, ceiling_gbps=args.ceiling_gbps,
-        stall_after_s=args.stall_after or True,
+        stall_after_s=stall_option(args.stall_after),
     )  # fmt: skip
     if args.nproc_per_node and not launched:
         check(args.dest, spec, options)  # a bad option is one line here, not one per rank
@@ -501,7 +510,7 @@ def run_restore(args) -> int:
         simulate_interruption=args.simulate_interruption,
         deadline_s=args.deadline,
         device=args.device,
-        stall_after_s=args.stall_after or True,
+        stall_after_s=stall_option(args.stall_after),
     )
     from ckptprof.synth import distributed
 
