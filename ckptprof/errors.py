@@ -28,3 +28,11 @@ class StorageError(CkptprofError):
 class UnreachableError(StorageError):
     """The storage stopped answering (refused, timed out): every later run would wait
     the same way, so a sweep stops at once instead of recording each as a failure."""
+
+
+class Terminated(BaseException):
+    """SIGTERM (a scheduler ending the job, ``kill``): raised in the main thread, like
+    ``KeyboardInterrupt`` for SIGINT, so that every ``finally`` removes its temporary
+    files and a sweep keeps the runs it finished before the command exits 143."""
+
+    exit_code = 143

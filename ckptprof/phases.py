@@ -27,7 +27,6 @@ class Phase(str, Enum):
     STAGE = "stage"  # an async save's blocking copy into its background writer's buffers
     SERIALIZE = "serialize"
     WRITE = "write"
-    UPLOAD = "upload"
     FSYNC = "fsync"  # written bytes forced to the device
     COMMIT = "commit"
     # interruption
@@ -51,7 +50,6 @@ SAVE_PHASES: tuple[Phase, ...] = (
     Phase.STAGE,
     Phase.SERIALIZE,
     Phase.WRITE,
-    Phase.UPLOAD,
     Phase.FSYNC,
     Phase.COMMIT,
 )

@@ -67,20 +67,24 @@ def _probe_write(folder: Path) -> None:
 
 
 class OutputClaim:
-    """This run's hold on an output folder until :meth:`release`: a second ckptprof run
-    writing the same ``--out`` is refused at its start, rather than both measuring and
-    one silently overwriting the other's results (an advisory ``flock`` on the folder
-    itself, so nothing is added to it; where the filesystem has no locks, no claim)."""
+    """This run's hold on a folder it writes until :meth:`release`: a second ckptprof
+    run writing the same ``--out`` or checkpoint is refused at its start, naming the
+    holder, rather than both measuring and one silently overwriting the other's files
+    (an advisory ``flock`` on the folder itself, so nothing is added to it; where the
+    filesystem has no locks, no claim)."""
 
-    def __init__(self, path: Path, option: str) -> None:
+    def __init__(self, path: Path, option: str, what: str = "its results") -> None:
         self._fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            busy = exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+            holder = lock_holder(self._fd) if busy else None
             self.release()
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            if busy:
+                who = f" ({holder})" if holder else ""
                 raise CkptprofError(
-                    f"{option} {path}: another ckptprof run is writing its results there; "
+                    f"{option} {path}: another ckptprof run{who} is writing {what} there; "
                     f"wait for it to finish, or give this one another {option}."
                 ) from None
 
@@ -88,3 +92,33 @@ class OutputClaim:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+    def __enter__(self) -> OutputClaim:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_holder(fd: int) -> str | None:
+    """The process holding a ``flock`` on ``fd``'s file, from ``/proc/locks``: "pid N:
+    its command line" (None where that cannot be read)."""
+    info = os.fstat(fd)
+    inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    try:
+        with open("/proc/locks") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode and fields[4] != "-1":
+            pid = fields[4]
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    argv = handle.read().split(b"\0")
+                command = " ".join(a.decode(errors="replace") for a in argv if a)[:200]
+            except OSError:
+                command = ""
+            return f"pid {pid}: {command}" if command else f"pid {pid}"
+    return None

@@ -419,8 +419,8 @@ def test_a_scale_below_the_shapes_floor_says_what_was_written(tmp_path):
 
 @pytest.mark.slow
 def test_two_restores_into_one_out_refuse_the_second(checkpoints, tmp_path):
-    """#21 item 16: of two restores writing one --out, the one whose results were
-    overwritten still printed that path as its results."""
+    """Of two restores writing one --out, the second is refused at once, naming the
+    holder (once both ran, and the overwritten one printed that path as its results)."""
     import subprocess
     import sys
 
@@ -434,7 +434,9 @@ def test_two_restores_into_one_out_refuse_the_second(checkpoints, tmp_path):
     try:
         assert holder.stdout.readline().strip() == "held"  # another run holds --out
         second = restore_cli(checkpoints("torch"), "--out", str(out))
-        assert_one_line_error(second, f"--out {out}", "another ckptprof run is writing")
+        assert_one_line_error(
+            second, f"--out {out}", "another ckptprof run", f"pid {holder.pid}", "is writing"
+        )
         assert not (out / "results.json").exists()
     finally:
         holder.communicate("", timeout=30)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import sys
+import threading
 
 from ckptprof.cli.options import Parser
 from ckptprof.console import ClosedPipeSafe, degrade_unencodable
-from ckptprof.errors import CkptprofError
+from ckptprof.errors import CkptprofError, Terminated
 
 DEBUG_ENV = "CKPTPROF_DEBUG"
 DEBUG_HINT = f"re-run with {DEBUG_ENV}=1 for the traceback"
@@ -67,10 +69,42 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     stdout = sys.stdout
     sys.stdout = ClosedPipeSafe(stdout)  # `| head -1` ends the reading, not the run
+    previous = _raise_on_signals()
     try:
         return _run(argv)
     finally:
         sys.stdout = stdout
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+#: the signal that stopped the command, if one did (an exception a library made of it,
+#: such as torch.save's RuntimeError around a KeyboardInterrupt, still reads as it)
+_stopped_by: list[int] = []
+_STOP_SIGNALS = {signal.SIGINT: (KeyboardInterrupt, 130), signal.SIGTERM: (Terminated, 143)}
+
+
+def _raise_stop(signum, frame) -> None:
+    _stopped_by.append(signum)
+    kind, _ = _STOP_SIGNALS[signum]
+    raise kind(signum)
+
+
+def _raise_on_signals() -> dict:
+    """SIGINT and SIGTERM raise in the main thread, so that every ``finally`` cleans up
+    (the previous handlers are returned, to be put back); elsewhere nothing changes."""
+    _stopped_by.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.signal(signum, _raise_stop) for signum in _STOP_SIGNALS}
+
+
+def _interrupted_exit(signum: int) -> int:
+    from ckptprof.synth.distributed import launched
+
+    if not launched():  # a rank the launcher stopped: the launcher's line says why
+        print(f"ckptprof: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+    return _STOP_SIGNALS[signum][1]
 
 
 def _run(argv: list[str] | None) -> int:
@@ -79,10 +113,11 @@ def _run(argv: list[str] | None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("ckptprof: interrupted", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated):
+        return _interrupted_exit(_stopped_by[0] if _stopped_by else signal.SIGINT)
     except Exception as exc:  # noqa: BLE001 - every failure is one line (traceback on request)
+        if _stopped_by:  # a library turned the interruption into its own error
+            return _interrupted_exit(_stopped_by[0])
         if os.environ.get(DEBUG_ENV):
             raise
         message, code = one_line(exc)

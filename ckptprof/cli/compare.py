@@ -34,6 +34,9 @@ def percent(text: str) -> float:
     return parse(value.removesuffix("%")) / scale
 
 
+percent.kind = "percent"  # type: ignore[attr-defined]
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "compare",

@@ -169,7 +169,7 @@ def choice_list(choices: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
 
 def text_value(expected: str) -> Callable[[str], str]:
     """Free text that is not a path (a label): not empty, no NUL."""
-    return _checked(str, schema.text(pattern=_PLACE, expected=expected))
+    return _checked(str, schema.text(pattern=_PLACE, expected=expected), "text")
 
 
 # not empty or blank (an empty path would mean the current folder), no NUL
@@ -267,6 +267,8 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
         if problem is not None:
             raise argparse.ArgumentTypeError(problem)
         return text
+
+    device.kind = "device"  # type: ignore[attr-defined]
 
     parser.add_argument(
         "--device",

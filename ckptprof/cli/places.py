@@ -92,7 +92,7 @@ def output_folder_problem(text: str) -> str | None:
         ancestor, problem = _nearest_existing(path)
         if problem:
             return problem
-        return _writable_folder(ancestor, "the folder") if ancestor else None
+        return _writable_folder(ancestor, f"{path}: the folder") if ancestor else None
     if stat.S_ISREG(found.st_mode):
         return f"{path} is a file, not a folder; name a folder"
     if not stat.S_ISDIR(found.st_mode):
@@ -116,10 +116,10 @@ def output_file_problem(text: str) -> str | None:
     if problem:
         return problem
     if parent is None:
-        return f"folder {folder} does not exist; create it first"
+        return f"{path}: folder {folder} does not exist; create it first"
     if not stat.S_ISDIR(parent.st_mode):
-        return f"{folder} is not a folder; name a file in a folder"
-    return _writable_folder(folder, "the folder")
+        return f"{path}: {folder} is not a folder; name a file in a folder"
+    return _writable_folder(folder, f"{path}: the folder")
 
 
 def input_problem(text: str) -> str | None:

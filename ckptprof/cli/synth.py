@@ -375,6 +375,7 @@ def stall_after_s(option: float | bool | None) -> float | None:
 
 
 def run_save(args) -> int:
+    from ckptprof.preflight import OutputClaim
     from ckptprof.synth import distributed
     from ckptprof.synth.plan import SynthSpec
     from ckptprof.synth.save import SaveOptions, check, run_save, write_results
@@ -401,6 +402,10 @@ def run_save(args) -> int:
     job = distributed.join() if launched else None
     lead = job is None or job.rank == 0
     finished = False
+    claim = None
+    if lead:  # a second save into this --out is refused before it measures anything
+        args.out.mkdir(parents=True, exist_ok=True)
+        claim = OutputClaim(args.out, "--out")
     board = PhaseBoard(job, stall_after_s(options.stall_after_s)).start() if job else None
     telemetry = setup_telemetry(args.out / "traces")
     try:
@@ -410,13 +415,18 @@ def run_save(args) -> int:
             stall_after_s=options.stall_after_s,
         )  # fmt: skip
         echo = print if lead else (lambda *_: None)
-        result = run_save(args.dest, spec, options, tracer, echo, job)
+        result = run_save(
+            args.dest, spec, options, tracer, echo, job,
+            keep_partial=lambda partial: write_results(args.out, spec, options, partial, True),
+        )  # fmt: skip
         finished = True
     finally:
         telemetry.shutdown()
         if job is not None:
             board.stop()
             job.close(finished)
+        if claim is not None:
+            claim.release()
     if not lead:
         return 0
     written = write_results(args.out, spec, options, result)

@@ -120,7 +120,7 @@ def pair_saves(
 
 def written_bytes(op: TraceOperation) -> int:
     """What a save wrote: its write (or upload, or async stage) phase's bytes."""
-    phases = [op.phases.get(p.value) for p in (Phase.WRITE, Phase.UPLOAD, Phase.STAGE)]
+    phases = [op.phases.get(p.value) for p in (Phase.WRITE, Phase.STAGE)]
     return max((p.nbytes or 0) for p in phases if p is not None) if any(phases) else 0
 
 

@@ -25,7 +25,6 @@ _COLORS = {
     "first_step": "#d62728",
     "serialize": "#17becf",
     "write": "#e377c2",
-    "upload": "#bcbd22",
     "commit": "#7f7f7f",
 }
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -178,6 +178,12 @@ class Storage(ABC):
     @abstractmethod
     def delete(self, path: str) -> None:
         """Remove one object; a missing one is not an error."""
+
+    def claim(self) -> AbstractContextManager[object]:
+        """This process's hold on the location while it writes a checkpoint there: a
+        second writer is refused at once, naming the holder. Object stores have no lock
+        to take (two writers of one prefix are not detected there)."""
+        return nullcontext()
 
     def check_writable(self, path: str, removing: set[str] = frozenset()) -> None:
         """Refuse, before anything is deleted, a path that cannot be written as a file

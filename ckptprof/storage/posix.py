@@ -13,6 +13,7 @@ from pathlib import Path
 from ckptprof import activity
 from ckptprof.atomic import atomic_write, named, partial_path, replacing
 from ckptprof.errors import CkptprofError
+from ckptprof.preflight import OutputClaim
 from ckptprof.schema import is_relative_path
 from ckptprof.storage import pagecache
 from ckptprof.storage.base import CacheState, ObjectInfo, Part, Storage
@@ -162,6 +163,10 @@ class PosixStorage(Storage):
         finally:
             os.close(fd)
         return done
+
+    def claim(self) -> OutputClaim:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return OutputClaim(self.root, "DEST", "a checkpoint")
 
     @contextmanager
     def staging_file(self, path: str) -> Iterator[Path]:

@@ -209,9 +209,11 @@ def _root_cause(failures: dict):
     """The rank that failed first on its own: not one the agent stopped (SIGTERM) after."""
     import signal
 
+    stopped = (-signal.SIGTERM, 128 + signal.SIGTERM)  # killed, or exited on it cleanly
+
     def order(item):
         rank, failure = item
-        return (failure.exitcode == -signal.SIGTERM, failure.timestamp, rank)
+        return (failure.exitcode in stopped, failure.timestamp, rank)
 
     return min(failures.items(), key=order)
 

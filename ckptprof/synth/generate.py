@@ -77,23 +77,24 @@ def generate(
     layout = get_layout(spec.layout)
     plan = layout.plan(spec)
     storage = open_storage(location)
-    claim_location(storage, plan, force)
+    with storage.claim():  # a second writer of this location is refused at once
+        claim_location(storage, plan, force)
 
-    filler = RandomFiller(spec.seed)
-    entries = {}
-    bar = progress_bar(plan.payload_bytes, "generate", progress, leave=True)
-    filler.on_chunk = bar.update  # the bar moves within a large file, chunk by chunk
-    written = 0
-    try:
-        for file in plan.files:
-            entries[file.path] = _write_one(storage, layout, plan, file, filler)
-            written += file.payload_bytes
-            bar.update(max(0, written - bar.n))
-    finally:
-        bar.close()
-    manifest = Manifest(entries, spec=spec.to_dict())
-    publish_manifest(storage, manifest)
-    return GenerateResult(storage.uri, plan, manifest)
+        filler = RandomFiller(spec.seed)
+        entries = {}
+        bar = progress_bar(plan.payload_bytes, "generate", progress, leave=True)
+        filler.on_chunk = bar.update  # the bar moves within a large file, chunk by chunk
+        written = 0
+        try:
+            for file in plan.files:
+                entries[file.path] = _write_one(storage, layout, plan, file, filler)
+                written += file.payload_bytes
+                bar.update(max(0, written - bar.n))
+        finally:
+            bar.close()
+        manifest = Manifest(entries, spec=spec.to_dict())
+        publish_manifest(storage, manifest)
+        return GenerateResult(storage.uri, plan, manifest)
 
 
 def claim_location(storage: Storage, plan: CheckpointPlan, force: bool) -> None:

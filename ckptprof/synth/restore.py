@@ -519,12 +519,14 @@ def run_restore(
     except BaseException:
         telemetry.shutdown()
         raise
-    claim = None
+    claims: list[OutputClaim] = []
     try:
         trace_dir = telemetry.trace_file.parent if telemetry.trace_file else None
         runner.check_outputs(out_dir, trace_dir)
         if job is None or job.rank == 0:  # the one process that writes the results
-            claim = OutputClaim(out_dir, "--out")
+            claims.append(OutputClaim(out_dir, "--out"))
+        if job is None and options.stage_dir is not None:  # a job's ranks share theirs
+            claims.append(OutputClaim(Path(options.stage_dir), "--stage", "its downloads"))
         runner.check_memory()
         mode = runner.first_step.mode
         if mode == "estimated":
@@ -594,7 +596,7 @@ def run_restore(
             )
         return result
     finally:
-        if claim is not None:
+        for claim in claims:
             claim.release()
         runner.state.release()
         telemetry.shutdown()

@@ -14,6 +14,8 @@ back: one storage gets a save and a restore figure from the same bytes.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -167,12 +169,14 @@ def run_save(
     tracer,
     echo=print,
     job: Job | None = None,
+    keep_partial: Callable[[SaveResult], Path] | None = None,
 ) -> SaveResult:
     """Build the state, then save it ``repeat`` times into ``location`` (each save
     replaces the last: they are ours); the last one stays, with its manifest. As one
     rank of a ``job``: this rank's files, every rank saving at once; rank 0 claims the
     location, probes, gathers the records (the job's save time: its slowest rank's) and
-    writes the manifest."""
+    writes the manifest. Interrupted (Ctrl-C, SIGTERM, a failure) after some saves of one
+    process, ``keep_partial`` is given those saves; the location keeps no manifest."""
     check(location, spec, options, job)
     layout = get_layout(spec.layout)
     plan = layout.plan(spec)
@@ -180,69 +184,80 @@ def run_save(
     _check_memory(mine, job.local_world if job else 1)
     storage = open_storage(location)
     lead = job is None or job.rank == 0
-    if lead:
-        claim_location(storage, plan, options.force)
-        ceiling = _ceiling(storage, plan, options)
-    ceiling = job.broadcast(ceiling if lead else None) if job else ceiling
-    echo(ceiling.describe())
-    each = f", {job.world} ranks each holding its share" if job else ""
-    echo(f"building the state in memory: {fmt_bytes(plan.payload_bytes)}{each} (not timed)")
-    tensors = build_state(mine, spec.seed)
-    records = []
-    attrs = {
-        Attr.FORMAT: layout.format,
-        Attr.LAYOUT: layout.name,
-        Attr.MODEL: spec.model,
-        Attr.STORAGE_KIND: storage.kind,
-        Attr.STORAGE_URI: storage.uri,
-        Attr.STRATEGY: options.strategy,
-        Attr.SAVE_FSYNC: options.fsync,
-        Attr.SAVE_CEILING_GBPS: round(ceiling.write_gbps, 4),
-        Attr.CONCURRENCY: options.concurrency,
-    }
-    if job is not None:
-        attrs.update({Attr.RANK: job.rank, Attr.WORLD_SIZE: job.world, **job.attributes()})
-    kept: dict = {}  # what the job keeps between its saves
-    for repeat in range(options.repeat):
-        parent = None
+    with ExitStack() as held:  # the location is this save's until it returns
+        if lead:
+            held.enter_context(storage.claim())
+            claim_location(storage, plan, options.force)
+            ceiling = _ceiling(storage, plan, options)
+        ceiling = job.broadcast(ceiling if lead else None) if job else ceiling
+        echo(ceiling.describe())
+        each = f", {job.world} ranks each holding its share" if job else ""
+        echo(f"building the state in memory: {fmt_bytes(plan.payload_bytes)}{each} (not timed)")
+        tensors = build_state(mine, spec.seed)
+        records = []
+        attrs = {
+            Attr.FORMAT: layout.format,
+            Attr.LAYOUT: layout.name,
+            Attr.MODEL: spec.model,
+            Attr.STORAGE_KIND: storage.kind,
+            Attr.STORAGE_URI: storage.uri,
+            Attr.STRATEGY: options.strategy,
+            Attr.SAVE_FSYNC: options.fsync,
+            Attr.SAVE_CEILING_GBPS: round(ceiling.write_gbps, 4),
+            Attr.CONCURRENCY: options.concurrency,
+        }
         if job is not None:
-            job.barrier()  # the ranks of a job save at once, as a job's do
-            parent = job_context(job)  # each save of the job: one trace, a span per rank
-        with tracer.save({**attrs, Attr.REPEAT: repeat}, parent=parent) as op:
-            ctx = SaveContext(
-                storage=storage, plan=mine, tensors=tensors, op=op, fsync=options.fsync,
-                concurrency=options.concurrency, part_size=options.part_size, tracer=tracer,
-                kept=kept,
-            )  # fmt: skip
-            written = save(options.strategy, ctx)
-        summary = op.summary
-        span = op.span_context
-        record = SaveRecord(
-            repeat=repeat,
-            wall_s=summary.wall_s,
-            bytes=written.nbytes,
-            phases={name: stats.busy_s for name, stats in summary.phases.items()},
-            fsync=options.fsync,
-            trace_id=format(span.trace_id, "032x") if span else "",
-            strategy=options.strategy,
-            background_s=written.background_s,
-            rank=job.rank if job else None,
-        )
-        records.append(record)
-        if job is None:
-            echo(save_line(record))
-    entries = _entries(storage, mine, tensors)
-    if job is not None:
-        gathered = job.gather((records, entries))
-        if not lead:
-            return SaveResult(records, ceiling, {})
-        records = job_records([r for rank_records, _ in gathered for r in rank_records])
-        entries = {path: e for _, rank_entries in gathered for path, e in rank_entries.items()}
-        for record in records:
-            echo(save_line(record))
-    publish_manifest(storage, Manifest(entries, spec=spec.to_dict()))
-    environment = capture({**storage.describe(), "save.part_size": str(options.part_size)})
-    return SaveResult(records, ceiling, environment)
+            attrs.update({Attr.RANK: job.rank, Attr.WORLD_SIZE: job.world, **job.attributes()})
+        kept: dict = {}  # what the job keeps between its saves
+        try:  # each save appended to records as it ends: an interruption keeps those before it
+            for repeat in range(options.repeat):
+                parent = None
+                if job is not None:
+                    job.barrier()  # the ranks of a job save at once, as a job's do
+                    parent = job_context(job)  # each save of the job: one trace, a span per rank
+                with tracer.save({**attrs, Attr.REPEAT: repeat}, parent=parent) as op:
+                    ctx = SaveContext(
+                        storage=storage, plan=mine, tensors=tensors, op=op, fsync=options.fsync,
+                        concurrency=options.concurrency, part_size=options.part_size, tracer=tracer,
+                        kept=kept,
+                    )  # fmt: skip
+                    written = save(options.strategy, ctx)
+                summary = op.summary
+                span = op.span_context
+                record = SaveRecord(
+                    repeat=repeat,
+                    wall_s=summary.wall_s,
+                    bytes=written.nbytes,
+                    phases={name: stats.busy_s for name, stats in summary.phases.items()},
+                    fsync=options.fsync,
+                    trace_id=format(span.trace_id, "032x") if span else "",
+                    strategy=options.strategy,
+                    background_s=written.background_s,
+                    rank=job.rank if job else None,
+                )
+                records.append(record)
+                if job is None:
+                    echo(save_line(record))
+        except BaseException:
+            if records and job is None and keep_partial is not None:  # what was measured stays
+                environment = capture(
+                    {**storage.describe(), "save.part_size": str(options.part_size)}
+                )
+                echo(f"partial results of {len(records)} saves: "
+                     f"{keep_partial(SaveResult(records, ceiling, environment))}")  # fmt: skip
+            raise
+        entries = _entries(storage, mine, tensors)
+        if job is not None:
+            gathered = job.gather((records, entries))
+            if not lead:
+                return SaveResult(records, ceiling, {})
+            records = job_records([r for rank_records, _ in gathered for r in rank_records])
+            entries = {path: e for _, rank_entries in gathered for path, e in rank_entries.items()}
+            for record in records:
+                echo(save_line(record))
+        publish_manifest(storage, Manifest(entries, spec=spec.to_dict()))
+        environment = capture({**storage.describe(), "save.part_size": str(options.part_size)})
+        return SaveResult(records, ceiling, environment)
 
 
 def job_records(rank_records: list[SaveRecord]) -> list[SaveRecord]:
@@ -267,9 +282,12 @@ def _ceiling(storage, plan: CheckpointPlan, options: SaveOptions) -> WriteCeilin
     return probe_write(storage, size, options.part_size, options.concurrency, options.fsync)
 
 
-def write_results(out: Path, spec: SynthSpec, options: SaveOptions, result: SaveResult) -> Path:
+def write_results(
+    out: Path, spec: SynthSpec, options: SaveOptions, result: SaveResult, partial: bool = False
+) -> Path:
     """``save.json``: the spec, options, environment, write ceiling, every save and the
-    medians (what a result needs to be compared and repeated)."""
+    medians (what a result needs to be compared and repeated); ``partial``: the saves an
+    interruption left, marked so."""
     import dataclasses
     import json
 
@@ -287,6 +305,8 @@ def write_results(out: Path, spec: SynthSpec, options: SaveOptions, result: Save
             "of_ceiling": result.of_ceiling,
         },
     }
+    if partial:
+        doc["partial"] = True
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "save.json", json.dumps(doc, indent=2, default=str))
     return out / "save.json"

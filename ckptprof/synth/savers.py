@@ -108,7 +108,7 @@ def save_framework(ctx: SaveContext) -> Written:
     written: list[tuple[Path, Path]] = []
     total = 0
     fused = {Attr.FUSED: fused_value((Phase.SERIALIZE, Phase.WRITE), "the layout's writer")}
-    try:
+    try:  # an unfinished save, interrupted in its commit too, leaves none of its temp files
         for file in ctx.plan.files:
             final = ctx.root / file.path
             final.parent.mkdir(parents=True, exist_ok=True)
@@ -124,16 +124,16 @@ def save_framework(ctx: SaveContext) -> Written:
                 with ctx.op.phase(Phase.FSYNC), _named(final):
                     _fsync(partial)
                 ctx.op.add_bytes(Phase.FSYNC, size)
+        with ctx.op.phase(Phase.COMMIT):
+            for partial, final in written:
+                os.replace(partial, final)
+            if ctx.fsync:
+                for folder in sorted({final.parent for _, final in written}):
+                    fsync_dir(folder)
     except BaseException:
-        for partial, _ in written:  # an unfinished save leaves none of its files behind
+        for partial, _ in written:  # those not renamed yet
             partial.unlink(missing_ok=True)
         raise
-    with ctx.op.phase(Phase.COMMIT):
-        for partial, final in written:
-            os.replace(partial, final)
-        if ctx.fsync:
-            for folder in sorted({final.parent for _, final in written}):
-                fsync_dir(folder)
     ctx.op.set_attributes({Attr.FILES: len(written)})
     return Written(total)
 
@@ -167,17 +167,18 @@ def save_parallel(ctx: SaveContext) -> Written:
                 with op.phase(Phase.FSYNC), _named(where):
                     writer.sync()
                 op.add_bytes(Phase.FSYNC, size)
-    except BaseException:
+        with op.phase(Phase.COMMIT):
+            while writers:  # a writer leaves the list once committed
+                writers[0].commit()
+                writers.pop(0)
+            if ctx.fsync and not ctx.storage.object_store:
+                for folder in sorted({(ctx.root / f.path).parent for f in ctx.plan.files}):
+                    fsync_dir(folder)
+    except BaseException:  # an unfinished save, interrupted in its commit too, leaves nothing
         for writer in writers:
             writer.abort()
         raise
-    with op.phase(Phase.COMMIT):
-        for writer in writers:
-            writer.commit()
-        if ctx.fsync and not ctx.storage.object_store:
-            for folder in sorted({(ctx.root / f.path).parent for f in ctx.plan.files}):
-                fsync_dir(folder)
-    op.set_attributes({Attr.FILES: len(writers)})
+    op.set_attributes({Attr.FILES: len(ctx.plan.files)})
     return Written(total)
 
 

@@ -245,10 +245,53 @@ def _status_reason(raw: bytes) -> str | None:
     return None
 
 
+#: the ``OTEL_TRACES_EXPORTER`` names ckptprof acts on, and the protocols it speaks
+KNOWN_EXPORTERS = ("otlp", "console", "none")
+KNOWN_PROTOCOLS = ("http/protobuf", "grpc")
+_settings_warned: set[str] = set()
+
+
 def _exporter_names() -> list[str]:
     """``OTEL_TRACES_EXPORTER``: otlp, console, none (comma-separated; empty: not set)."""
     return [n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")
             if n.strip()]  # fmt: skip
+
+
+def _protocol() -> str:
+    return (
+        os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+        )
+        .strip()
+        .lower()
+    )
+
+
+def settings_problems() -> list[str]:
+    """What in the ``OTEL_*`` variables ckptprof cannot honour (a typo there would
+    otherwise send the spans nowhere without a word)."""
+    problems = []
+    unknown = [n for n in _exporter_names() if n not in KNOWN_EXPORTERS]
+    if unknown:
+        problems.append(
+            f"OTEL_TRACES_EXPORTER={os.environ.get('OTEL_TRACES_EXPORTER')!r}: "
+            f"{', '.join(unknown)} is not one of {', '.join(KNOWN_EXPORTERS)}; the spans go to "
+            "the trace file only"
+        )
+    protocol = _protocol()
+    if protocol and protocol not in KNOWN_PROTOCOLS:
+        problems.append(
+            f"OTLP protocol {protocol!r} is not one of {', '.join(KNOWN_PROTOCOLS)}; "
+            "using http/protobuf"
+        )
+    return problems
+
+
+def _warn_settings_once() -> None:
+    for problem in settings_problems():
+        if problem not in _settings_warned:
+            _settings_warned.add(problem)
+            log.warning("ckptprof: warning: %s", problem)
 
 
 def sdk_disabled() -> bool:
@@ -268,9 +311,7 @@ def _otlp_requested() -> bool:
 
 
 def _otlp_exporter() -> WarnOnceExporter | None:
-    protocol = os.environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-    )
+    protocol = _protocol()
     endpoint = os.environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"),
@@ -472,6 +513,7 @@ def setup_telemetry(
     )
     if sdk_disabled():  # spans are made (the code paths stay the same) and go nowhere
         return Telemetry(provider, None, run_id)
+    _warn_settings_once()
     if "console" in _exporter_names():
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 

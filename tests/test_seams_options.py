@@ -1,0 +1,178 @@
+"""Every option of every command, fed its kind's boundary values: accepted exactly
+where its range says, or refused with exit 2 and one line naming it, before any work.
+
+The options are read from the parser itself (:func:`ckptprof.cli.build_parser`): an
+option added tomorrow is fed the same values the day it is added, and one whose value
+has no kind the matrix knows fails here until it gets one (a type from
+:mod:`ckptprof.cli.options`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+
+import pytest
+
+from ckptprof.cli import build_parser
+from ckptprof.cli.options import OFF_WORDS
+
+#: the units a person writes, with their values as the test knows them (not the code's table)
+SIZES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60}
+DURATIONS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86_400}
+
+#: what every option that takes a value is fed, whatever its kind
+GARBAGE = ("", "   ", "garbage", "nan", "inf", "-inf", "-1", "1e308", "1e999", "0x10", "１")
+#: values that must be refused by every option of these kinds (no number is unbounded)
+NEVER_NUMBERS = ("nan", "inf", "-inf", "1e308", "1e999", "garbage", "")
+
+
+def _commands(parser: argparse.ArgumentParser, prefix=()):
+    yield prefix, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*prefix, name))
+
+
+def _value_actions():
+    """(command words, the subparser, action) for every option that takes a value."""
+    skip = (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)
+    for words, parser in _commands(_parser()):
+        for action in parser._actions:
+            if isinstance(action, skip) or action.nargs == 0 or not action.option_strings:
+                continue
+            yield words, parser, action
+
+
+def _positional_values(parser: argparse.ArgumentParser, tmp_path) -> list[str]:
+    """Valid values for a command's positionals, so that only the option is on trial."""
+    values = []
+    for action in parser._actions:
+        if action.option_strings or isinstance(action, argparse._SubParsersAction):
+            continue
+        role = getattr(action.type, "role", None)
+        if role == "checkpoint to write":
+            values.append(str(tmp_path / "new-checkpoint"))
+        elif role in ("checkpoint to read", "input"):
+            values.append(str(tmp_path))
+        else:
+            pytest.fail(f"positional {action.dest} has no role the matrix knows ({role})")
+    return values
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    return build_parser()  # parse_args leaves it as it was: one for the whole matrix
+
+
+def _parse(words, parser, tmp_path, option: str, value: str, capsys):
+    argv = [*words, *_positional_values(parser, tmp_path), f"{option}={value}"]
+    try:
+        namespace = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code, None, capsys.readouterr().err
+    return 0, namespace, capsys.readouterr().err
+
+
+def _assert_refused(code, err: str, option: str, value: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, f"{option}={value!r} accepted"
+    assert len(lines) == 1, f"{option}={value!r}: {err}"
+    assert option in lines[0] and "--help" in lines[0], lines[0]
+    assert "Traceback" not in err and "unexpected" not in err, err
+
+
+def _cases(kind: str, action) -> list[str]:
+    """The boundary values of one kind of option."""
+    if kind == "size":
+        return [f"1{unit}" for unit in SIZES] + ["16M", "1.5G", "0", "-1K", "1KiB", "2MB"]
+    if kind == "duration":
+        return [f"1{unit}" for unit in DURATIONS] + ["6h", "0s", "-1h"]
+    if kind == "real-or-off":
+        return [*OFF_WORDS, "1", "0.5"]
+    if kind in ("choice-list",):
+        return [",".join(action.type.choices), ",", "bogus", action.type.choices[0] + ",bogus"]
+    if kind in ("whole", "whole-list", "real"):
+        return ["0", "1", "2", "1.5", "10**3"] + (["1,2", ",1"] if kind == "whole-list" else [])
+    return []
+
+
+OPTIONS = list(_value_actions())
+
+
+def _id(case) -> str:
+    words, _, action = case
+    return f"{' '.join(words)} {action.option_strings[-1]}"
+
+
+@pytest.mark.parametrize("case", OPTIONS, ids=[_id(c) for c in OPTIONS])
+def test_every_option_takes_exactly_what_its_range_allows(case, tmp_path, capsys):
+    words, parser, action = case
+    option = action.option_strings[-1]
+    kind = getattr(action.type, "kind", None)
+    if kind is None and action.choices is None:
+        pytest.fail(f"{option}: its value has no kind (give it a type from cli.options)")
+    if kind == "path":
+        return  # every path option: tests/test_seams_paths.py
+    for value in GARBAGE + tuple(_cases(kind or "choices", action)):
+        code, namespace, err = _parse(words, parser, tmp_path, option, value, capsys)
+        if code != 0:
+            _assert_refused(code, err, option, value)
+            continue
+        assert not err.strip(), f"{option}={value!r}: {err}"
+        parsed = getattr(namespace, action.dest)
+        if isinstance(parsed, list):  # append actions
+            parsed = parsed[-1]
+        items = parsed if isinstance(parsed, tuple) else (parsed,)
+        for item in items:
+            if isinstance(item, float):
+                assert math.isfinite(item), f"{option}={value!r} gave {item}"
+            check = getattr(action.type, "check", None)
+            if check is not None and not (kind == "real-or-off" and item == 0):
+                assert check(item) is None, f"{option}={value!r} gave {item}, out of range"
+        if kind in ("whole", "real", "size", "duration", "whole-list", "real-or-off"):
+            assert value not in NEVER_NUMBERS, f"{option} accepted {value!r}: no ceiling"
+
+
+@pytest.mark.parametrize("case", OPTIONS, ids=[_id(c) for c in OPTIONS])
+def test_a_value_in_range_is_accepted_in_every_unit(case, tmp_path, capsys):
+    """What the range allows is accepted however it is written (``--memory-budget 1T``
+    was refused while its message named 1 PiB as the maximum)."""
+    words, parser, action = case
+    kind = getattr(action.type, "kind", None)
+    if kind not in ("size", "duration"):
+        return
+    option = action.option_strings[-1]
+    for unit, worth in (SIZES if kind == "size" else DURATIONS).items():
+        for count in (1, 2, 16, 512):
+            value = count * worth
+            allowed = action.type.check(value if kind == "size" else float(value)) is None
+            code, namespace, err = _parse(words, parser, tmp_path, option, f"{count}{unit}", capsys)
+            assert (code == 0) == allowed, f"{option}={count}{unit}: {err or 'accepted'}"
+            if code == 0:
+                assert getattr(namespace, action.dest) == value, f"{option}={count}{unit}"
+
+
+def test_stall_after_off_turns_the_watchdog_off(tmp_path, capsys):
+    from ckptprof.cli.synth import stall_after_s, stall_option
+
+    for command in ("save", "restore"):
+        for word in ("0", "off", "OFF", "no"):
+            args = build_parser().parse_args(
+                ["synth", command, str(tmp_path), "--stall-after", word]
+            )
+            assert args.stall_after == 0.0
+            assert stall_after_s(stall_option(args.stall_after)) is None
+        args = build_parser().parse_args(["synth", command, str(tmp_path)])
+        assert stall_option(args.stall_after) is True  # the environment's, or the default
+
+
+def test_huge_prices_and_intervals_are_refused_not_printed(tmp_path, capsys):
+    """`--mtbi 1e99` printed a 96-digit interval, `--price-per-hour 1e308` 300-digit
+    costs; an interval of a second makes Young/Daly's formula meaningless."""
+    report = dict(_commands(build_parser()))[("report",)]
+    for option, value in (("--mtbi", "1e99"), ("--price-per-hour", "1e308"), ("--mtbi", "1s")):
+        code, _, err = _parse(("report",), report, tmp_path, option, value, capsys)
+        _assert_refused(code, err, option, value)
