@@ -46,9 +46,21 @@ def _value_actions():
             yield words, parser, action
 
 
-def _positional_values(parser: argparse.ArgumentParser, tmp_path) -> list[str]:
-    """Valid values for a command's positionals, so that only the option is on trial."""
+def _required_options(parser: argparse.ArgumentParser, trial=None) -> list[str]:
+    """Valid values for a command's required options other than ``trial``."""
     values = []
+    for action in parser._actions:
+        if action.required and action.option_strings and action is not trial:
+            if not action.choices:
+                pytest.fail(f"required {action.option_strings[-1]}: give the matrix a value")
+            values += [action.option_strings[-1], next(iter(action.choices))]
+    return values
+
+
+def _positional_values(parser: argparse.ArgumentParser, tmp_path, trial=None) -> list[str]:
+    """Valid values for a command's positionals and required options, so that only the
+    option on ``trial`` is."""
+    values = _required_options(parser, trial)
     for action in parser._actions:
         if action.option_strings or isinstance(action, argparse._SubParsersAction):
             continue
@@ -68,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _parse(words, parser, tmp_path, option: str, value: str, capsys):
-    argv = [*words, *_positional_values(parser, tmp_path), f"{option}={value}"]
+    trial = next(a for a in parser._actions if option in a.option_strings)
+    argv = [*words, *_positional_values(parser, tmp_path, trial), f"{option}={value}"]
     try:
         namespace = _parser().parse_args(argv)
     except SystemExit as exc:

@@ -21,7 +21,7 @@ import pytest
 
 from ckptprof.cli import options as opt
 from tests.test_full_disk import fill, small_fs
-from tests.test_seams_options import _commands, _parser, _positional_values
+from tests.test_seams_options import _commands, _parser, _positional_values, _required_options
 
 # --------------------------------------------------------------------- kinds of place
 
@@ -141,9 +141,9 @@ def _name(action) -> str:
 def _argv(words, parser, action, place: Path, tmp_path: Path) -> list[str]:
     """The command with ``place`` in the option on trial and usable values elsewhere."""
     if action.option_strings:
-        others = _positional_values(parser, tmp_path / "others")
+        others = _positional_values(parser, tmp_path / "others", action)
         return [*words, *others, action.option_strings[-1], str(place)]
-    return [*words, str(place)]
+    return [*words, *_required_options(parser), str(place)]
 
 
 def _snapshot(root: Path) -> set[tuple[str, bool]]:

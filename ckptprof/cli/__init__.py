@@ -42,7 +42,7 @@ _ONE_LINE: tuple[tuple[type[BaseException], str, int], ...] = (
 
 def build_parser() -> Parser:
     from ckptprof import __version__
-    from ckptprof.cli import compare, demo, export, report, synth
+    from ckptprof.cli import compare, demo, export, predict, report, synth
 
     parser = Parser(
         prog="ckptprof",
@@ -61,6 +61,7 @@ def build_parser() -> Parser:
     compare.add_parser(commands)
     export.add_parser(commands)
     demo.add_parser(commands)
+    predict.add_parser(commands)
     return parser
 
 
