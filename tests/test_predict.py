@@ -4,6 +4,7 @@ time), then the command on results a real small save and restore measured here."
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -134,3 +135,34 @@ def test_no_measurement_is_one_line(tmp_path, capsys):
     code = main(["predict", str(tmp_path / "empty"), "--model", "llama2-7b"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "synth save" in err[0] and "synth restore" in err[0]
+
+
+def test_ranks_beyond_a_nodes_cores_wait_for_one():
+    # 8 ranks on 2 cores: each rank's 3.125 s of deserialize takes 4x as long
+    limits = Limits(cores=Given(2.0, "t"))
+    estimate = predict_restore(plan(), costs(read=10.0, cpu={"deserialize": 1e-8}), limits)
+    assert estimate.cpu["deserialize"] == pytest.approx(4 * 3.125)
+
+
+@pytest.mark.slow
+def test_check_predicts_then_measures_and_reports_the_error(tmp_path, capsys):
+    """The error printed is the prediction against the runs --check made itself."""
+    out = tmp_path / "check"
+    code = main(["predict", "--check", str(tmp_path / "storage"), "--cases", "scale",
+                 "--scale", str(TINY_SCALE), "--out", str(out)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    table = capsys.readouterr().out
+    rows = json.loads((out / "check.json").read_text())
+    assert [(r["case"], r["what"]) for r in rows] == [
+        ("scale", "save"),
+        ("scale", "restore (time to state)"),
+    ]
+    target = f"x{TINY_SCALE * 5:g}-r1-f0"
+    save = json.loads((out / f"save-{target}" / "save.json").read_text())["summary"]["median_s"]
+    runs = json.loads((out / f"restore-{target}" / "results.json").read_text())["runs"]
+    assert rows[0]["measured_s"] == pytest.approx(save)
+    assert rows[1]["measured_s"] == pytest.approx(statistics.median(r["wall_s"] for r in runs))
+    for row in rows:
+        error = (row["predicted_s"] - row["measured_s"]) / row["measured_s"]
+        assert row["error"] == pytest.approx(error)
+        assert f"{error:+.0%}" in table and f"{row['measured_s']:.2f}s" in table

@@ -7,8 +7,20 @@ import json
 import sys
 
 from ckptprof import schema
-from ckptprof.cli.options import HelpFormatter, duration, input_path, output_file, real, whole
+from ckptprof.cli.options import (
+    HelpFormatter,
+    choice_list,
+    directory,
+    duration,
+    input_path,
+    location,
+    output_file,
+    real,
+    whole,
+)
 from ckptprof.cost import MAX_PRICE_PER_HOUR
+from ckptprof.predict.check import CASES
+from ckptprof.synth import ranges
 from ckptprof.synth.presets import PRESETS
 
 #: S3's documented request rates per partitioned prefix (AWS S3 performance guidelines)
@@ -52,11 +64,11 @@ def add_parser(commands) -> None:
         formatter_class=HelpFormatter,
     )
     parser.add_argument(
-        "paths", nargs="+", metavar="PATH", type=input_path,
+        "paths", nargs="*", metavar="PATH", type=input_path,
         help="results.json and save.json measured on the target storage, or their folders",
     )  # fmt: skip
     parser.add_argument(
-        "--model", required=True, choices=tuple(PRESETS), metavar="NAME",
+        "--model", default="llama2-7b", choices=tuple(PRESETS), metavar="NAME",
         help="the planned model: %(choices)s",
     )  # fmt: skip
     parser.add_argument(
@@ -85,6 +97,10 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--node-gbps", type=gbps, help=f"one node's network GB/s (default {DEFAULT_NODE_GBPS:g})"
     )
+    parser.add_argument(
+        "--cores-per-node", type=real(schema.number(maximum=100_000, above=0)),
+        help="a node's CPU cores, which its ranks' CPU phases share (default: one per rank)",
+    )  # fmt: skip
     rate = real(schema.number(maximum=1e9, above=0))
     parser.add_argument("--get-rate", type=rate, help="an object store's GETs per second")
     parser.add_argument("--put-rate", type=rate, help="an object store's PUTs per second")
@@ -106,6 +122,24 @@ def add_parser(commands) -> None:
         "--plot", metavar="FILE.png", type=output_file,
         help="time against nodes (1, 2, 4 … --nodes), the binding limit at each point",
     )  # fmt: skip
+    check = parser.add_argument_group(
+        "checking the predictions here",
+        "--check DEST measures a base save and restore at DEST (a folder or s3://bucket/"
+        "prefix on the storage to check), predicts each target from it, measures the target "
+        "and prints both with the error",
+    )
+    check.add_argument(
+        "--check", metavar="DEST", type=location, help="where the checks save and restore"
+    )
+    check.add_argument(
+        "--cases", type=choice_list(CASES), default=CASES,
+        help="ranks: 2 and 4 ranks from 1; scale: 5x the base scale; files: 200 files from 2",
+    )  # fmt: skip
+    check.add_argument("--scale", type=real(ranges.SCALE), default=0.002, help="the base's scale")
+    check.add_argument(
+        "--out", type=directory, default="ckptprof-predict-check",
+        help="where the checks' results go",
+    )  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -122,10 +156,40 @@ def limits_for(args, object_store: bool):
         node_gbps=given(args.node_gbps, DEFAULT_NODE_GBPS, "--node-gbps"),
         get_rate=given(args.get_rate, S3_GETS_PER_S if object_store else None, "--get-rate"),
         put_rate=given(args.put_rate, S3_PUTS_PER_S if object_store else None, "--put-rate"),
+        cores=given(args.cores_per_node, None, "--cores-per-node"),
     )
 
 
+def run_check(args) -> int:
+    from ckptprof.predict.check import check, render_check
+    from ckptprof.preflight import OutputClaim
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    with OutputClaim(args.out, "--out"):
+        rows = check(args.check, args.out, args.cases, args.model, args.scale)
+    table = render_check(rows)
+    from ckptprof.atomic import atomic_write
+
+    atomic_write(args.out / "check.txt", table)
+    atomic_write(args.out / "check.json", json.dumps([row.to_dict() for row in rows], indent=2))
+    sys.stdout.write(table)
+    return 0
+
+
 def run(args) -> int:
+    from ckptprof.errors import CkptprofError
+
+    if args.check:
+        return run_check(args)
+    if not args.paths:
+        raise CkptprofError(
+            "predict: give the results measured on the target storage (PATH: results.json, "
+            "save.json or their folders), or --check DEST to check the predictions here"
+        )
+    return run_prediction(args)
+
+
+def run_prediction(args) -> int:
     from ckptprof.predict.measured import measured
     from ckptprof.predict.model import JobPlan, interval, predict_restore, predict_save
     from ckptprof.predict.render import Prediction, figure, render_json, render_text

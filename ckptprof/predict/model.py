@@ -101,13 +101,15 @@ class Given:
 @dataclass(frozen=True)
 class Limits:
     """What one node cannot measure: the storage's aggregate bandwidth (GB/s), the
-    node's network (GB/s) and an object store's request rates (per second); None: no
-    such limit (a node's own disk has no aggregate; a file system no request rate)."""
+    node's network (GB/s), an object store's request rates (per second) and the node's
+    cores; None: no such limit (a node's own disk has no aggregate; a file system no
+    request rate; a core for every rank)."""
 
     storage_gbps: Given | None = None
     node_gbps: Given | None = None
     get_rate: Given | None = None
     put_rate: Given | None = None
+    cores: Given | None = None  # a node's CPU cores: its ranks' CPU phases share them
 
 
 @dataclass(frozen=True)
@@ -189,12 +191,21 @@ def _requests(rank_bytes: int, ranks: int, plan: JobPlan, part_size: int) -> int
     return ranks * (math.ceil(rank_bytes / part_size) + plan.files_per_rank)
 
 
+def _cpu(per_byte: dict[str, Given], rank_bytes: int, plan: JobPlan, limits: Limits) -> dict:
+    """Each CPU phase's seconds on the busiest rank; a node's ranks beyond its cores wait
+    for one (the phases were measured by one rank with the machine to itself)."""
+    crowding = 1.0
+    if limits.cores is not None:
+        crowding = max(1.0, plan.ranks_per_node / limits.cores.value)
+    return {name: rank_bytes * cost.value * crowding for name, cost in per_byte.items()}
+
+
 def predict_restore(plan: JobPlan, costs: Costs, limits: Limits) -> Estimate:
     rank_bytes, job_bytes = plan.restore_bytes()
     requests = _requests(rank_bytes, plan.world, plan, costs.part_size)
     bounds = _bounds(rank_bytes, job_bytes, rank_bytes * plan.ranks_per_node, requests,
                      costs.read_gbps, limits, limits.get_rate)  # fmt: skip
-    cpu = {name: rank_bytes * c.value for name, c in costs.cpu_s_per_byte.items()}
+    cpu = _cpu(costs.cpu_s_per_byte, rank_bytes, plan, limits)
     return Estimate("restore", rank_bytes, job_bytes, requests, bounds, cpu)
 
 
@@ -210,7 +221,7 @@ def predict_save(plan: JobPlan, costs: Costs, limits: Limits) -> Estimate:
     node_bytes = rank_bytes * min(plan.ranks_per_node, writers)
     bounds = _bounds(rank_bytes, job_bytes, node_bytes, requests, costs.write_gbps, limits,
                      limits.put_rate)  # fmt: skip
-    cpu = {name: rank_bytes * c.value for name, c in costs.save_cpu_s_per_byte.items()}
+    cpu = _cpu(costs.save_cpu_s_per_byte, rank_bytes, plan, limits)
     return Estimate("save", rank_bytes, job_bytes, requests, bounds, cpu)
 
 

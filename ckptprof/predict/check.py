@@ -1,0 +1,170 @@
+"""``ckptprof predict --check``: the predictions this machine can verify, made and then
+measured: more ranks from one rank, a larger scale from a smaller one, many small files
+from few large ones, on the storage given.
+
+Each case measures a base (``ckptprof synth save`` and ``synth restore``, run as a user
+would, in processes of their own), predicts the target from it alone, then measures the
+target the same way and prints both with the error. Restores run hot-cache-free where
+the storage allows (cold), 8 requests in flight, no first step: what is compared is the time
+to state and the save's time. The ranks of one machine share its disk or network: the
+node's limit is the base's own probed ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+from ckptprof.errors import CkptprofError
+from ckptprof.predict.measured import measured
+from ckptprof.predict.model import Given, JobPlan, Limits, predict_restore, predict_save
+from ckptprof.synth.presets import get_preset
+
+CASES = ("ranks", "scale", "files")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One measured configuration: what ``synth save`` and ``synth restore`` ran."""
+
+    scale: float
+    ranks: int = 1
+    files: int | None = None
+
+    def label(self) -> str:
+        files = f", {self.files} files" if self.files else ""
+        return f"x{self.scale:g}, {self.ranks} rank{'s' if self.ranks > 1 else ''}{files}"
+
+
+@dataclass(frozen=True)
+class Checked:
+    case: str
+    base: Setting
+    target: Setting
+    what: str  # "save" or "restore (time to state)"
+    predicted_s: float
+    measured_s: float
+    binds: str
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+    def to_dict(self) -> dict:
+        return {"case": self.case, "from": self.base.label(), "to": self.target.label(),
+                "what": self.what, "predicted_s": self.predicted_s, "binds": self.binds,
+                "measured_s": self.measured_s, "error": self.error}  # fmt: skip
+
+
+def _run(argv: list[str], echo: Callable[[str], None]) -> None:
+    echo("  $ ckptprof " + " ".join(argv))
+    done = subprocess.run([sys.executable, "-m", "ckptprof", *argv], capture_output=True,
+                          text=True)  # fmt: skip
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise CkptprofError(f"predict --check: `ckptprof {' '.join(argv)}` failed: {last}")
+
+
+def _measure(where: str, work: Path, setting: Setting, repeat: int, echo) -> tuple[Path, Path]:
+    """Save then restore ``setting`` at ``where``; the folders of their results."""
+    name = f"x{setting.scale:g}-r{setting.ranks}-f{setting.files or 0}"
+    save_out, restore_out = work / f"save-{name}", work / f"restore-{name}"
+    dest = f"{where.rstrip('/')}/{name}"
+    spec = ["--scale", str(setting.scale)] + (
+        ["--files", str(setting.files)] if setting.files else []
+    )
+    launch = ["--nproc-per-node", str(setting.ranks)] if setting.ranks > 1 else []
+    _run(["synth", "save", dest, *spec, *launch, "--repeat", str(repeat), "--force",
+          "--out", str(save_out)], echo)  # fmt: skip
+    _run(["synth", "restore", dest, *launch, "--cache", "cold", "--concurrency", "8",
+          "--repeat", str(repeat), "--no-first-step", "--no-report", "--verify", "full",
+          "--out", str(restore_out)], echo)  # fmt: skip
+    return save_out, restore_out
+
+
+def _measured_restore_s(results: Path) -> float:
+    """The job's time to state: per repeat, its slowest rank's; their median."""
+    doc = json.loads((results / "results.json").read_text())
+    by_repeat: dict[tuple, float] = {}
+    for run in doc["runs"]:
+        key = (run["strategy"], run["cache"], run["concurrency"], run["repeat"])
+        by_repeat[key] = max(by_repeat.get(key, 0.0), run["wall_s"])
+    return median(by_repeat.values())
+
+
+def _measured_save_s(saves: Path) -> float:
+    return json.loads((saves / "save.json").read_text())["summary"]["median_s"]
+
+
+def _plan(model: str, setting: Setting) -> JobPlan:
+    preset = get_preset(model).scaled(setting.scale)
+    return JobPlan(model=model, params=preset.params, nodes=1, ranks_per_node=setting.ranks,
+                   files_per_rank=max(1, (setting.files or 1) // setting.ranks))  # fmt: skip
+
+
+def _node_limits(save_out: Path, restore_out: Path) -> tuple[Limits, Limits]:
+    """One node's disk or network, as its probes measured it: the limit every rank of a
+    job on this machine shares."""
+    read = json.loads((restore_out / "results.json").read_text())["ceiling"]
+    write = json.loads((save_out / "save.json").read_text())["ceiling"]
+    cores = Given(float(os.cpu_count() or 1), "measured: this machine's cores")
+    return (
+        Limits(node_gbps=Given(read["read_gbps"], f"measured: {restore_out} read ceiling"),
+               cores=cores),
+        Limits(node_gbps=Given(write["write_gbps"], f"measured: {save_out} write ceiling"),
+               cores=cores),
+    )  # fmt: skip
+
+
+def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: float,
+          repeat: int = 2, echo: Callable[[str], None] = print) -> list[Checked]:  # fmt: skip
+    """Run each case; what it predicted and measured."""
+    base = Setting(scale)
+    targets = {
+        "ranks": [Setting(scale, ranks=2), Setting(scale, ranks=4)],
+        "scale": [Setting(scale * 5)],
+        "files": [Setting(scale, files=200)],
+    }
+    bases = {"ranks": base, "scale": base, "files": Setting(scale, files=2)}
+    measured_at: dict[Setting, tuple[Path, Path]] = {}
+
+    def at(setting: Setting) -> tuple[Path, Path]:
+        if setting not in measured_at:
+            echo(f"measuring {setting.label()} at {where}")
+            measured_at[setting] = _measure(where, work, setting, repeat, echo)
+        return measured_at[setting]
+
+    out = []
+    for case in cases:
+        save_out, restore_out = at(bases[case])
+        costs = measured([str(save_out), str(restore_out)]).costs
+        read_limits, write_limits = _node_limits(save_out, restore_out)
+        for target in targets[case]:
+            plan = _plan(model, target)
+            restore = predict_restore(plan, costs, read_limits)
+            save = predict_save(plan, costs, write_limits)
+            t_save, t_restore = at(target)
+            out += [
+                Checked(case, bases[case], target, "save", save.total_s,
+                        _measured_save_s(t_save), save.limit_name),
+                Checked(case, bases[case], target, "restore (time to state)", restore.total_s,
+                        _measured_restore_s(t_restore), restore.limit_name),
+            ]  # fmt: skip
+    return out
+
+
+def render_check(rows: list[Checked]) -> str:
+    lines = [f"{'case':<6} {'from':<22} {'to':<22} {'what':<24} {'predicted':>9} "
+             f"{'measured':>9} {'error':>7}  binds"]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"{r.case:<6} {r.base.label():<22} {r.target.label():<22} {r.what:<24} "
+            f"{r.predicted_s:>8.2f}s {r.measured_s:>8.2f}s {r.error:>+7.0%}  {r.binds}"
+        )
+    return "\n".join(lines) + "\n"
