@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ from ckptprof.storage import open_storage
 from ckptprof.synth.generate import generate
 from ckptprof.synth.plan import SynthSpec
 from ckptprof.synth.restore import RestoreOptions, run_restore
-from tests.conftest import TINY_SCALE, read_spans, run_cli
+from tests.conftest import TINY_SCALE, read_spans, run_cli, spans_in
 from tests.test_bad_input import assert_one_line_error
 
 LAYOUTS = ["torch", "safetensors", "dcp", "deepspeed"]
@@ -54,6 +55,26 @@ def phase_spans(payload):
     return roots, [kids[r["context"]["span_id"]] for r in roots]
 
 
+def restored_here(location: str, traces: Path):
+    """One cold restore of ``location`` into one rank, in this process: its state's digest
+    and its fetch span's attributes."""
+    from ckptprof.synth.restore import RestoreRunner
+    from ckptprof.tracing import CheckpointTracer, setup_telemetry
+
+    options = RestoreOptions(
+        strategies=("pipelined",), caches=("cold",), concurrency=(2,), repeat=1, verify="size",
+        ceiling_gbps=1.0, first_step=False, progress=False, world_size=1,
+    )  # fmt: skip
+    telemetry = setup_telemetry(traces)
+    try:
+        runner = RestoreRunner(location, options, CheckpointTracer(telemetry.provider))
+        runner.run_once("pipelined", "cold", 2, 0)
+    finally:
+        telemetry.shutdown()
+    [fetch] = [s for s in spans_in(traces) if s["name"] == "ckpt.fetch"]
+    return runner.state.digest(), fetch["attributes"]
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_generate_and_restore_through_s3(layout, s3_bucket, s3_env, tmp_path):
     s3_env()
@@ -74,6 +95,14 @@ def test_generate_and_restore_through_s3(layout, s3_bucket, s3_env, tmp_path):
     assert env["s3.endpoint"].startswith("http://127.0.0.1:")
     assert env["s3.region"] == "us-east-1" and env["s3.addressing_style"]
     assert env["fetch.part_size"] == str(16 << 20)
+    # where each GET's bytes land: the same files copied to a local disk (read there in
+    # requests cut at tensors, in place) restore the same state, byte for byte
+    local, storage = tmp_path / "local", open_storage(location)
+    for name in [*manifest["files"], MANIFEST_NAME]:
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        (local / name).write_bytes(storage.read_bytes(name))
+    remote_digest, _ = restored_here(location, tmp_path / "s3-traces")
+    assert remote_digest == restored_here(str(local), tmp_path / "local-traces")[0]
 
 
 def test_generation_uses_multipart_upload(s3_bucket, s3_env):
