@@ -6,13 +6,17 @@ through boto3 over HTTP, configured only by the standard AWS_* variables.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
 from ckptprof.errors import StorageError
+from ckptprof.io.requests import OBJECT_STORE_GAP
 from ckptprof.io.transfer import fetch
 from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.phases import RESTORE_PHASES
@@ -55,7 +59,7 @@ def phase_spans(payload):
     return roots, [kids[r["context"]["span_id"]] for r in roots]
 
 
-def restored_here(location: str, traces: Path):
+def restored_here(location: str, traces: Path, **options):
     """One cold restore of ``location`` into one rank, in this process: its state's digest
     and its fetch span's attributes."""
     from ckptprof.synth.restore import RestoreRunner
@@ -63,7 +67,7 @@ def restored_here(location: str, traces: Path):
 
     options = RestoreOptions(
         strategies=("pipelined",), caches=("cold",), concurrency=(2,), repeat=1, verify="size",
-        ceiling_gbps=1.0, first_step=False, progress=False, world_size=1,
+        ceiling_gbps=1.0, first_step=False, progress=False, world_size=1, **options,
     )  # fmt: skip
     telemetry = setup_telemetry(traces)
     try:
@@ -76,7 +80,7 @@ def restored_here(location: str, traces: Path):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_generate_and_restore_through_s3(layout, s3_bucket, s3_env, tmp_path):
+def test_generate_and_restore_through_s3(layout, s3_bucket, s3_env, tmp_path, monkeypatch):
     s3_env()
     ranks = 2 if layout in ("dcp", "deepspeed") else 1
     location = s3_generate(s3_bucket.name, layout, ranks)
@@ -101,8 +105,81 @@ def test_generate_and_restore_through_s3(layout, s3_bucket, s3_env, tmp_path):
     for name in [*manifest["files"], MANIFEST_NAME]:
         (local / name).parent.mkdir(parents=True, exist_ok=True)
         (local / name).write_bytes(storage.read_bytes(name))
-    remote_digest, _ = restored_here(location, tmp_path / "s3-traces")
+    with fetch_requests(monkeypatch) as requests:  # in parts of 256 KiB: several per file
+        remote_digest, fetched = restored_here(location, tmp_path / "s3-traces", part_size=PART)
     assert remote_digest == restored_here(str(local), tmp_path / "local-traces")[0]
+    assert_object_store_requests(requests, fetched, whole_parts=layout != "dcp")
+
+
+PART = 256 << 10
+
+
+@contextlib.contextmanager
+def fetch_requests(monkeypatch):
+    """Every GET the pipelined restore's fetch makes on S3 (after the index reads), as
+    ``(path, offset, length)``, recorded where the storage is asked for them."""
+    from ckptprof.storage.s3 import S3Storage
+    from ckptprof.synth.strategies import dcp, pipelined
+
+    seen: list[tuple[str, int, int]] = []
+    fetching = threading.Event()
+    real_views = S3Storage.read_into_views
+
+    def fetches(real):  # the part of a restore that reads what the state needs
+        def fetch(*args, **kwargs):
+            fetching.set()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                fetching.clear()
+
+        return fetch
+
+    def views(self, path, offset, buffers):
+        if fetching.is_set():
+            seen.append((path, offset, sum(memoryview(b).nbytes for b in buffers)))
+        return real_views(self, path, offset, buffers)
+
+    monkeypatch.setattr(pipelined, "_restore_ranges", fetches(pipelined._restore_ranges))
+    monkeypatch.setattr(dcp, "load_targets", fetches(dcp.load_targets))  # after .metadata
+    monkeypatch.setattr(S3Storage, "read_into_views", views)
+    yield seen
+
+
+def assert_object_store_requests(
+    requests: list[tuple[str, int, int]], fetch: dict, whole_parts: bool
+) -> None:
+    """The object-store policy, as the requests went out: as many as the fetch span says;
+    never two adjacent requests that one part would hold; with ``whole_parts`` (ranges
+    cut anywhere; DCP's items must arrive whole instead) each a part, so a run of N
+    adjacent bytes is ceil(N / part) GETs; runs of one file further apart than the gap
+    they would have been read through; and less read beyond what the state needs than
+    one gap."""
+    gap = min(PART, OBJECT_STORE_GAP)
+    assert requests and len(requests) == fetch["ckpt.fetch.requests"]
+    assert sum(n for _, _, n in requests) == fetch["ckpt.fetch.request_bytes"]
+    by_file: dict[str, list[tuple[int, int]]] = {}
+    for path, offset, length in requests:
+        by_file.setdefault(path, []).append((offset, length))
+    for path, parts in by_file.items():
+        parts.sort()
+        runs = [[parts[0]]]
+        for offset, length in parts[1:]:
+            last_offset, last_length = runs[-1][-1]
+            if offset == last_offset + last_length:
+                runs[-1].append((offset, length))
+            else:
+                assert offset - (last_offset + last_length) > gap, path  # else read through
+                runs.append([(offset, length)])
+        for run in runs:
+            lengths = [length for _, length in run]
+            # never two requests where one part would do
+            assert all(a + b > PART for a, b in itertools.pairwise(lengths)), (path, run)
+            if whole_parts:
+                span = run[-1][0] + run[-1][1] - run[0][0]
+                assert len(run) == -(-span // PART), (path, run)
+                assert all(length == PART for length in lengths[:-1]), (path, run)
+    assert fetch["ckpt.fetch.read_beyond_bytes"] < gap
 
 
 def test_generation_uses_multipart_upload(s3_bucket, s3_env):
