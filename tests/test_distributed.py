@@ -11,15 +11,24 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from ckptprof.manifest import MANIFEST_NAME
-from tests.conftest import LOOPBACK_ENV, run_cli, spans_in
+from tests.conftest import LOOPBACK_ENV, children, run_cli, spans_in
 
 pytestmark = pytest.mark.slow  # real training jobs
 
 SWEEP = ["--cache", "cold", "--concurrency", "2", "--repeat", "1", "--ceiling-gbps", "1"]
+
+
+def rank_hooks(**faults: str) -> dict[str, str]:
+    """The environment that puts the suite's faults into the ranks of a job (see
+    tests/rank_hooks/sitecustomize.py), e.g. ``CKPTPROF_TEST_SLOW_RANK="1:6"``."""
+    hooks = str(Path(__file__).parent / "rank_hooks")
+    path = os.pathsep.join(p for p in (hooks, os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, **faults}
 
 
 def job(path, out, nproc, *extra, env=None):
@@ -75,7 +84,9 @@ def test_each_rank_reads_its_own_file_and_the_straggler_is_named(checkpoints, tm
     path = checkpoints("torch", 2)
     out = tmp_path / "out"
     delay = 1.5  # rank 1 sleeps this long inside its fetch
-    done = job(path, out, 2, "--cache", "cold,hot", env={"CKPTPROF_TEST_SLOW_RANK": f"1:{delay}"})
+    done = job(
+        path, out, 2, "--cache", "cold,hot", env=rank_hooks(CKPTPROF_TEST_SLOW_RANK=f"1:{delay}")
+    )
     assert done.returncode == 0, done.stderr
     doc = results(out)
     assert_one_job(doc, 2)
@@ -204,7 +215,7 @@ def test_a_rank_that_dies_mid_restore_is_one_line_and_no_hang(checkpoints, tmp_p
     # the job's own timeout (under the test's 300 s) tells the two apart
     collective_timeout_s = 240
     started = time.monotonic()
-    env = {"CKPTPROF_TEST_DIE_RANK": "1", "CKPTPROF_DIST_TIMEOUT": str(collective_timeout_s)}
+    env = rank_hooks(CKPTPROF_TEST_DIE_RANK="1", CKPTPROF_DIST_TIMEOUT=str(collective_timeout_s))
     done = job(path, out, 2, env=env)
     assert time.monotonic() - started < collective_timeout_s  # torch's agent stopped it
     assert done.returncode != 0
@@ -256,12 +267,15 @@ def seconds(start: str, end: str) -> float:
 def test_two_ranks_save_at_once_and_the_job_takes_the_slowest(tmp_path):
     """``synth save --nproc-per-node 2``: each rank writes its own file at the same time,
     one trace per save with a span per rank; the job's save time is its slowest rank's,
-    and the checkpoint restores with every byte checked."""
+    and the checkpoint restores with every byte checked. Rank 1 comes to its first save
+    late (it builds its state ``late_s`` later): the ranks' barrier starts them together."""
     dest, out = tmp_path / "ckpt", tmp_path / "out"
+    late_s = 3.0
     saved = run_cli(
         "synth", "save", str(dest), "--layout", "torch", "--scale", "0.0005",
         "--nproc-per-node", "2", "--repeat", "2", "--ceiling-gbps", "1", "--out", str(out),
-        env=LOOPBACK_ENV, timeout=300,
+        env={**LOOPBACK_ENV, **rank_hooks(CKPTPROF_TEST_SLOW_SAVE_START=f"1:{late_s}")},
+        timeout=300,
     )  # fmt: skip
     assert saved.returncode == 0, saved.stderr
     assert saved.stdout.count("save #") == 2  # one display for the job: rank 0's
@@ -269,6 +283,11 @@ def test_two_ranks_save_at_once_and_the_job_takes_the_slowest(tmp_path):
         "checkpoint_rank0.pt", "checkpoint_rank1.pt",
     ]  # fmt: skip
     spans = [s for s in spans_in(out / "traces") if s["name"] == "ckpt.save"]
+    for repeat in (0, 1):  # each save starts on both ranks well within the late delay
+        first, second = sorted(
+            s["start_time"] for s in spans if s["attributes"]["ckpt.repeat"] == repeat
+        )
+        assert seconds(first, second) < late_s / 2, repeat  # the ranks waited for each other
     by_trace: dict[str, list[dict]] = {}
     for span in spans:
         by_trace.setdefault(span["context"]["trace_id"].removeprefix("0x"), []).append(span)
@@ -301,17 +320,21 @@ def test_rank_zero_names_the_straggler_while_it_straggles(checkpoints, tmp_path)
     path = checkpoints("torch", 2)
     out = tmp_path / "out"
     done = job(path, out, 2, "--cache", "hot", "--stall-after", "1",
-               env={"CKPTPROF_TEST_SLOW_RANK": "1:6"})  # fmt: skip
+               env=rank_hooks(CKPTPROF_TEST_SLOW_RANK="1:6"))  # fmt: skip
     assert done.returncode == 0, done.stderr
     named = [line for line in done.stderr.splitlines() if "still in fetch" in line]
     assert named, done.stderr
     assert named[0].startswith("ckptprof: warning: rank 1 on ")
     assert "after every other rank of the job left it: the job waits on it" in named[0]
     seconds = float(named[0].split("still in fetch ")[1].split(" s ")[0])
-    assert 1.0 <= seconds < 6  # said while it straggled, not after
     assert "restore rank 1" in done.stderr and "stalled in fetch" in done.stderr  # its own
     spans = spans_in(out / "traces")
-    [root0] = [
-        s for s in spans if s["name"] == "ckpt.restore" and s["attributes"]["ckpt.rank"] == 0
-    ]
-    assert root0["attributes"]["ckpt.wall_s"] < 6  # rank 0 was done: it waited outside
+    root0, root1 = sorted(
+        (s for s in spans if s["name"] == "ckpt.restore"),
+        key=lambda s: s["attributes"]["ckpt.rank"],
+    )
+    fetch1 = children(spans, root1)["ckpt.fetch"]
+    # by order, not by the clock: named after --stall-after, for time rank 1 spent in its
+    # fetch (said while it straggled), and rank 0 was done before that fetch ended
+    assert 1.0 <= seconds < fetch1["attributes"]["ckpt.busy_s"]
+    assert root0["end_time"] < fetch1["end_time"]

@@ -209,6 +209,12 @@ def test_an_object_store_request_lands_in_every_tensor_it_covers():
     assert [r.length for r in reads] == [16 << 20] * 5
     assert [[c.target for c in r.into] for r in reads] == [[0], [0], [0, 1], [1], [1]]
     assert [c.length for c in reads[2].into] == [8 << 20, 8 << 20]
+    mib = 1 << 20  # where in each tensor a request's bytes land: file offset less its start
+    assert [[c.target_offset for c in r.into] for r in reads] == [
+        [0], [16 * mib], [32 * mib, 0], [8 * mib], [24 * mib],
+    ]  # fmt: skip
+    assert all(c.offset == r.offset + sum(p.length for p in r.into[:i])
+               for r in reads for i, c in enumerate(r.into))  # fmt: skip
     assert not any(r.copies for r in reads)  # nothing is copied after
 
 

@@ -6,12 +6,17 @@ through boto3 over HTTP, configured only by the standard AWS_* variables.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import threading
 import uuid
+from pathlib import Path
 
 import pytest
 
 from ckptprof.errors import StorageError
+from ckptprof.io.requests import OBJECT_STORE_GAP
 from ckptprof.io.transfer import fetch
 from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.phases import RESTORE_PHASES
@@ -19,7 +24,7 @@ from ckptprof.storage import open_storage
 from ckptprof.synth.generate import generate
 from ckptprof.synth.plan import SynthSpec
 from ckptprof.synth.restore import RestoreOptions, run_restore
-from tests.conftest import TINY_SCALE, read_spans, run_cli
+from tests.conftest import TINY_SCALE, read_spans, run_cli, spans_in
 from tests.test_bad_input import assert_one_line_error
 
 LAYOUTS = ["torch", "safetensors", "dcp", "deepspeed"]
@@ -54,8 +59,28 @@ def phase_spans(payload):
     return roots, [kids[r["context"]["span_id"]] for r in roots]
 
 
+def restored_here(location: str, traces: Path, **options):
+    """One cold restore of ``location`` into one rank, in this process: its state's digest
+    and its fetch span's attributes."""
+    from ckptprof.synth.restore import RestoreRunner
+    from ckptprof.tracing import CheckpointTracer, setup_telemetry
+
+    options = RestoreOptions(
+        strategies=("pipelined",), caches=("cold",), concurrency=(2,), repeat=1, verify="size",
+        ceiling_gbps=1.0, first_step=False, progress=False, world_size=1, **options,
+    )  # fmt: skip
+    telemetry = setup_telemetry(traces)
+    try:
+        runner = RestoreRunner(location, options, CheckpointTracer(telemetry.provider))
+        runner.run_once("pipelined", "cold", 2, 0)
+    finally:
+        telemetry.shutdown()
+    [fetch] = [s for s in spans_in(traces) if s["name"] == "ckpt.fetch"]
+    return runner.state.digest(), fetch["attributes"]
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_generate_and_restore_through_s3(layout, s3_bucket, s3_env, tmp_path):
+def test_generate_and_restore_through_s3(layout, s3_bucket, s3_env, tmp_path, monkeypatch):
     s3_env()
     ranks = 2 if layout in ("dcp", "deepspeed") else 1
     location = s3_generate(s3_bucket.name, layout, ranks)
@@ -74,6 +99,87 @@ def test_generate_and_restore_through_s3(layout, s3_bucket, s3_env, tmp_path):
     assert env["s3.endpoint"].startswith("http://127.0.0.1:")
     assert env["s3.region"] == "us-east-1" and env["s3.addressing_style"]
     assert env["fetch.part_size"] == str(16 << 20)
+    # where each GET's bytes land: the same files copied to a local disk (read there in
+    # requests cut at tensors, in place) restore the same state, byte for byte
+    local, storage = tmp_path / "local", open_storage(location)
+    for name in [*manifest["files"], MANIFEST_NAME]:
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        (local / name).write_bytes(storage.read_bytes(name))
+    with fetch_requests(monkeypatch) as requests:  # in parts of 256 KiB: several per file
+        remote_digest, fetched = restored_here(location, tmp_path / "s3-traces", part_size=PART)
+    assert remote_digest == restored_here(str(local), tmp_path / "local-traces")[0]
+    assert_object_store_requests(requests, fetched, whole_parts=layout != "dcp")
+
+
+PART = 256 << 10
+
+
+@contextlib.contextmanager
+def fetch_requests(monkeypatch):
+    """Every GET the pipelined restore's fetch makes on S3 (after the index reads), as
+    ``(path, offset, length)``, recorded where the storage is asked for them."""
+    from ckptprof.storage.s3 import S3Storage
+    from ckptprof.synth.strategies import dcp, pipelined
+
+    seen: list[tuple[str, int, int]] = []
+    fetching = threading.Event()
+    real_views = S3Storage.read_into_views
+
+    def fetches(real):  # the part of a restore that reads what the state needs
+        def fetch(*args, **kwargs):
+            fetching.set()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                fetching.clear()
+
+        return fetch
+
+    def views(self, path, offset, buffers):
+        if fetching.is_set():
+            seen.append((path, offset, sum(memoryview(b).nbytes for b in buffers)))
+        return real_views(self, path, offset, buffers)
+
+    monkeypatch.setattr(pipelined, "_restore_ranges", fetches(pipelined._restore_ranges))
+    monkeypatch.setattr(dcp, "load_targets", fetches(dcp.load_targets))  # after .metadata
+    monkeypatch.setattr(S3Storage, "read_into_views", views)
+    yield seen
+
+
+def assert_object_store_requests(
+    requests: list[tuple[str, int, int]], fetch: dict, whole_parts: bool
+) -> None:
+    """The object-store policy, as the requests went out: as many as the fetch span says;
+    never two adjacent requests that one part would hold; with ``whole_parts`` (ranges
+    cut anywhere; DCP's items must arrive whole instead) each a part, so a run of N
+    adjacent bytes is ceil(N / part) GETs; runs of one file further apart than the gap
+    they would have been read through; and less read beyond what the state needs than
+    one gap."""
+    gap = min(PART, OBJECT_STORE_GAP)
+    assert requests and len(requests) == fetch["ckpt.fetch.requests"]
+    assert sum(n for _, _, n in requests) == fetch["ckpt.fetch.request_bytes"]
+    by_file: dict[str, list[tuple[int, int]]] = {}
+    for path, offset, length in requests:
+        by_file.setdefault(path, []).append((offset, length))
+    for path, parts in by_file.items():
+        parts.sort()
+        runs = [[parts[0]]]
+        for offset, length in parts[1:]:
+            last_offset, last_length = runs[-1][-1]
+            if offset == last_offset + last_length:
+                runs[-1].append((offset, length))
+            else:
+                assert offset - (last_offset + last_length) > gap, path  # else read through
+                runs.append([(offset, length)])
+        for run in runs:
+            lengths = [length for _, length in run]
+            # never two requests where one part would do
+            assert all(a + b > PART for a, b in itertools.pairwise(lengths)), (path, run)
+            if whole_parts:
+                span = run[-1][0] + run[-1][1] - run[0][0]
+                assert len(run) == -(-span // PART), (path, run)
+                assert all(length == PART for length in lengths[:-1]), (path, run)
+    assert fetch["ckpt.fetch.read_beyond_bytes"] < gap
 
 
 def test_generation_uses_multipart_upload(s3_bucket, s3_env):

@@ -168,8 +168,7 @@ def _deepspeed_saved(path, names, scratch):
     """DeepSpeed's files, read as DeepSpeed reads them: ``latest`` names the tag; the
     module state dict of mp_rank_00_model_states.pt; every rank's flat fp32 partitions of
     *_optim_states.pt, concatenated in rank order and cut into tensors in ``param_shapes``
-    order (zero_to_fp32's merge, which reads the master weights the same way where
-    DeepSpeed is installed)."""
+    order; then zero_to_fp32's own merge, which reads the master weights the same way."""
     folder = path / (path / "latest").read_text().strip()
     model_states = torch.load(folder / "mp_rank_00_model_states.pt", weights_only=False)
     saved = {("model", k): v for k, v in model_states["module"].items()}
@@ -190,10 +189,9 @@ def _deepspeed_saved(path, names, scratch):
             saved[group, name] = whole[offset : offset + numel].view(shape)
             offset += numel
         assert whole.numel() - offset == optim[0]["group_paddings"][0]  # only padding left
-    try:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    except ImportError:
-        return saved
+    # DeepSpeed is a dev dependency: an import that fails is a broken setup, not a skip
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
     master = get_fp32_state_dict_from_zero_checkpoint(str(path))  # DeepSpeed's own merge
     assert master.keys() == shapes.keys()
     assert all(torch.equal(v, saved["master", k]) for k, v in master.items())

@@ -16,7 +16,6 @@ import faulthandler
 import os
 import secrets
 import socket
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -25,9 +24,6 @@ from ckptprof.phases import Attr
 
 TIMEOUT_ENV = "CKPTPROF_DIST_TIMEOUT"  # seconds a collective may wait for the other ranks
 DEFAULT_TIMEOUT_S = 600.0
-# test hooks (the test suite's straggler and crashed rank; never set in a real run)
-SLOW_RANK_ENV = "CKPTPROF_TEST_SLOW_RANK"  # "RANK:SECONDS": that rank sleeps in each fetch
-DIE_RANK_ENV = "CKPTPROF_TEST_DIE_RANK"  # "RANK": that rank exits mid-restore, no message
 QUOTED_ENV = "CKPTPROF_LAUNCHER_QUOTES_ERRORS"  # set by launch(): ranks leave the line to it
 
 
@@ -141,27 +137,6 @@ def job_context(job: Job):
     return trace.set_span_in_context(NonRecordingSpan(context))
 
 
-def test_faults(job: Job | None, op) -> None:
-    """The test suite's injected faults (see the *_RANK_ENV names); nothing otherwise. A
-    slowed rank's sleep counts as its fetch (as slow storage would)."""
-    if job is None:
-        return
-    from ckptprof.phases import Phase
-
-    slow = os.environ.get(SLOW_RANK_ENV)
-    if slow:
-        rank, seconds = slow.split(":")
-        if int(rank) == job.rank:
-            import time
-
-            with op.phase(Phase.FETCH):
-                time.sleep(float(seconds))
-    die = os.environ.get(DIE_RANK_ENV)
-    if die and int(die) == job.rank:
-        sys.stderr.flush()
-        os._exit(70)
-
-
 def launch(nproc: int, argv: list[str], what: str = "restore") -> int:
     """Run ``ckptprof ARGV`` as ``nproc`` ranks on this machine through
     torch.distributed.run (a standalone rendezvous on 127.0.0.1); a failed rank is one
@@ -257,4 +232,4 @@ def record_error(message: str) -> bool:
     return os.environ.get(QUOTED_ENV) == "1"
 
 
-__all__ = ["Job", "job_context", "join", "launch", "launched", "record_error", "test_faults"]
+__all__ = ["Job", "job_context", "join", "launch", "launched", "record_error"]

@@ -13,7 +13,7 @@ from ckptprof.memory import MemoryWatch
 from ckptprof.phases import Attr, Phase
 from ckptprof.storage.base import ObjectInfo
 from ckptprof.synth.device import device_attributes
-from ckptprof.synth.distributed import Job, job_context, test_faults
+from ckptprof.synth.distributed import Job, job_context
 from ckptprof.synth.results import RunRecord, phases_of
 from ckptprof.synth.strategies import get_strategy
 from ckptprof.synth.strategies.base import RunContext
@@ -59,7 +59,6 @@ def restore_once(
         memory = MemoryWatch(reset_peak=True, cuda=subject.device.type == "cuda").start()
         try:
             list_phase(subject, op)
-            test_faults(job, op)
             get_strategy(run.strategy).run(run_context(subject, options, op, run.concurrency))
             first_step.attach(op)
             first_step.run(op)

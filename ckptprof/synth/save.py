@@ -22,7 +22,7 @@ from statistics import median
 
 from ckptprof.env import capture
 from ckptprof.errors import CkptprofError
-from ckptprof.manifest import Manifest, entry_for_bytes
+from ckptprof.manifest import Manifest, entry_for_segments
 from ckptprof.phases import Attr
 from ckptprof.storage import open_storage
 from ckptprof.storage.base import DEFAULT_PART_SIZE
@@ -246,7 +246,7 @@ def run_save(
                 echo(f"partial results of {len(records)} saves: "
                      f"{keep_partial(SaveResult(records, ceiling, environment))}")  # fmt: skip
             raise
-        entries = _entries(storage, mine, tensors)
+        entries = _entries(storage, mine, tensors, options.strategy)
         if job is not None:
             gathered = job.gather((records, entries))
             if not lead:
@@ -312,17 +312,16 @@ def write_results(
     return out / "save.json"
 
 
-def _entries(storage, plan: CheckpointPlan, tensors: dict) -> dict:
-    """The manifest's entries (size, digests) of what the last save wrote (untimed): read
-    back from a file system; from the same serialization on an object store."""
-    if not storage.object_store:
+def _entries(storage, plan: CheckpointPlan, tensors: dict, strategy: str) -> dict:
+    """The manifest's entries (size, digests) of what the last save wrote (untimed). The
+    parallel writer's: what it was given (the same serialization), so a restore's full
+    verify checks what the storage returns against it; a framework's own writer's bytes
+    are only known from the files, read back."""
+    if strategy != "parallel":
         root = Path(storage.uri)
         return {f.path: entry_of(root / f.path) for f in plan.files}
     layout = get_layout(plan.spec.layout)
-    return {
-        f.path: entry_for_bytes(b"".join(layout.serialize_file(plan, f, tensors)))
-        for f in plan.files
-    }
+    return {f.path: entry_for_segments(layout.serialize_file(plan, f, tensors)) for f in plan.files}
 
 
 def save_line(record: SaveRecord) -> str:

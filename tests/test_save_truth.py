@@ -1,0 +1,211 @@
+"""``synth save`` in this process, checked against what the save did not produce: each
+file read back by its format's own loader and compared with the state the save was
+given, the ``fsync`` calls the kernel was asked for, the writes in flight at once, and
+the watchdog's warning while a write is held."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckptprof.atomic import partial_path
+from ckptprof.manifest import MANIFEST_NAME
+from ckptprof.phases import Attr
+from ckptprof.synth.generate import entry_of
+from ckptprof.synth.layouts import get_layout
+from ckptprof.synth.plan import SynthSpec
+from ckptprof.synth.save import SaveOptions, build_state, run_save
+from ckptprof.tracing import CheckpointTracer, setup_telemetry
+from tests.conftest import TINY_SCALE, spans_in
+from tests.test_synth import saved_state
+
+#: every strategy each layout saves with (DCP's parallel is refused: DCP lays out its files)
+SAVES = [
+    ("torch", "framework"),
+    ("torch", "parallel"),
+    ("safetensors", "framework"),
+    ("safetensors", "parallel"),
+    ("deepspeed", "framework"),
+    ("deepspeed", "parallel"),
+    ("dcp", "framework"),
+    ("dcp", "async"),
+]
+
+
+def save_here(dest: Path, layout: str, strategy: str, traces: Path, **options):
+    """One untimed-probe save of the tiny preset into ``dest``, in this process."""
+    spec = SynthSpec("llama2-7b", layout, TINY_SCALE)
+    telemetry = setup_telemetry(traces)
+    stall_after_s = options.pop("stall_after_s", None)
+    try:
+        tracer = CheckpointTracer(telemetry.provider, stall_after_s=stall_after_s)
+        opts = SaveOptions(repeat=1, strategy=strategy, ceiling_gbps=1.0, progress=False,
+                           stall_after_s=stall_after_s, **options)  # fmt: skip
+        run_save(str(dest), spec, opts, tracer, echo=lambda *_: None)
+    finally:
+        telemetry.shutdown()
+    return spec
+
+
+@pytest.mark.parametrize("layout, strategy", SAVES)
+def test_the_saved_files_hold_the_state_the_save_was_given(layout, strategy, tmp_path):
+    """Read by the format's own loader (torch.load, safetensors, DCP's reader, DeepSpeed's
+    merge), every tensor of every group is byte for byte the one the save built."""
+    dest = tmp_path / "ckpt"
+    spec = save_here(dest, layout, strategy, tmp_path / "traces", concurrency=4,
+                     part_size=256 << 10)  # fmt: skip
+    saved = dcp_flat_saved(dest, tmp_path) if layout == "dcp" else saved_state(dest, tmp_path)
+    given = build_state(get_layout(layout).plan(spec), spec.seed)  # the same seed: the same
+    names = [t.name for t in spec.preset().tensors()]  # the model's parameter order
+    for piece, tensor in given.items():
+        if piece.name.startswith("__flat_"):  # ZeRO's flat fp32 partition of a whole group
+            whole = torch.cat([saved[piece.group, n].flatten() for n in names])
+            assert torch.equal(tensor[: whole.numel()], whole), piece
+            continue
+        rows = saved.pop((piece.group, piece.name))
+        rows = rows[piece.row_start : piece.row_end] if rows.dim() else rows
+        assert rows.dtype == tensor.dtype and torch.equal(rows, tensor), piece
+    assert not [k for k in saved if k[0] == "model"]  # and every saved tensor was compared
+    manifest = json.loads((dest / MANIFEST_NAME).read_text())["files"]
+    on_disk = {p: vars(entry_of(dest / p)) for p in manifest}
+    assert manifest == on_disk  # a parallel save's: hashed from what its writer was given
+
+
+def dcp_flat_saved(path: Path, scratch: Path) -> dict:
+    """DCP's own reader (dcp_to_torch_save, then torch.load) of a save of the flat state
+    dict (``model.<name>``, ``optim.state.<name>.<moment>``), by ``(group, name)``."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    whole = scratch / "dcp-whole.pt"
+    dcp_to_torch_save(str(path), str(whole))
+    saved = {}
+    for key, tensor in torch.load(whole, weights_only=True).items():
+        if key.startswith("model."):
+            saved["model", key.removeprefix("model.")] = tensor
+        else:
+            name, group = key.removeprefix("optim.state.").rsplit(".", 1)
+            saved[group, name] = tensor
+    return saved
+
+
+def fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+@pytest.mark.parametrize("layout, strategy", [("torch", "framework"), ("safetensors", "parallel")])
+def test_every_file_and_its_folder_is_fsynced_before_it_is_visible(
+    layout, strategy, tmp_path, monkeypatch
+):
+    """The kernel is asked to sync each file under its temporary name (before the rename
+    makes it visible), then each folder the files were renamed into, before the manifest
+    says the checkpoint is complete."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def observed(fd):
+        synced.append(fd_path(fd))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", observed)
+    dest = tmp_path / "ckpt"
+    spec = save_here(dest, layout, strategy, tmp_path / "traces")
+    files = [dest / f.path for f in get_layout(layout).plan(spec).files]
+    partials = [str(partial_path(f)) for f in files]
+    folders = {str(f.parent) for f in files}
+    assert set(partials) <= set(synced), synced
+    assert folders <= set(synced), synced
+    last_file = max(synced.index(p) for p in partials)
+    manifest = next(i for i, p in enumerate(synced) if MANIFEST_NAME in p)
+    for folder in folders:  # in the save's commit: after its files, before the manifest
+        assert folder in synced[last_file:manifest], (folder, synced)
+
+
+def test_a_parallel_save_keeps_its_concurrency_of_writes_in_flight(tmp_path, monkeypatch):
+    """The first four pwritev calls into a ``--concurrency 4`` save's archive meet at a
+    barrier: they pass it only if they are in flight together; never more than four."""
+    meet = threading.Barrier(4, timeout=20)
+    lock = threading.Lock()
+    state = {"calls": 0, "flying": 0, "most": 0}
+    real = os.pwritev
+
+    def counted(fd, buffers, offset):
+        if not fd_path(fd).startswith(str(archive)):
+            return real(fd, buffers, offset)  # the small config.json: one part
+        with lock:
+            state["calls"] += 1
+            first = state["calls"] <= 4
+            state["flying"] += 1
+            state["most"] = max(state["most"], state["flying"])
+        try:
+            if first:
+                meet.wait()  # BrokenBarrierError: fewer than 4 writes were ever in flight
+            return real(fd, buffers, offset)
+        finally:
+            with lock:
+                state["flying"] -= 1
+
+    archive = tmp_path / "ckpt" / "checkpoint_rank0.pt"
+    monkeypatch.setattr(os, "pwritev", counted)
+    save_here(tmp_path / "ckpt", "torch", "parallel", tmp_path / "traces", concurrency=4,
+              part_size=256 << 10)  # fmt: skip
+    assert state["calls"] > 4 and state["most"] == 4, state
+    [write] = [s for s in spans_in(tmp_path / "traces") if s["name"] == "ckpt.write"]
+    assert write["attributes"][Attr.CONCURRENCY] == 4
+
+
+def test_a_held_write_is_named_as_a_stalled_save_with_doubling_intervals(
+    tmp_path, monkeypatch, caplog
+):
+    """A parallel save's writes into its archive held (the storage answers nothing): the
+    watchdog names the save, the write phase and the file, and warns again only after
+    twice the idle time, saying so; released, the save ends well."""
+    stall_after = 0.5
+    release = threading.Event()
+    archive = tmp_path / "ckpt" / "checkpoint_rank0.pt"
+    real = os.pwritev
+
+    def held(fd, buffers, offset):
+        if fd_path(fd).startswith(str(archive)):
+            release.wait(60)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", held)
+    caplog.set_level(logging.WARNING, logger="ckptprof")
+    failed: list[BaseException] = []
+
+    def saving():
+        try:
+            save_here(tmp_path / "ckpt", "torch", "parallel", tmp_path / "traces",
+                      stall_after_s=stall_after)  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - said by the test below
+            failed.append(exc)
+
+    thread = threading.Thread(target=saving)
+    thread.start()
+    try:
+        for _ in range(600):  # two warnings: stall_after, then twice that, and ticks
+            if len([r for r in caplog.records if "stalled" in r.getMessage()]) >= 2:
+                break
+            release.wait(0.05)
+    finally:
+        release.set()
+        thread.join(60)
+    assert not failed and not thread.is_alive(), failed
+    warnings = [r.getMessage().splitlines()[0] for r in caplog.records
+                if "stalled" in r.getMessage()]  # fmt: skip
+    assert len(warnings) >= 2
+    assert warnings[0].startswith("ckptprof: warning: save stalled in write: no progress")
+    assert f"waiting on {archive} (" in warnings[0]
+    assert "(next warning after 1 s without progress)" in warnings[0]
+    assert "(next warning after 2 s without progress)" in warnings[1]
+    [write] = [s for s in spans_in(tmp_path / "traces") if s["name"] == "ckpt.write"]
+    first, second = [e["attributes"] for e in write["events"] if e["name"] == "ckpt.stall"][:2]
+    assert stall_after <= first["ckpt.stall.idle_s"]
+    assert second["ckpt.stall.idle_s"] >= 2 * stall_after  # not again at the next tick
+    assert (first["ckpt.stall.warning"], second["ckpt.stall.warning"]) == (1, 2)
