@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 from ckptprof import activity
 from ckptprof.errors import CkptprofError, StorageError, UnreachableError
+from ckptprof.storage import multipart
 from ckptprof.storage.base import DEFAULT_PART_SIZE, CacheState, ObjectInfo, Part, Storage
 
 log = logging.getLogger("ckptprof")
@@ -376,9 +377,11 @@ class S3Storage(Storage):
         with tempfile.TemporaryDirectory(prefix="ckptprof-upload-") as tmp:
             local = Path(tmp) / Path(path).name
             yield local
+            size = local.stat().st_size
             transfer = TransferConfig(
                 multipart_threshold=DEFAULT_PART_SIZE,
-                multipart_chunksize=DEFAULT_PART_SIZE,  # the fetch phase's default part
+                # the fetch phase's default part, or the smallest S3 takes for this size
+                multipart_chunksize=multipart.part_size_for(size, DEFAULT_PART_SIZE),
                 max_concurrency=min(16, self._config.max_pool_connections),
             )
             try:
@@ -387,6 +390,8 @@ class S3Storage(Storage):
                 raise self._translate(getattr(exc, "last_exception", None) or exc, path) from None
 
     def open_writer(self, path: str, size: int, part_size: int) -> S3FileWriter:
+        """Refuses a part size S3 would refuse for ``size`` bytes before the upload starts."""
+        multipart.check_part_size(size, part_size, self._where(path))
         return S3FileWriter(self, path, multipart=size > part_size)
 
     def write_bytes(self, path: str, data: bytes) -> None:

@@ -1,0 +1,193 @@
+"""S3 multipart uploads on the real SeaweedFS: a part size S3 would refuse is refused before
+any byte moves, at every place an upload starts."""
+
+from __future__ import annotations
+
+import ast
+import uuid
+from pathlib import Path
+
+import pytest
+
+import ckptprof
+from ckptprof.errors import CkptprofError
+from ckptprof.storage import multipart, open_storage
+from ckptprof.synth.ceiling import probe_write
+from ckptprof.synth.layouts import get_layout
+from ckptprof.synth.plan import SynthSpec
+from ckptprof.synth.save import SaveOptions, build_state, run_save
+from ckptprof.synth.savers import SaveContext, save
+from ckptprof.tracing import CheckpointTracer, setup_telemetry
+from tests.conftest import TINY_SCALE
+
+MiB = 1 << 20
+
+
+def open_uploads(bucket) -> list[str]:
+    """The keys of the multipart uploads still open in the bucket."""
+    listed = bucket.client.list_multipart_uploads(Bucket=bucket.name)
+    return sorted(u["Key"] for u in listed.get("Uploads", []))
+
+
+def fresh_location(bucket, name: str = "ckpt") -> str:
+    return f"s3://{bucket.name}/{uuid.uuid4().hex[:8]}/{name}"
+
+
+# ------------------------------------------------------------------ the rule
+
+
+@pytest.mark.parametrize(
+    "size, part_size, refused",
+    [
+        (20 * MiB, 5 * MiB, None),
+        (20 * MiB, 5 * MiB - 1, "at least 5 MiB"),
+        (20 * MiB, 4096, "at least 5 MiB"),
+        (4096, 4096, None),  # one PUT: any part size that holds it
+        (5 * MiB, 4 * MiB, "at least 5 MiB"),  # the last part may be small, not the first
+        (6 << 30, 8 << 30, "5 GiB one PUT"),
+        (20 << 30, 6 << 30, "at most 5 GiB"),
+        (10_000 * 8 * MiB, 8 * MiB, None),  # exactly 10,000 parts
+        (10_000 * 8 * MiB + 1, 8 * MiB, "10,001 parts"),
+    ],
+)
+def test_s3s_part_rules(size, part_size, refused):
+    found = multipart.problem(size, part_size)
+    assert found is None if refused is None else refused in found
+    smallest = multipart.smallest_part_size(size)
+    assert multipart.problem(size, smallest) is None  # the fix the refusal gives works
+    if size > smallest - MiB:  # and a MiB less does not (where it is still a multipart)
+        assert multipart.problem(size, smallest - MiB) is not None
+
+
+def test_a_refusal_names_the_option_and_the_smallest_part_size_that_works():
+    with pytest.raises(CkptprofError) as refused:
+        multipart.check_part_size(1 << 30, 4 << 20, "s3://b/ckpt/model.pt")
+    assert str(refused.value) == (
+        "--part-size 4M: s3://b/ckpt/model.pt (1.07 GB) needs parts of at least 5 MiB (every "
+        "part but the last) on S3; use --part-size 5M or more."
+    )
+    with pytest.raises(CkptprofError, match=r"10,240 parts.*use --part-size 11M or more"):
+        multipart.check_part_size(100 << 30, 10 << 20, "s3://b/ckpt/model.pt")
+
+
+# ------------------------------------------------------------------ every place an upload starts
+
+#: the calls that start a multipart upload (boto3's own, and the storage's part writer)
+UPLOAD_STARTS = {"create_multipart_upload", "upload_file", "upload_fileobj", "open_writer"}
+
+
+def upload_sites() -> set[str]:
+    """Every function (``module.Class.function``) of ckptprof's own code that starts a
+    multipart upload."""
+    root = Path(ckptprof.__file__).parent
+    sites = set()
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        for node in ast.parse(path.read_text()).body:
+            scopes = node.body if isinstance(node, ast.ClassDef) else [node]
+            owner = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
+            for scope in scopes:
+                if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                calls = [n.func for n in ast.walk(scope) if isinstance(n, ast.Call)]
+                if any(isinstance(f, ast.Attribute) and f.attr in UPLOAD_STARTS for f in calls):
+                    sites.add(f"{module}.{owner}{scope.name}")
+    return sites
+
+
+def tracer_for(tmp_path) -> tuple:
+    telemetry = setup_telemetry(tmp_path / "traces")
+    return telemetry, CheckpointTracer(telemetry.provider, framework="synthetic",
+                                       stall_after_s=None)  # fmt: skip
+
+
+def parallel_save(location: str, tmp_path, part_size: int, *, files=None, drop=None, conc=2):
+    """One ``parallel`` save of a tiny torch checkpoint through the savers, in this process
+    (``drop``: a tensor left out of the state, so serializing its file fails)."""
+    spec = SynthSpec("llama2-7b", "torch", TINY_SCALE, files=files)
+    plan = get_layout("torch").plan(spec)
+    tensors = build_state(plan)
+    if drop is not None:
+        del tensors[plan.data_files[drop].pieces[0]]
+    telemetry, tracer = tracer_for(tmp_path)
+    try:
+        with tracer.save({}) as op:
+            save("parallel", SaveContext(
+                storage=open_storage(location), plan=plan, tensors=tensors, op=op, fsync=False,
+                concurrency=conc, part_size=part_size, tracer=tracer,
+            ))  # fmt: skip
+    finally:
+        telemetry.shutdown()
+
+
+def start_with_small_parts(site: str, location: str, tmp_path) -> None:
+    """Start ``site``'s upload with 1 MiB parts (S3 refuses them only at the completion)."""
+    if site == "ckptprof.storage.s3.S3FileWriter.__init__":  # reached through open_writer
+        open_storage(location).open_writer("model.pt", 8 * MiB, MiB)
+    elif site == "ckptprof.synth.ceiling.probe_write":
+        probe_write(open_storage(location), 64 * MiB, MiB, concurrency=2, fsync=False)
+    elif site == "ckptprof.synth.savers.save_parallel":
+        parallel_save(location, tmp_path, MiB)
+    elif site == "ckptprof.synth.save.run_save":  # before the state is built or DEST claimed
+        options = SaveOptions(repeat=1, strategy="parallel", part_size=MiB)
+        spec = SynthSpec("llama2-7b", "torch", TINY_SCALE)
+        run_save(location, spec, options, tracer=None, echo=print)
+    else:
+        raise AssertionError(site)
+
+
+#: each place an upload starts: True where it is given a part size, False where it picks
+#: its own (generate's upload_file: the rule's part size, checked below)
+SITES = {
+    "ckptprof.storage.s3.S3FileWriter.__init__": True,
+    "ckptprof.synth.ceiling.probe_write": True,
+    "ckptprof.synth.savers.save_parallel": True,
+    "ckptprof.storage.s3.S3Storage.staging_file": False,
+}
+
+
+def test_every_place_an_upload_starts_is_known():
+    assert upload_sites() == set(SITES)
+
+
+@pytest.mark.parametrize(
+    "site", [s for s, given in SITES.items() if given] + ["ckptprof.synth.save.run_save"]
+)
+def test_a_part_size_s3_refuses_is_refused_before_any_byte_moves(site, s3_bucket, s3_env,
+                                                                 tmp_path):  # fmt: skip
+    s3_env()
+    location = fresh_location(s3_bucket)
+    with pytest.raises(CkptprofError, match=r"^--part-size 1M: .* use --part-size 5M or more"):
+        start_with_small_parts(site, location, tmp_path)
+    prefix = location.split("/", 3)[3]
+    listed = s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name, Prefix=prefix)
+    assert not listed.get("Contents")  # nothing claimed, probed or uploaded
+    assert not open_uploads(s3_bucket)
+
+
+@pytest.mark.parametrize("size", [1, 16 * MiB + 1, 5 << 30, 160 << 30, 1 << 40, 40 << 40])
+def test_generations_uploads_pick_a_part_size_s3_takes(size):
+    """``staging_file`` (boto3's upload_file) picks its own parts: the default, or the
+    smallest the rule allows for the file."""
+    from ckptprof.storage.base import DEFAULT_PART_SIZE
+
+    assert multipart.problem(size, multipart.part_size_for(size, DEFAULT_PART_SIZE)) is None
+
+
+def test_the_cli_refuses_in_one_line_and_posix_keeps_small_parts(s3_bucket, s3_env, tmp_path,
+                                                                 capsys):  # fmt: skip
+    from ckptprof.cli import main
+    from ckptprof.synth.save import check
+
+    s3_env()
+    location = fresh_location(s3_bucket)
+    argv = ["synth", "save", location, "--scale", str(TINY_SCALE), "--strategy", "parallel",
+            "--part-size", "4M", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"ckptprof: error: --part-size 4M: {location}/checkpoint_rank0.pt (21.78 MB) needs "
+        "parts of at least 5 MiB (every part but the last) on S3; use --part-size 5M or more."
+    ]
+    assert not open_uploads(s3_bucket)
+    spec = SynthSpec("llama2-7b", "torch", TINY_SCALE)  # a file system takes 4K writes
+    check(str(tmp_path / "local"), spec, SaveOptions(strategy="parallel", part_size=4096))
