@@ -1,16 +1,19 @@
 """S3 multipart uploads on the real SeaweedFS: a part size S3 would refuse is refused before
-any byte moves, at every place an upload starts."""
+any byte moves, at every place an upload starts; every failed upload is aborted, whatever
+ends it (the server's error, Ctrl-C, a local error while serializing)."""
 
 from __future__ import annotations
 
 import ast
+import signal
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
 import ckptprof
-from ckptprof.errors import CkptprofError
+from ckptprof.errors import CkptprofError, StorageError
 from ckptprof.storage import multipart, open_storage
 from ckptprof.synth.ceiling import probe_write
 from ckptprof.synth.layouts import get_layout
@@ -19,6 +22,7 @@ from ckptprof.synth.save import SaveOptions, build_state, run_save
 from ckptprof.synth.savers import SaveContext, save
 from ckptprof.tracing import CheckpointTracer, setup_telemetry
 from tests.conftest import TINY_SCALE
+from tests.s3infra import _Fault, _ProxyHandler
 
 MiB = 1 << 20
 
@@ -191,3 +195,83 @@ def test_the_cli_refuses_in_one_line_and_posix_keeps_small_parts(s3_bucket, s3_e
     assert not open_uploads(s3_bucket)
     spec = SynthSpec("llama2-7b", "torch", TINY_SCALE)  # a file system takes 4K writes
     check(str(tmp_path / "local"), spec, SaveOptions(strategy="parallel", part_size=4096))
+
+
+# ------------------------------------------------------------------ every failed upload aborted
+
+
+class Faults(_ProxyHandler):
+    """Answers the requests ``fail`` picks with an S3 error; calls ``on_part`` as each
+    UploadPart arrives."""
+
+    fail = staticmethod(lambda command, path: None)
+    on_part = staticmethod(lambda: None)
+
+    def _handle(self):
+        if self.command == "PUT" and "partNumber=" in self.path:
+            type(self).on_part()
+        fault = type(self).fail(self.command, self.path)
+        if fault is None:
+            return super()._handle()
+        for _ in self._iter_body():
+            pass
+        self._send_fault(fault)
+
+
+def through_faults(fault_proxy, s3_env, **handlers) -> None:
+    s3_env(endpoint_url=fault_proxy.endpoint_url, max_attempts=1)
+    fault_proxy._server.RequestHandlerClass = type("Injected", (Faults,), {
+        name: staticmethod(handler) for name, handler in handlers.items()})  # fmt: skip
+
+
+def test_an_upload_the_server_fails_is_aborted(s3_bucket, s3_env, fault_proxy, tmp_path):
+    parts = iter(range(1, 100))
+
+    def second_part(command, path):
+        second = command == "PUT" and "partNumber=" in path and next(parts) == 2
+        return _Fault(500, "InternalError") if second else None
+
+    through_faults(fault_proxy, s3_env, fail=second_part)
+    with pytest.raises(StorageError, match="InternalError"):
+        parallel_save(fresh_location(s3_bucket), tmp_path, 5 * MiB)
+    assert not open_uploads(s3_bucket)
+
+
+def test_an_upload_refused_at_its_completion_is_aborted(s3_bucket, s3_env, fault_proxy,
+                                                        tmp_path):  # fmt: skip
+    """S3's answer to a part size it refuses: every part accepted, the completion not."""
+
+    def completion(command, path):
+        done = command == "POST" and "uploadId=" in path
+        return _Fault(400, "EntityTooSmall") if done else None
+
+    through_faults(fault_proxy, s3_env, fail=completion)
+    with pytest.raises(StorageError, match="EntityTooSmall"):
+        parallel_save(fresh_location(s3_bucket), tmp_path, 5 * MiB, files=2)
+    assert not open_uploads(s3_bucket)
+
+
+def test_ctrl_c_mid_upload_stops_the_parts_and_aborts(s3_bucket, s3_env, fault_proxy, tmp_path):
+    """SIGINT to the main thread as the first part reaches the server: the parts not
+    started are never sent (the file has five), and the upload is aborted."""
+    main, sent = threading.main_thread().ident, []
+
+    def interrupt():
+        sent.append(1)
+        if len(sent) == 1:
+            signal.pthread_kill(main, signal.SIGINT)
+
+    through_faults(fault_proxy, s3_env, on_part=interrupt)
+    fault_proxy.latency_s = 0.3  # every request: the parts in flight end after the interrupt
+    with pytest.raises(KeyboardInterrupt):
+        parallel_save(fresh_location(s3_bucket), tmp_path, 5 * MiB, conc=2)
+    assert len(sent) <= 2  # the two in flight; the other three cancelled
+    assert not open_uploads(s3_bucket)
+
+
+def test_a_local_error_while_serializing_aborts_the_uploads_before_it(s3_bucket, s3_env,
+                                                                      tmp_path):  # fmt: skip
+    s3_env()
+    with pytest.raises(KeyError):  # the second file's tensor is missing
+        parallel_save(fresh_location(s3_bucket), tmp_path, 5 * MiB, files=2, drop=1)
+    assert not open_uploads(s3_bucket)

@@ -496,11 +496,19 @@ class S3FileWriter:
             raise self.storage._translate(exc, self.path) from None
 
     def abort(self) -> None:
-        """Drop the uploaded parts (best effort: a bucket lifecycle rule cleans the rest)."""
+        """Drop the uploaded parts (best effort: what a server that is down keeps, a
+        ``--force`` save or generate aborts later, or a bucket lifecycle rule)."""
         if self.upload_id is None:
             return
-        with contextlib.suppress(Exception):
+        try:
             self.client.abort_multipart_upload(
                 Bucket=self.bucket, Key=self.key, UploadId=self.upload_id
+            )
+        except Exception as exc:  # noqa: BLE001 - the save's own error is the one to raise
+            log.warning(
+                "ckptprof: warning: %s: could not abort its unfinished upload (%s); a --force "
+                "save or generate there aborts it.",
+                self.storage._where(self.path),
+                type(exc).__name__,
             )
         self.upload_id = None

@@ -167,16 +167,16 @@ def save_parallel(ctx: SaveContext) -> Written:
                 with op.phase(Phase.FSYNC), _named(where):
                     writer.sync()
                 op.add_bytes(Phase.FSYNC, size)
+        with op.phase(Phase.COMMIT):
+            for writer in writers:
+                writer.commit()
+            if ctx.fsync and not ctx.storage.object_store:
+                for folder in sorted({(ctx.root / f.path).parent for f in ctx.plan.files}):
+                    fsync_dir(folder)
     except BaseException:
-        for writer in writers:
+        for writer in writers:  # a committed one has nothing left to abort
             writer.abort()
         raise
-    with op.phase(Phase.COMMIT):
-        for writer in writers:
-            writer.commit()
-        if ctx.fsync and not ctx.storage.object_store:
-            for folder in sorted({(ctx.root / f.path).parent for f in ctx.plan.files}):
-                fsync_dir(folder)
     op.set_attributes({Attr.FILES: len(writers)})
     return Written(total)
 
