@@ -1,6 +1,7 @@
 """S3 multipart uploads on the real SeaweedFS: a part size S3 would refuse is refused before
 any byte moves, at every place an upload starts; every failed upload is aborted, whatever
-ends it (the server's error, Ctrl-C, a local error while serializing)."""
+ends it (the server's error, Ctrl-C, a local error while serializing); and ``--force``
+aborts the uploads a killed save left open under its prefix, and only there."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 import ckptprof
 from ckptprof.errors import CkptprofError, StorageError
 from ckptprof.storage import multipart, open_storage
-from ckptprof.synth.ceiling import probe_write
+from ckptprof.synth.ceiling import WRITE_PROBE_NAME, probe_write
+from ckptprof.synth.generate import generate
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.plan import SynthSpec
 from ckptprof.synth.save import SaveOptions, build_state, run_save
@@ -275,3 +277,47 @@ def test_a_local_error_while_serializing_aborts_the_uploads_before_it(s3_bucket,
     with pytest.raises(KeyError):  # the second file's tensor is missing
         parallel_save(fresh_location(s3_bucket), tmp_path, 5 * MiB, files=2, drop=1)
     assert not open_uploads(s3_bucket)
+
+
+# ------------------------------------------------------------------ --force aborts stale uploads
+
+
+def leave_open(bucket, key: str) -> None:
+    """What a save killed mid-upload (or a server that crashed) leaves: an upload with a
+    part, never completed nor aborted."""
+    upload = bucket.client.create_multipart_upload(Bucket=bucket.name, Key=key)["UploadId"]
+    bucket.client.upload_part(Bucket=bucket.name, Key=key, UploadId=upload, PartNumber=1,
+                              Body=b"x" * 1024)  # fmt: skip
+
+
+def test_force_aborts_the_uploads_left_open_under_its_prefix_only(s3_bucket, s3_env, tmp_path):
+    s3_env()
+    location = fresh_location(s3_bucket)
+    prefix = location.split("/", 3)[3]
+    spec = SynthSpec("llama2-7b", "torch", 0.0001)  # 4 MB: the open uploads are the point
+    generate(location, spec, progress=False, echo=print)
+    others = [f"{prefix}2/checkpoint_rank0.pt", f"{prefix.rsplit('/', 1)[0]}/other/x.pt"]
+    for key in others:  # a neighbour's, whose key starts with the same letters, and a sibling's
+        leave_open(s3_bucket, key)
+    leave_open(s3_bucket, f"{prefix}/checkpoint_rank0.pt")
+    leave_open(s3_bucket, f"{prefix}/{WRITE_PROBE_NAME}")
+    said: list[str] = []
+    options = SaveOptions(repeat=1, strategy="parallel", force=True, ceiling_gbps=1.0)
+    telemetry, tracer = tracer_for(tmp_path)
+    try:
+        run_save(location, spec, options, tracer, echo=said.append)
+    finally:
+        telemetry.shutdown()
+    assert said[0] == (
+        f"{location}: aborted 2 unfinished multipart uploads left there by a save or "
+        "generation that did not finish."
+    )
+    assert open_uploads(s3_bucket) == sorted(others)
+    leave_open(s3_bucket, f"{prefix}/checkpoint_rank0.pt")
+    said.clear()
+    generate(location, spec, force=True, progress=False, echo=said.append)
+    assert said == [
+        f"{location}: aborted 1 unfinished multipart upload left there by a save or "
+        "generation that did not finish."
+    ]
+    assert open_uploads(s3_bucket) == sorted(others)

@@ -409,6 +409,27 @@ class S3Storage(Storage):
     def free_bytes(self) -> int | None:
         return None
 
+    def abort_uploads(self) -> int:
+        """Abort every unfinished multipart upload under the prefix (and only there): a
+        killed save's or a crashed server's, whose parts would otherwise be kept (and
+        billed) until a lifecycle rule ends them. Returns how many."""
+        aborted = 0
+        try:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=self.prefix
+            )
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    if not upload["Key"].startswith(self.prefix):
+                        continue  # a store that ignores Prefix: never another location's
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
+                    aborted += 1
+        except Exception as exc:  # noqa: BLE001 - translated below
+            raise self._translate(exc, "") from None
+        return aborted
+
     # ------------------------------------------------------------ cache
     def evict(self, paths: list[str]) -> CacheState:
         return CacheState("none: object storage, nothing cached locally", None)

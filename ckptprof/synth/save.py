@@ -201,7 +201,7 @@ def run_save(
     storage = open_storage(location)
     lead = job is None or job.rank == 0
     if lead:
-        claim_location(storage, plan, options.force)
+        claim_location(storage, plan, options.force, echo)
         ceiling = _ceiling(storage, plan, options)
     ceiling = job.broadcast(ceiling if lead else None) if job else ceiling
     echo(ceiling.describe())
