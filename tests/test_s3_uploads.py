@@ -239,6 +239,29 @@ def test_an_upload_the_server_fails_is_aborted(s3_bucket, s3_env, fault_proxy, t
     assert not open_uploads(s3_bucket)
 
 
+def test_an_abort_the_server_refuses_is_said_and_the_saves_own_error_raised(
+    s3_bucket, s3_env, fault_proxy, tmp_path, caplog
+):
+    """The server fails a part, then the abort too (it went down): the part's error is the
+    one raised, and one warning names the upload left open and what aborts it later."""
+
+    def part_and_abort(command, path):
+        failing = "partNumber=" in path or (command == "DELETE" and "uploadId=" in path)
+        return _Fault(500, "InternalError") if failing else None
+
+    through_faults(fault_proxy, s3_env, fail=part_and_abort)
+    location = fresh_location(s3_bucket)
+    with pytest.raises(StorageError, match="InternalError"):
+        parallel_save(location, tmp_path, 5 * MiB, conc=1)
+    [warning] = [r.getMessage() for r in caplog.records if "could not abort" in r.getMessage()]
+    assert warning.startswith(
+        f"ckptprof: warning: could not abort an unfinished upload ({location}/checkpoint_rank0"
+        ".pt: InternalError "
+    )
+    assert warning.endswith("); a --force save or generate there aborts it.")
+    assert open_uploads(s3_bucket) == [f"{location.split('/', 3)[3]}/checkpoint_rank0.pt"]
+
+
 def test_an_upload_refused_at_its_completion_is_aborted(s3_bucket, s3_env, fault_proxy,
                                                         tmp_path):  # fmt: skip
     """S3's answer to a part size it refuses: every part accepted, the completion not."""

@@ -527,9 +527,8 @@ class S3FileWriter:
             )
         except Exception as exc:  # noqa: BLE001 - the save's own error is the one to raise
             log.warning(
-                "ckptprof: warning: %s: could not abort its unfinished upload (%s); a --force "
-                "save or generate there aborts it.",
-                self.storage._where(self.path),
-                type(exc).__name__,
+                "ckptprof: warning: could not abort an unfinished upload (%s); a --force save "
+                "or generate there aborts it.",
+                self.storage._translate(exc, self.path),
             )
         self.upload_id = None
