@@ -65,7 +65,7 @@ def growing(path: str | os.PathLike) -> Iterator[None]:
 
 
 def grown() -> int:
-    """Bytes the files named by :func:`growing` hold now (a folder: the files in it)."""
+    """Bytes the files named by :func:`growing` hold now (a folder: every file under it)."""
     with _lock:
         paths = list(_growing.values())
     return sum(_size_on_disk(p) for p in paths)
@@ -82,7 +82,10 @@ def _size_on_disk(path: Path) -> int:
 
 
 def _entry_size(entry: os.DirEntry) -> int:
+    """A file's size; a folder's files', as deep as they go (a sharded save's subfolder)."""
     try:
+        if entry.is_dir(follow_symlinks=False):
+            return _size_on_disk(Path(entry.path))
         return entry.stat().st_size if entry.is_file() else 0
     except OSError:  # gone since the listing
         return 0

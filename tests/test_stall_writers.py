@@ -61,8 +61,8 @@ def test_a_file_that_stops_growing_is_still_a_stall(tmp_path, caplog):
 
 def test_a_jobs_save_through_a_callback_counts_its_files_growth(tmp_path, caplog, monkeypatch):
     """The callbacks' saves (Lightning, HF Trainer, DeepSpeed) name their file or folder
-    (``ckpt.path``): a real ``torch.save`` of 300 MB into it, longer than ``stall_after``,
-    is not a stall; the name is dropped when the save ends."""
+    (``ckpt.path``): a real ``torch.save`` of 300 MB into a folder under it, longer than
+    ``stall_after``, is not a stall; the name is dropped when the save ends."""
     import torch
 
     from ckptprof.integrations.session import TracingSession
@@ -72,13 +72,13 @@ def test_a_jobs_save_through_a_callback_counts_its_files_growth(tmp_path, caplog
     caplog.set_level(logging.WARNING, logger="ckptprof")
     state = {f"layer{i}": torch.rand(750_000) for i in range(100)}  # 100 tensors, 3 MB each
     folder = tmp_path / "checkpoint-100"
-    folder.mkdir()
+    (folder / "optimizer_0").mkdir(parents=True)  # as a sharded save lays its files out
     session = TracingSession("test", trace_dir=tmp_path / "traces")
     try:
         with session.saving({Attr.PATH: str(folder)}):
-            torch.save(state, folder / "optimizer.pt")
+            torch.save(state, folder / "optimizer_0" / "optimizer.pt")
     finally:
         session.close()
-    assert (folder / "optimizer.pt").stat().st_size > 300e6
+    assert (folder / "optimizer_0" / "optimizer.pt").stat().st_size > 300e6
     assert not stall_warnings(caplog)
     assert activity.grown() == 0  # nothing named any more
