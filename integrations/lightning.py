@@ -36,6 +36,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from ckptprof import activity
 from ckptprof.atomic import move_into_place
 from ckptprof.errors import VerifyError
 from ckptprof.integrations.dcp import routed
@@ -256,7 +257,8 @@ class LightningInstrumentor(Instrumentor):
             attrs = {Attr.FORMAT: "torch", Attr.PATH: path}
             op = self.session.begin_background_save(attrs, queued_by)
             try:
-                result = timed(op, Phase.WRITE, original, *args, **kwargs)
+                with activity.growing(path):  # the write's bytes reaching the file: progress
+                    result = timed(op, Phase.WRITE, original, *args, **kwargs)
             except BaseException as exc:
                 if op is not None:
                     op.finish(exc)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ckptprof import activity
 from ckptprof.integrations.health import BEFORE_SAVE, AfterResume, StepClock
 from ckptprof.integrations.lifetime import GoodputSoFar, Lifetime
 from ckptprof.memory import MemoryWatch
@@ -90,6 +91,8 @@ class TracingSession:
         self.restore_op: Operation | None = None
         self.restore_memory: MemoryWatch | None = None
         self.save_op: Operation | None = None
+        #: the save's file or folder, named as growing while the framework writes it
+        self._save_growing = contextlib.ExitStack()
         self.last_restore: OperationSummary | None = None
         self.last_save: OperationSummary | None = None
         self._warned: set[str] = set()
@@ -340,6 +343,8 @@ class TracingSession:
             if recent is not None:  # the pace the resume will be compared with
                 attributes = {**attributes, Attr.SAVE_STEP_MEDIAN_S: round(recent, 6)}
             self.save_op = self.tracer.save(self._attrs(attributes), parent=self.save_parent)
+            if attributes.get(Attr.PATH):  # the framework's bytes reaching it are progress
+                self._save_growing.enter_context(activity.growing(str(attributes[Attr.PATH])))
             return self.save_op
         except Exception as exc:  # noqa: BLE001
             self.warn_once("begin_save", exc)
@@ -347,6 +352,7 @@ class TracingSession:
 
     def end_save(self, error: BaseException | None = None) -> OperationSummary | None:
         op, self.save_op = self.save_op, None
+        self._save_growing.close()
         if op is None:
             return None
         try:

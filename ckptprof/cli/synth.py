@@ -118,7 +118,8 @@ def add_parser(commands) -> None:
     )  # fmt: skip
     save.add_argument(
         "--part-size", type=size(ranges.PART_SIZE), default="16M",
-        help="bytes per write request / multipart part, 4K to 1G (default 16M)",
+        help="bytes per write request / multipart part, 4K to 1G (default 16M); on S3 at "
+        "least 5M and at most 10,000 parts per file (checked before anything is written)",
     )  # fmt: skip
     save.add_argument(
         "--repeat", type=whole(ranges.REPEAT), default=3, help="saves to time (medians)"

@@ -52,8 +52,9 @@ def write_parts(
     on_part: Callable[[Part], None] | None = None,
 ) -> int:
     """Write every part with up to ``concurrency`` in flight (``on_part`` is called from
-    the worker that wrote it); the first failure cancels the parts not started and is
-    raised once the running ones end. Returns the bytes written."""
+    the worker that wrote it); the first failure (or an interrupt, e.g. Ctrl-C) cancels
+    the parts not started and is raised once the running ones end, so the caller's abort
+    comes after the last part. Returns the bytes written."""
 
     def one(part: Part) -> None:
         writer.write_part(part)
@@ -65,10 +66,14 @@ def write_parts(
             one(part)
         return sum(p.size for p in parts)
     with ThreadPoolExecutor(min(concurrency, len(parts)), "ckptprof-write") as pool:
-        futures = [pool.submit(one, part) for part in parts]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        for future in pending:
-            future.cancel()
+        futures = []
+        try:
+            for part in parts:
+                futures.append(pool.submit(one, part))
+            wait(futures, return_when=FIRST_EXCEPTION)
+        finally:  # a failure, or an interrupt while waiting: only the running parts finish
+            for future in futures:
+                future.cancel()
     for future in futures:
         if future.done() and not future.cancelled() and future.exception() is not None:
             raise future.exception()

@@ -190,6 +190,11 @@ class Storage(ABC):
         (once the paths in ``removing`` are gone). Object stores take any key."""
         return None
 
+    def abort_uploads(self) -> int:
+        """Abort the unfinished uploads under the location (an object store's multipart
+        uploads a killed save left open); how many. A file system has none."""
+        return 0
+
     @abstractmethod
     def free_bytes(self) -> int | None:
         """Space left for generation, or None when the backend has no such limit."""

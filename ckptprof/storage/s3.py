@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 from ckptprof import activity
 from ckptprof.errors import CkptprofError, StorageError, UnreachableError
+from ckptprof.storage import multipart
 from ckptprof.storage.base import DEFAULT_PART_SIZE, CacheState, ObjectInfo, Part, Storage
 
 log = logging.getLogger("ckptprof")
@@ -376,9 +377,11 @@ class S3Storage(Storage):
         with tempfile.TemporaryDirectory(prefix="ckptprof-upload-") as tmp:
             local = Path(tmp) / Path(path).name
             yield local
+            size = local.stat().st_size
             transfer = TransferConfig(
                 multipart_threshold=DEFAULT_PART_SIZE,
-                multipart_chunksize=DEFAULT_PART_SIZE,  # the fetch phase's default part
+                # the fetch phase's default part, or the smallest S3 takes for this size
+                multipart_chunksize=multipart.part_size_for(size, DEFAULT_PART_SIZE),
                 max_concurrency=min(16, self._config.max_pool_connections),
             )
             try:
@@ -387,6 +390,8 @@ class S3Storage(Storage):
                 raise self._translate(getattr(exc, "last_exception", None) or exc, path) from None
 
     def open_writer(self, path: str, size: int, part_size: int) -> S3FileWriter:
+        """Refuses a part size S3 would refuse for ``size`` bytes before the upload starts."""
+        multipart.check_part_size(size, part_size, self._where(path))
         return S3FileWriter(self, path, multipart=size > part_size)
 
     def write_bytes(self, path: str, data: bytes) -> None:
@@ -403,6 +408,27 @@ class S3Storage(Storage):
 
     def free_bytes(self) -> int | None:
         return None
+
+    def abort_uploads(self) -> int:
+        """Abort every unfinished multipart upload under the prefix (and only there): a
+        killed save's or a crashed server's, whose parts would otherwise be kept (and
+        billed) until a lifecycle rule ends them. Returns how many."""
+        aborted = 0
+        try:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=self.prefix
+            )
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    if not upload["Key"].startswith(self.prefix):
+                        continue  # a store that ignores Prefix: never another location's
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
+                    aborted += 1
+        except Exception as exc:  # noqa: BLE001 - translated below
+            raise self._translate(exc, "") from None
+        return aborted
 
     # ------------------------------------------------------------ cache
     def evict(self, paths: list[str]) -> CacheState:
@@ -491,11 +517,18 @@ class S3FileWriter:
             raise self.storage._translate(exc, self.path) from None
 
     def abort(self) -> None:
-        """Drop the uploaded parts (best effort: a bucket lifecycle rule cleans the rest)."""
+        """Drop the uploaded parts (best effort: what a server that is down keeps, a
+        ``--force`` save or generate aborts later, or a bucket lifecycle rule)."""
         if self.upload_id is None:
             return
-        with contextlib.suppress(Exception):
+        try:
             self.client.abort_multipart_upload(
                 Bucket=self.bucket, Key=self.key, UploadId=self.upload_id
+            )
+        except Exception as exc:  # noqa: BLE001 - the save's own error is the one to raise
+            log.warning(
+                "ckptprof: warning: could not abort an unfinished upload (%s); a --force save "
+                "or generate there aborts it.",
+                self.storage._translate(exc, self.path),
             )
         self.upload_id = None

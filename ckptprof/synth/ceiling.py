@@ -84,6 +84,13 @@ class WriteCeiling:
         return f"write ceiling {self.write_gbps:.2f} GB/s ({self.source})"
 
 
+def probe_write_bytes(nbytes: int, part_size: int, object_store: bool) -> int:
+    """The size of the write probe's file for a save of ``nbytes``: at most
+    ``PROBE_BYTES``; on an object store a multipart upload, as the save's: two parts or more."""
+    nbytes = max(1, min(nbytes, PROBE_BYTES))
+    return max(nbytes, 2 * part_size) if object_store else nbytes
+
+
 def probe_write(
     storage: Storage, nbytes: int, part_size: int, concurrency: int, fsync: bool = True
 ) -> WriteCeiling:
@@ -95,9 +102,7 @@ def probe_write(
     from ckptprof.io.writes import cut_parts, write_parts
     from ckptprof.synth.fill import RandomFiller
 
-    nbytes = max(1, min(nbytes, PROBE_BYTES))
-    if storage.object_store:  # a multipart upload, as the save's: at least two parts
-        nbytes = max(nbytes, 2 * part_size)
+    nbytes = probe_write_bytes(nbytes, part_size, storage.object_store)
     filler = RandomFiller(0)
     chunks = [bytes(filler.next_chunk()) for _ in range(4)]  # distinct: no dedup shortcut
     size = len(chunks[0])

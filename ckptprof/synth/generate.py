@@ -14,6 +14,7 @@ from a checked manifest and stays inside the location.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckptprof.atomic import PARTIAL_SUFFIX
@@ -72,13 +73,18 @@ def plan_checkpoint(spec: SynthSpec) -> CheckpointPlan:
 
 
 def generate(
-    location: str, spec: SynthSpec, *, force: bool = False, progress: bool | None = None
+    location: str,
+    spec: SynthSpec,
+    *,
+    force: bool = False,
+    progress: bool | None = None,
+    echo: Callable[[str], None] = print,
 ) -> GenerateResult:
     layout = get_layout(spec.layout)
     plan = layout.plan(spec)
     storage = open_storage(location)
     with storage.claim():  # a second writer of this location is refused at once
-        claim_location(storage, plan, force)
+        claim_location(storage, plan, force, echo)
 
         filler = RandomFiller(spec.seed)
         entries = {}
@@ -97,10 +103,13 @@ def generate(
         return GenerateResult(storage.uri, plan, manifest)
 
 
-def claim_location(storage: Storage, plan: CheckpointPlan, force: bool) -> None:
+def claim_location(
+    storage: Storage, plan: CheckpointPlan, force: bool, echo: Callable[[str], None] = print
+) -> None:
     """Make the location ready for ``plan``'s files: refuse what is not ours (``force``
     replaces only a ckptprof checkpoint), check space and every path first, record the
-    files about to be written (:data:`GENERATING_NAME`), then clear the previous ones."""
+    files about to be written (:data:`GENERATING_NAME`), then clear the previous ones
+    (with ``force``, also the uploads a killed save left open there, said in one line)."""
     existing = _existing(storage)
     owned = _owned(storage, existing, force)
     replaced = [i for i in existing if i.path in owned]
@@ -111,6 +120,18 @@ def claim_location(storage: Storage, plan: CheckpointPlan, force: bool) -> None:
         storage.check_writable(path, removing)
     storage.write_bytes(GENERATING_NAME, _generating_record(sorted(owned | set(planned))))
     _remove(storage, [i.path for i in replaced])
+    if force:
+        _abort_uploads(storage, echo)
+
+
+def _abort_uploads(storage: Storage, echo: Callable[[str], None]) -> None:
+    aborted = storage.abort_uploads()
+    if aborted:
+        plural = "s" if aborted > 1 else ""
+        echo(
+            f"{storage.uri}: aborted {aborted} unfinished multipart upload{plural} left there "
+            "by a save or generation that did not finish."
+        )
 
 
 def publish_manifest(storage: Storage, manifest: Manifest) -> None:

@@ -24,12 +24,17 @@ from ckptprof.env import capture
 from ckptprof.errors import CkptprofError
 from ckptprof.manifest import Manifest, entry_for_segments
 from ckptprof.phases import Attr
-from ckptprof.storage import open_storage
+from ckptprof.storage import multipart, open_storage
 from ckptprof.storage.base import DEFAULT_PART_SIZE
-from ckptprof.synth.ceiling import WriteCeiling, probe_write
+from ckptprof.synth.ceiling import WriteCeiling, probe_write, probe_write_bytes
 from ckptprof.synth.distributed import Job, job_context
 from ckptprof.synth.fill import RandomFiller
-from ckptprof.synth.generate import claim_location, entry_of, publish_manifest
+from ckptprof.synth.generate import (
+    claim_location,
+    entry_of,
+    estimated_file_bytes,
+    publish_manifest,
+)
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.plan import CheckpointPlan, SynthSpec
 from ckptprof.synth.savers import SaveContext, check_strategy, save
@@ -109,6 +114,21 @@ def check(location: str, spec: SynthSpec, options: SaveOptions, job: Job | None 
             f"--ranks {spec.ranks}: under the launcher each of the {job.world} ranks writes "
             f"its own files; use --ranks {job.world} (or leave it out)."
         )
+    if location.startswith("s3://"):
+        check_s3_parts(location, get_layout(spec.layout).plan(spec), options)
+
+
+def check_s3_parts(location: str, plan: CheckpointPlan, options: SaveOptions) -> None:
+    """On S3 each file, and the write probe, is a multipart upload in ``--part-size``
+    parts: refuse a part size S3 would refuse (for the largest, the one that needs the
+    largest parts) before anything is claimed, probed or uploaded."""
+    layout = get_layout(plan.spec.layout)
+    largest = max(plan.files, key=lambda f: estimated_file_bytes(layout, f))
+    where = f"{location.rstrip('/')}/{largest.path}"
+    multipart.check_part_size(estimated_file_bytes(layout, largest), options.part_size, where)
+    if not options.ceiling_gbps:
+        probe = probe_write_bytes(_payload(plan), options.part_size, object_store=True)
+        multipart.check_part_size(probe, options.part_size, "the write probe")
 
 
 def rank_plan(plan: CheckpointPlan, job: Job | None) -> CheckpointPlan:
@@ -187,7 +207,7 @@ def run_save(
     with ExitStack() as held:  # the location is this save's until it returns
         if lead:
             held.enter_context(storage.claim())
-            claim_location(storage, plan, options.force)
+            claim_location(storage, plan, options.force, echo)
             ceiling = _ceiling(storage, plan, options)
         ceiling = job.broadcast(ceiling if lead else None) if job else ceiling
         echo(ceiling.describe())
@@ -278,8 +298,14 @@ def job_records(rank_records: list[SaveRecord]) -> list[SaveRecord]:
 def _ceiling(storage, plan: CheckpointPlan, options: SaveOptions) -> WriteCeiling:
     if options.ceiling_gbps:
         return WriteCeiling(options.ceiling_gbps, "given (--ceiling-gbps)", 0)
-    size = sum(f.payload_bytes for f in plan.files) or 1
-    return probe_write(storage, size, options.part_size, options.concurrency, options.fsync)
+    return probe_write(
+        storage, _payload(plan), options.part_size, options.concurrency, options.fsync
+    )
+
+
+def _payload(plan: CheckpointPlan) -> int:
+    """The bytes a save of ``plan`` writes, as the write probe is sized (at least one)."""
+    return sum(f.payload_bytes for f in plan.files) or 1
 
 
 def write_results(

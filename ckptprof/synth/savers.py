@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckptprof import activity
 from ckptprof.atomic import fsync_dir, partial_path
 from ckptprof.errors import CkptprofError, StorageError
 from ckptprof.io.writes import cut_parts, write_parts
@@ -115,7 +116,7 @@ def save_framework(ctx: SaveContext) -> Written:
             partial = partial_path(final)
             written.append((partial, final))
             start = time.perf_counter()
-            with ctx.op.phase(Phase.WRITE, **fused), _named(final):
+            with ctx.op.phase(Phase.WRITE, **fused), _named(final), activity.growing(partial):
                 layout.save_file(ctx.plan, file, partial, ctx.tensors)
             size = partial.stat().st_size
             ctx.op.add_file(Phase.WRITE, file.path, size, time.perf_counter() - start)
@@ -272,7 +273,8 @@ def _traced_writer(ctx: SaveContext, op):
         written = 0  # bytes DCP's writer reported
 
         def write_data(self, plan, planner):
-            with op.phase(Phase.WRITE, **{Attr.FUSED: fused_value(fused, "DCP's writer")}):
+            fused_attr = {Attr.FUSED: fused_value(fused, "DCP's writer")}
+            with op.phase(Phase.WRITE, **fused_attr), activity.growing(ctx.root):
                 future = super().write_data(plan, planner)
                 future.wait()
             size = sum(r.size_in_bytes for r in future.value())

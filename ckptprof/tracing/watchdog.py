@@ -3,12 +3,12 @@
 Every open :class:`~ckptprof.tracing.recorder.Operation` is watched by one daemon thread
 per process, which wakes at most once a second (and only while an operation is open: it
 leaves with the last one, so a job's threads are as they were). Progress is a phase
-beginning or ending, a phase recording bytes or files, or the I/O core moving bytes
-(:mod:`ckptprof.tracing.activity`). When none of it happens for ``stall_after`` seconds,
-one warning names the rank, host, phase, the file or object in flight, the bytes so far
-and how long; the stacks of the process's threads go into the log and, as a
-``ckpt.stall`` event, onto the open phase's span. The warning repeats at doubling
-intervals while the stall lasts; the operation is never interrupted.
+beginning or ending, a phase recording bytes or files, the I/O core moving bytes, or a
+file a framework's writer fills growing on disk (:mod:`ckptprof.activity`). When none of
+it happens for ``stall_after`` seconds, one warning names the rank, host, phase, the file
+or object in flight, the bytes so far and how long; the stacks of the process's threads
+go into the log and, as a ``ckpt.stall`` event, onto the open phase's span. The warning
+repeats at doubling intervals while the stall lasts; the operation is never interrupted.
 
 ``stall_after``: ``$CKPTPROF_STALL_AFTER`` (seconds; ``0`` or ``off`` turns it off), else
 :data:`DEFAULT_STALL_AFTER_S`, unless the caller gives one.
@@ -31,8 +31,8 @@ from ckptprof.units import fmt_bytes
 log = logging.getLogger("ckptprof")
 
 STALL_ENV = "CKPTPROF_STALL_AFTER"
-#: long enough that a healthy load seldom trips it (ckptprof sees bytes only through its
-#: own I/O; a framework's torch.load of a large file shows no progress until it ends)
+#: long enough that a healthy load seldom trips it (ckptprof sees bytes read only through
+#: its own I/O; a framework's torch.load of a large file shows no progress until it ends)
 DEFAULT_STALL_AFTER_S = 120.0
 MAX_STACK_CHARS = 32_000
 
@@ -129,7 +129,7 @@ class Watchdog:
 
     @staticmethod
     def _signature(op) -> tuple:
-        return (op.progress_signature(), activity.moved())
+        return (op.progress_signature(), activity.moved(), activity.grown())
 
     def _check(self, op, watch: _Watch) -> None:
         now = time.monotonic()
