@@ -86,13 +86,18 @@ class MemoryWatch:
         self.start_rss = 0
         self.kernel_peak: int | None = None
         self.device_peak: int | None = None
+        self._device_index = 0
 
     def start(self) -> MemoryWatch:
         self._hwm_reset = self._reset and _reset_high_water_mark()
-        if self._cuda and self._reset:
+        if self._cuda:
             import torch
 
-            torch.cuda.reset_peak_memory_stats()
+            # the current device is the starting thread's: the sampler thread's would be
+            # GPU 0 whichever GPU this rank restores onto
+            self._device_index = torch.cuda.current_device()
+            if self._reset:
+                torch.cuda.reset_peak_memory_stats(self._device_index)
         self.start_rss = rss_bytes()
         self._sample()
         self._thread = threading.Thread(target=self._run, name="ckptprof-memory", daemon=True)
@@ -105,7 +110,7 @@ class MemoryWatch:
         if self._cuda:
             import torch
 
-            self.device.append(int(torch.cuda.memory_allocated()))
+            self.device.append(int(torch.cuda.memory_allocated(self._device_index)))
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -128,7 +133,9 @@ class MemoryWatch:
 
             sampled = max(self.device)
             self.device_peak = (
-                max(sampled, int(torch.cuda.max_memory_allocated())) if self._reset else sampled
+                max(sampled, int(torch.cuda.max_memory_allocated(self._device_index)))
+                if self._reset
+                else sampled
             )
 
     @property

@@ -128,7 +128,9 @@ def test_a_signal_in_each_restore_phase_stops_it_cleanly(
     with gate(monkeypatch, phase, 2, lambda: os.kill(os.getpid(), signum)) as seen:
         code = main(_restore(ckpt, out, "--repeat", "3", *RESTORE_FOR[phase]))
     err = capsys.readouterr().err
-    assert len(seen) == 2, f"{phase.value} was reached in {len(seen)} restores"
+    runs = json.loads((out / "results.json").read_text())["runs"] if code == 0 else []
+    modes = [(r.get("first_step"), r.get("first_step_estimate_s")) for r in runs]
+    assert len(seen) == 2, f"{phase.value} was reached in {len(seen)} restores: {modes} {err}"
     assert code == SIGNALS[signum], err
     assert f"interrupted ({signal.Signals(signum).name})" in err
     assert "Traceback" not in err and "unexpected" not in err
@@ -160,6 +162,8 @@ SECOND_WRITER = {
     ("synth restore", "--out"): "restore-out",
     ("synth restore", "--stage"): "restore-stage",
     ("demo", "--dir"): "demo",  # the demo saves and restores into DIR/checkpoint, DIR/results
+    ("predict", "--check"): "check",  # its saves claim each checkpoint under DEST
+    ("predict", "--out"): "check",
 }
 
 

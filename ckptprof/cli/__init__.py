@@ -139,6 +139,13 @@ def one_line(exc: Exception) -> tuple[str, int]:
     for kind, template, code in _ONE_LINE:
         if isinstance(exc, kind):
             return template.format(e=exc), code
+    if type(exc).__name__ == "OutOfMemoryError":  # torch's, on a device: no import needed
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        return (
+            f"out of device memory: {first}. Use a smaller --scale, restore one rank "
+            "(--world-size N --rank R), or --device cpu.",
+            5,
+        )
     if isinstance(exc, EOFError):
         return f"truncated data: {exc}", 3
     first = str(exc).splitlines()[0][:300] if str(exc) else ""

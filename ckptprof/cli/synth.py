@@ -524,7 +524,10 @@ def run_restore(args) -> int:
         stall_after_s=stall_option(args.stall_after),
     )
     from ckptprof.synth import distributed
+    from ckptprof.synth.device import check_job_device
 
+    processes = int(os.environ.get("WORLD_SIZE", 1)) if distributed.launched() else 1
+    check_job_device(options.device, args.nproc_per_node or processes)
     if args.nproc_per_node and not distributed.launched():
         options.validate()  # a bad option is one line here, not one per rank
         return distributed.launch(args.nproc_per_node, without_nproc(args.argv))

@@ -28,6 +28,15 @@ def check_device(name: str) -> str | None:
     return None if _PATTERN.match(name) else f"{name!r} is not one of {DEVICES}"
 
 
+def check_job_device(name: str, processes: int) -> None:
+    """Refuse one GPU named for every rank of a job (each rank takes its LOCAL_RANK's)."""
+    if processes > 1 and re.match(r"^cuda:\d+$", name):
+        raise CkptprofError(
+            f"--device {name}: every one of the job's {processes} ranks would restore onto "
+            "that one GPU; use --device cuda (each rank takes its own, by LOCAL_RANK)."
+        )
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto``: the current CUDA device where CUDA works, else the host."""
     import torch
@@ -84,7 +93,14 @@ class PinnedBuffer:
 
         self.size = size
         self.name = name
-        self._tensor = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        try:
+            self._tensor = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError as exc:  # page-locked memory is limited (ulimit -l, the driver)
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CkptprofError(
+                f"could not pin {size} bytes of host memory for host→device copies ({first}); "
+                "lower --memory-budget or --concurrency."
+            ) from None
         self.view = memoryview(self._tensor.numpy())
 
     def close(self) -> None:
@@ -96,6 +112,7 @@ __all__ = [
     "DEVICES",
     "PinnedBuffer",
     "check_device",
+    "check_job_device",
     "device_attributes",
     "resolve_device",
     "synchronize",

@@ -118,9 +118,22 @@ def join(device_type: str = "cpu") -> Job:
     if job.backend == "nccl":
         import torch
 
-        torch.cuda.set_device(job.local_rank)
+        torch.cuda.set_device(rank_gpu(job.local_rank, torch.cuda.device_count()))
     dist.init_process_group(job.backend, timeout=timedelta(seconds=timeout))
     return job
+
+
+def rank_gpu(local_rank: int, visible: int) -> int:
+    """The GPU a rank restores onto: its local rank's, or the one it sees where the
+    scheduler shows each rank a single GPU (CUDA_VISIBLE_DEVICES per rank)."""
+    if visible == 1:
+        return 0
+    if local_rank < visible:
+        return local_rank
+    raise CkptprofError(
+        f"local rank {local_rank} sees {visible} CUDA device(s): give each rank one GPU "
+        "(--nproc-per-node at most the GPUs here), or --device cpu."
+    )
 
 
 def job_context(job: Job):

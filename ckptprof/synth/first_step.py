@@ -48,12 +48,12 @@ class FirstStep:
             self.mode = STEP_REAL if self._fits() else STEP_ESTIMATE
 
     def _fits(self) -> bool:
-        from ckptprof.synth.model import training_bytes
+        from ckptprof.synth.model import step_bytes_beyond_state
 
         subject = self.subject
         if subject.world_size != 1:
             return False
-        need = training_bytes(subject.plan.preset) + subject.state.nbytes
+        need = subject.state.nbytes + step_bytes_beyond_state(subject.plan.preset)
         if subject.device.type == "cuda":
             import torch
 

@@ -9,6 +9,7 @@ exists before restore starts, so its construction is not part of the RTO.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -18,7 +19,12 @@ from torch.optim.adam import adam
 
 from ckptprof.synth.presets import ModelPreset
 
-BYTES_PER_PARAM_TRAINING = 2 + 2 + 8  # bf16 weights, bf16 grads, two fp32 Adam moments
+#: torch.optim.adam.adam takes decoupled_weight_decay (AdamW) from torch 2.6; before, the
+#: decay is applied to the weights first, as torch's own adamw did
+_ADAM_DECOUPLES = "decoupled_weight_decay" in inspect.signature(adam).parameters
+#: what a step needs beyond the restored state it trains on in place (bf16 gradients, at
+#: most all at once: each is released as its parameter steps)
+GRAD_BYTES_PER_PARAM = 2
 
 
 class RMSNorm(nn.Module):
@@ -125,11 +131,15 @@ class MasterAdamW(torch.optim.AdamW):
         weights = param if param.dtype == wide else param.to(wide)
         grad = param.grad if param.grad.dtype == wide else param.grad.to(wide)
         beta1, beta2 = group["betas"]
+        decay = group["weight_decay"]
+        if decay and not _ADAM_DECOUPLES:  # AdamW's decay, as torch < 2.6's adamw applies it
+            weights.mul_(1 - group["lr"] * decay)
+            decay = 0.0
+        extra = {"decoupled_weight_decay": True} if _ADAM_DECOUPLES else {}
         adam(
             [weights], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [],
-            [state["step"]], foreach=False, decoupled_weight_decay=True, amsgrad=False,
-            beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-            eps=group["eps"], maximize=False,
+            [state["step"]], foreach=False, amsgrad=False, beta1=beta1, beta2=beta2,
+            lr=group["lr"], weight_decay=decay, eps=group["eps"], maximize=False, **extra,
         )  # fmt: skip
         if weights is not param:
             param.copy_(weights)
@@ -160,8 +170,10 @@ def build_model(
     return model, optimizer
 
 
-def training_bytes(preset: ModelPreset) -> int:
-    return preset.params * BYTES_PER_PARAM_TRAINING
+def step_bytes_beyond_state(preset: ModelPreset) -> int:
+    """Memory the first step adds to the restored weights and moments (counted once:
+    the step trains on them in place)."""
+    return preset.params * GRAD_BYTES_PER_PARAM
 
 
 def train_step(

@@ -1,0 +1,99 @@
+"""The parts of the GPU path that run without one: the first step's arithmetic on any
+torch the package allows, and what the first step is said to need."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ckptprof.synth import model as model_mod
+from ckptprof.synth.model import MasterAdamW
+
+
+@pytest.mark.parametrize("decoupled", [True, False], ids=["torch>=2.6", "torch<2.6"])
+def test_master_adamw_steps_as_torch_adamw_on_either_torch(decoupled, monkeypatch):
+    """torch.optim.adam.adam took decoupled_weight_decay only from 2.6; below it the
+    decay is applied first, as AdamW defines it: the same numbers either way."""
+    monkeypatch.setattr(model_mod, "_ADAM_DECOUPLES", decoupled)
+    torch.manual_seed(0)
+    start = torch.randn(64, dtype=torch.float32)
+    grads = [torch.randn(64) for _ in range(3)]
+    ours = torch.nn.Parameter(start.clone())
+    theirs = torch.nn.Parameter(start.clone())
+    mine = MasterAdamW([ours], lr=1e-2, weight_decay=0.1)
+    reference = torch.optim.AdamW([theirs], lr=1e-2, weight_decay=0.1, foreach=False)
+    for grad in grads:
+        ours.grad, theirs.grad = grad.clone(), grad.clone()
+        mine.step()
+        reference.step()
+    torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_the_first_step_counts_the_restored_state_once(monkeypatch):
+    """The step trains on the restored weights and moments in place: it needs them plus
+    the gradients, not a second copy of them. Full llama2-7b with Adam (67 GB) then runs
+    on a 141 GB H200 (its free memory stood in for here) instead of being estimated."""
+    from types import SimpleNamespace
+
+    from ckptprof.synth.first_step import STEP_REAL, FirstStep
+    from ckptprof.synth.presets import get_preset
+
+    preset = get_preset("llama2-7b")
+    subject = SimpleNamespace(
+        world_size=1,
+        plan=SimpleNamespace(preset=preset),
+        state=SimpleNamespace(nbytes=preset.params * (2 + 8)),  # bf16 weights, fp32 moments
+        device=torch.device("cuda", 0),
+    )
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (141 * 10**9, 0))
+    assert FirstStep(subject, True, None).mode == STEP_REAL
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 10**9, 0))
+    assert FirstStep(subject, True, None).mode != STEP_REAL  # 67 GB + 13 GB of gradients do not fit
+
+
+@pytest.mark.parametrize(
+    "local_rank,visible,expected",
+    [(0, 8, 0), (7, 8, 7), (3, 1, 0), (5, 1, 0), (4, 4, None), (0, 0, None)],
+)
+def test_each_rank_takes_its_gpu_or_the_one_it_sees(local_rank, visible, expected):
+    """A scheduler that shows each rank one GPU (CUDA_VISIBLE_DEVICES per rank) made
+    set_device(LOCAL_RANK) fail with "invalid device ordinal" on every rank but 0."""
+    from ckptprof.errors import CkptprofError
+    from ckptprof.synth.distributed import rank_gpu
+
+    if expected is None:
+        with pytest.raises(CkptprofError, match=f"local rank {local_rank} sees {visible}"):
+            rank_gpu(local_rank, visible)
+    else:
+        assert rank_gpu(local_rank, visible) == expected
+
+
+def test_one_gpu_named_for_every_rank_is_refused_before_launch(tmp_path, capsys):
+    from ckptprof.cli import main
+
+    code = main(["synth", "restore", str(tmp_path), "--nproc-per-node", "2",
+                 "--device", "cuda:1", "--no-report"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "--device cuda:1" in err[0] and "--device cuda" in err[0] and "LOCAL_RANK" in err[0]
+
+
+def test_device_out_of_memory_is_one_line(monkeypatch, capsys):
+    """A CUDA out-of-memory error (torch.OutOfMemoryError, raised by the device's
+    allocator) is what to do about it, not "unexpected"."""
+    from ckptprof.cli import one_line
+
+    message, code = one_line(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert code == 5 and "out of device memory" in message and "--scale" in message
+
+
+def test_a_failed_pinned_allocation_is_one_line(monkeypatch):
+    from ckptprof.errors import CkptprofError
+    from ckptprof.synth.device import PinnedBuffer
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("CUDA error: out of memory (cudaHostAlloc)")
+
+    monkeypatch.setattr(torch, "empty", refuse)
+    with pytest.raises(CkptprofError, match="could not pin 4096 bytes.*--memory-budget"):
+        PinnedBuffer(4096)
