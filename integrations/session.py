@@ -240,6 +240,7 @@ class TracingSession:
         if op is None:
             return None
         try:
+            wait_for_device()
             end = time.time_ns()
             if batch is None:
                 start = since_ns or op.latest_end_ns
@@ -398,6 +399,15 @@ class TracingSession:
 
     def _attrs(self, attributes: dict[str, Any]) -> dict[str, Any]:
         return {Attr.RANK: self.rank, **attributes}
+
+
+def wait_for_device() -> None:
+    """When the framework's step hook runs, the step's kernels may still be queued on
+    the GPU: the first step ends when the device has run them (one synchronize per
+    resume; nothing where CUDA was never started)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def first_step_parts(

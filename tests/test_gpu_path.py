@@ -3,6 +3,8 @@ torch the package allows, and what the first step is said to need."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -33,8 +35,6 @@ def test_the_first_step_counts_the_restored_state_once(monkeypatch):
     """The step trains on the restored weights and moments in place: it needs them plus
     the gradients, not a second copy of them. Full llama2-7b with Adam (67 GB) then runs
     on a 141 GB H200 (its free memory stood in for here) instead of being estimated."""
-    from types import SimpleNamespace
-
     from ckptprof.synth.first_step import STEP_REAL, FirstStep
     from ckptprof.synth.presets import get_preset
 
@@ -97,3 +97,94 @@ def test_a_failed_pinned_allocation_is_one_line(monkeypatch):
     monkeypatch.setattr(torch, "empty", refuse)
     with pytest.raises(CkptprofError, match="could not pin 4096 bytes.*--memory-budget"):
         PinnedBuffer(4096)
+
+
+def test_a_device_restore_maps_no_file(tmp_path):
+    """Mapped pages are pageable: a host→device copy from them runs at about half the
+    link. A state on a device reads every file through the pinned window instead."""
+    from ckptprof.synth.strategies.pipelined import FileMaps
+
+    big = tmp_path / "optimizer.pt"
+    with open(big, "wb") as handle:
+        handle.truncate(FileMaps.MIN_BYTES)
+    storage = SimpleNamespace(kind="posix", uri=str(tmp_path), direct_io=False)
+    files = [SimpleNamespace(path="optimizer.pt")]
+
+    def ctx(on_host: bool):
+        return SimpleNamespace(storage=storage, files=files, size=lambda p: FileMaps.MIN_BYTES,
+                               state=SimpleNamespace(on_host=on_host))  # fmt: skip
+
+    host = FileMaps(ctx(on_host=True))
+    try:
+        assert list(host.maps) == ["optimizer.pt"]
+    finally:
+        host.close()
+    assert FileMaps(ctx(on_host=False)).maps == {}
+
+
+def test_a_window_buffer_is_reused_only_after_its_copy_has_read_it():
+    """The pinned window's buffers go back to the pool once the asynchronous copy out of
+    each has passed its fence (a CUDA event on a device; a stand-in here that fills the
+    buffer's bytes only when the fence is waited on, as a late DMA would read them)."""
+    from dataclasses import dataclass
+
+    from ckptprof.io.window import Window
+
+    @dataclass
+    class Request:
+        path: str
+        offset: int
+        length: int
+
+    data = bytes(range(256)) * 64  # 16 KiB, read in 16 requests of 1 KiB
+    storage = SimpleNamespace(
+        read_into=lambda path, offset, view: view.__setitem__(
+            slice(None), data[offset : offset + len(view)]
+        )
+    )
+    landed = bytearray(len(data))
+    in_copy: dict[int, tuple] = {}  # buffer address -> the copy not yet done
+
+    class Fence:
+        def __init__(self, request, view):
+            self.request, self.view = request, view
+            in_copy[id(view.obj)] = (request, self)
+
+        def synchronize(self):
+            r = self.request
+            landed[r.offset : r.end] = self.view  # the late copy reads the buffer now
+            in_copy.pop(id(self.view.obj), None)
+
+    def land(request, view):
+        request.end = request.offset + request.length
+        assert id(view.obj) not in in_copy, "a buffer reused before its copy had read it"
+        return Fence(request, view)
+
+    requests = [Request("f", n * 1024, 1024) for n in range(16)]
+    window = Window(storage, concurrency=4, budget=3 * 1024)
+    window.run(requests, land=land)
+    for _, fence in list(in_copy.values()):
+        fence.synchronize()
+    assert bytes(landed) == data
+
+
+def test_the_first_step_ends_on_the_devices_clock(tmp_path, monkeypatch):
+    """The callbacks end the first step when the GPU has run its kernels: a device that
+    still works for 0.3 s after the hook returns (a synchronize that takes that long
+    stands in for it) is inside first_step, not in the second step."""
+    import time
+
+    from ckptprof.integrations.session import TracingSession
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: (time.sleep(0.3), waited.append(1)))
+    session = TracingSession("test", trace_dir=tmp_path / "traces")
+    try:
+        session.begin_restore({})
+        summary = session.first_step_done(1, since_ns=time.time_ns(), announce=False)
+    finally:
+        session.close()
+    assert waited == [1]
+    assert summary.phases["first_step"].busy_s >= 0.3

@@ -142,7 +142,9 @@ class Window:
 
         ``into(request)``: a memoryview the bytes land in (or a list of them: the bytes
         scattered over them in order), :data:`POOLED` (a window buffer; the default) or
-        None (no bytes land: the read only warms a cache).
+        None (no bytes land: the read only warms a cache). ``land`` may return a fence
+        (``synchronize()``: an asynchronous copy out of the buffer, a CUDA event): the
+        buffer goes back to the pool only once it has passed.
         ``read(request, view)``: the request's read (default ``storage.read_into``); it
         returns the bytes (``view``, or where they are). Resident requests (``resident``
         true: their bytes are in memory already) skip the storage: ``read(request,
@@ -196,10 +198,15 @@ class Window:
             self.clocks.note(request.path, start, end, request.length)
             done.put((request, got, buf, holds))
 
+        fences: dict[int, Any] = {}  # id(buffer) -> the copy still reading it
+
         def give_back(request, buf, holds: bool) -> None:
             if release is not None:
                 release(request)
             if buf is not None:
+                fence = fences.pop(id(buf), None)
+                if fence is not None:  # its copy to the device must finish reading it first
+                    fence.synchronize()
                 free.put(buf)
             if holds:
                 slots.release()
@@ -216,7 +223,9 @@ class Window:
                     bar.update(request.length)
                 try:
                     if not error and land is not None:
-                        land(request, got)
+                        fence = land(request, got)
+                        if fence is not None and buf is not None:
+                            fences[id(buf)] = fence
                 except BaseException as exc:  # noqa: BLE001 - raised by run()
                     error.append(exc)
                 digest = self.digests.get(request.path)

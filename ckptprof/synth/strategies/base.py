@@ -158,14 +158,17 @@ def piece_sources(layout: Layout, plan, file: FilePlan, tensors: dict) -> tuple[
     return sources, memory
 
 
-def copy_into(state: TargetState, copies, memory: dict, advance=None) -> int:
+def copy_into(
+    state: TargetState, copies, memory: dict, advance=None, non_blocking: bool = False
+) -> int:
     """Execute copies from source bytes (``memory[path]``: flat uint8 tensors);
-    ``advance(n)`` after each (a progress bar)."""
+    ``advance(n)`` after each (a progress bar). ``non_blocking``: from pinned memory to a
+    device, queued on the current stream (the caller fences the source's reuse)."""
     moved = 0
     for c in copies:
         source = memory[c.path]
         state.byte_view(c.target)[c.target_offset : c.target_offset + c.length].copy_(
-            source[c.offset : c.offset + c.length]
+            source[c.offset : c.offset + c.length], non_blocking=non_blocking
         )
         moved += c.length
         if advance is not None:

@@ -107,11 +107,16 @@ def _restore_ranges(ctx: RunContext, sources, indexed, maps: FileMaps, clocks) -
             ctx.storage.read_into(read.path, read.offset, view)
         return view
 
-    def land(read: Read, view: memoryview) -> None:
+    copier = DeviceCopier(ctx) if not on_host else None
+
+    def land(read: Read, view: memoryview):
         if read.into:
             placed[0] += read.length
         if read.copies and read.length:
+            if copier is not None:  # queued on a copy stream: the fence frees the buffer
+                return copier.copy(read, view)
             _copy(ctx, read, view)
+        return None
 
     def release(read: Read) -> None:
         if mapped(read):
@@ -120,11 +125,14 @@ def _restore_ranges(ctx: RunContext, sources, indexed, maps: FileMaps, clocks) -
     ctx.op.set_phase_attributes(Phase.FETCH, **summary.attributes())
     try:
         window.run(reads, into=into, read=read_bytes, land=land, release=release)
+        if copier is not None:
+            copier.finish()  # reshard ends when the last copy has landed on the device
     finally:
         clocks.record(ctx.op)
     ctx.op.set_attributes({
         Attr.MEMORY_WINDOW_BYTES: window.window_bytes,
-        Attr.MEMORY_WINDOW_PINNED: buffer_type is PinnedBuffer,
+        # what the copies came from: pinned buffers, unless a file was mapped (pageable)
+        Attr.MEMORY_WINDOW_PINNED: buffer_type is PinnedBuffer and not maps.maps,
     })  # fmt: skip
     ctx.op.set_phase_attributes(Phase.FETCH, **{Attr.CONCURRENCY: window.in_flight})
     if placed[0]:  # the reshard these reads did: bytes landed where the state needs them
@@ -147,6 +155,40 @@ def _copy(ctx: RunContext, read: Read, view: memoryview) -> None:
     ctx.op.add_bytes(Phase.RESHARD, moved)
 
 
+class DeviceCopier:
+    """Host→device copies out of the pinned window, asynchronous on a stream of their
+    own, so the link works while the next reads land: each copy's event is the fence the
+    window waits on before it reuses the buffer; :meth:`finish` waits for the last copy
+    inside ``reshard``."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        import torch
+
+        self.ctx = ctx
+        self.device = ctx.state.tensors[0].device
+        self.stream = torch.cuda.Stream(self.device)
+
+    def copy(self, read: Read, view: memoryview):
+        import torch
+
+        source = torch.frombuffer(view, dtype=torch.uint8)
+        with self.ctx.op.phase(Phase.RESHARD), torch.cuda.stream(self.stream):
+            moved = copy_into(
+                self.ctx.state,
+                [replace(c, offset=c.offset - read.offset) for c in read.copies],
+                {read.path: source},
+                non_blocking=True,
+            )
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        self.ctx.op.add_bytes(Phase.RESHARD, moved)
+        return done
+
+    def finish(self) -> None:
+        with self.ctx.op.phase(Phase.RESHARD):
+            self.stream.synchronize()
+
+
 class FileMaps:
     """Large files of a POSIX checkpoint, mapped (not read) for the pipeline.
 
@@ -155,7 +197,9 @@ class FileMaps:
     fetch) and copy them from a mapping of the file (the reshard; a plain memory copy,
     faster than the kernel's copy into user buffers on most machines). A range's pages
     leave this process's resident set once it is copied (they stay in the page cache).
-    Small files and object stores go through reads into the state instead.
+    Small files and object stores go through reads into the state instead, and so does
+    every file when the state is on a device: its copies must come from pinned memory to
+    be DMA at the link's speed (a mapping is pageable: about half of it).
     """
 
     MIN_BYTES = 64 << 20
@@ -166,7 +210,7 @@ class FileMaps:
         self.fds: dict[str, int] = {}
         self.maps: dict[str, mmap.mmap] = {}
         local = ctx.storage.kind == "posix" and not getattr(ctx.storage, "direct_io", False)
-        if not local:
+        if not local or not ctx.state.on_host:  # a device's copies come from pinned buffers
             return
         for file in ctx.files:
             size = ctx.size(file.path)
