@@ -720,11 +720,18 @@ def test_compare_ranks_like_settings_and_prices_them(tmp_path):
     result = compare([str(base), str(fast)], cost_per_hour=36.0, instances=2)
     text = render_text(result)
     block = text.split("\ncold c=1\n")[1].split("\n\n")[0].splitlines()
-    assert "fsx" in block[1] and "-50%" in block[1]  # ranked first: half the RTO
+    # a synthetic restore is ranked by its time to state: 2.0 s (RTO 2.1 less its 0.1 s
+    # first step) against 4.1 s
+    assert "time to state s (min-max)" in block[0]
+    assert "fsx" in block[1] and "2.000 (1.900-2.100)" in block[1] and "-51%" in block[1]
     assert "ext4 (base)" in block[2]
-    # cost of one restore: 4.2 s at $36/h x 2 instances = $0.084
+    # cost of one restore (what the job pays: its RTO): 4.2 s at $36/h x 2 instances
     assert block[2].rstrip().endswith("0.0840")
     assert result.regressions == []  # faster is never a regression
+    by_rto = render_text(compare([str(base), str(fast)], by="rto"))
+    block = by_rto.split("\ncold c=1\n")[1].split("\n\n")[0].splitlines()
+    assert "RTO s (min-max)" in block[0] and "-50%" in block[1]  # half the RTO
+    assert "restores by RTO (--by rto" in by_rto.splitlines()[0]
 
 
 @pytest.mark.slow
@@ -772,7 +779,9 @@ def test_the_gate_fails_only_beyond_the_limit_and_the_spread(tmp_path):
     assert done.returncode == 1, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("ckptprof: slower than the base: ")
-    assert "cold c=1 RTO 5.460 s vs 4.200 s (+30%, beyond the repeats' spread; limit 10%)" in line
+    # a synthetic restore is judged by its time to state: the RTO less the 0.1 s first step
+    assert ("cold c=1 time to state 5.360 s vs 4.100 s (+31%, beyond the repeats' spread; "
+            "limit 10%)") in line  # fmt: skip
     assert "cold c=16" in done.stdout and "not judged" in done.stdout  # hot c=16: 1 repeat
     # the same +30% within a 40% limit passes; so does noise within the repeats' spread
     assert run_cli("compare", str(base), str(slower), "--fail-if-slower", "40%").returncode == 0
@@ -791,7 +800,7 @@ def test_compare_json_has_a_schema_version(tmp_path):
     doc = json.loads(done.stdout)
     assert doc["schema_version"] == 1 and doc["base"] == "old"
     assert [e["source"] for e in doc["settings"]["cold c=1"]] == ["old", "new"]
-    assert {r["what"] for r in doc["regressions"]} >= {"RTO"}
+    assert {r["what"] for r in doc["regressions"]} >= {"time to state"}
     bad = run_cli("compare", str(base), str(other), "--label", "only-one")
     assert bad.returncode != 0 and "--label was given 1 times for 2 paths" in bad.stderr
 
@@ -871,7 +880,7 @@ def test_the_gate_fails_on_a_phase_beyond_its_spread_while_the_rto_is_within_its
     from ckptprof.report.compare import compare
 
     found = compare([str(base), str(new)], limit=0.1)
-    rto = next(f for f in found.findings if f.setting == "cold c=1" and f.what == "RTO")
+    rto = next(f for f in found.findings if f.setting == "cold c=1" and f.what == "time to state")
     assert not rto.beyond_spread and not rto.slower
     assert [f.what for f in found.regressions] == ["fetch"]
 

@@ -215,7 +215,7 @@ def _config(op: TraceOperation) -> tuple[tuple[str, Any], ...]:
     return tuple((label, op.attributes[key]) for key, label in CONFIG_ATTRS if key in op.attributes)
 
 
-def _instances(ops: Sequence[TraceOperation]) -> list[list[TraceOperation]]:
+def rank_instances(ops: Sequence[TraceOperation]) -> list[list[TraceOperation]]:
     """Cluster rank roots into restores: same run (or trace), repeat and step.
 
     When one rank appears several times in a cluster (repeats without a
@@ -306,7 +306,7 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
     for (kind, config), ops in sorted(buckets.items(), key=order):
         good = [op for op in ops if not op.failed]
         failed = [op for op in ops if op.failed]
-        instances = _instances(good)
+        instances = rank_instances(good)
         critical = [max(inst, key=lambda o: o.wall_s) for inst in instances]
         config_map = dict(config)
         breakdown = None

@@ -318,7 +318,7 @@ def compare_figure(comparison) -> object | None:
         for entry in sorted(entries, key=lambda e: e.median):
             rows = [
                 PhaseRow(name, entry.phase_median(name) or 0.0, None, None, None, None)
-                for name in phase_order("restore", set(entry.phases))
+                for name in phase_order(entry.kind, set(entry.phases))
             ]
             label = f"{setting}: {entry.source}" + (" (base)" if entry.source == base else "")
             bars.append(
@@ -326,9 +326,9 @@ def compare_figure(comparison) -> object | None:
                     label,
                     Breakdown(
                         label,
-                        "restore",
+                        entry.kind,
                         len(entry.walls),
-                        entry.median,
+                        entry.rto_median,
                         min(entry.walls),
                         max(entry.walls),
                         rows,

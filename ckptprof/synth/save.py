@@ -22,6 +22,7 @@ from ckptprof.env import capture
 from ckptprof.errors import CkptprofError
 from ckptprof.manifest import Manifest, entry_for_bytes
 from ckptprof.phases import Attr
+from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA_VERSION
 from ckptprof.storage import open_storage
 from ckptprof.storage.base import DEFAULT_PART_SIZE
 from ckptprof.synth.ceiling import WriteCeiling, probe_write
@@ -276,6 +277,7 @@ def write_results(out: Path, spec: SynthSpec, options: SaveOptions, result: Save
     from ckptprof.atomic import atomic_write
 
     doc = {
+        "schema_version": SAVE_SCHEMA_VERSION,
         "spec": spec.to_dict(),
         "options": dataclasses.asdict(options),
         "environment": result.environment,
@@ -288,8 +290,8 @@ def write_results(out: Path, spec: SynthSpec, options: SaveOptions, result: Save
         },
     }
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "save.json", json.dumps(doc, indent=2, default=str))
-    return out / "save.json"
+    atomic_write(out / SAVE_NAME, json.dumps(doc, indent=2, default=str))
+    return out / SAVE_NAME
 
 
 def _entries(storage, plan: CheckpointPlan, tensors: dict) -> dict:
