@@ -52,7 +52,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--label",
         action="append",
         default=None,
-        help="a name per PATH, in order (default: each path's folder name)",
+        help="a name per PATH, in order (default: each path's folder name); PATHs given "
+        "the same name are one source (a save folder and a restore folder, say)",
     )
     parser.add_argument(
         "--fail-if-slower",

@@ -15,8 +15,9 @@ Verdicts only where the data separates them: a setting is *faster* or *slower* o
 when every repeat of it is beyond every repeat of the base (the spreads do not overlap),
 with at least two repeats on each side; overlapping repeats are said to overlap, with
 the repeats that would separate them at the spread observed. The gate fails a setting
-that is slower beyond the spread **and** by more than the limit. A synthetic first step
-is never judged: it measures the CPU, not the storage.
+that is slower beyond the spread **and** by more than the limit. In a synthetic run only
+the storage's phases are judged on their own (list, fetch; write, upload, fsync, commit):
+the rest, the first step above all, measures this machine's CPU, never the storage.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ SEPARATION_Z = 2.0
 #: what ranks a setting
 TTS, RTO, SAVE = "time to state", "RTO", "save"
 BY_CHOICES = ("auto", "tts", "rto")
+#: the phases the storage itself does (the rest is the CPU's: serialization, copies, steps)
+STORAGE_PHASES = frozenset(
+    {Phase.LIST, Phase.FETCH, Phase.WRITE, Phase.UPLOAD, Phase.FSYNC, Phase.COMMIT}
+)
 SYNTHETIC = "synthetic"
 
 
@@ -58,8 +63,8 @@ class Entry:
     setting: str
     walls: list[float]  # the RTO of each restore, the wall time of each save
     phases: dict[str, list[float]] = field(default_factory=dict)
-    #: what was restored (model, layout, bytes): runs of other checkpoints are no match
-    checkpoint: str = ""
+    #: what was restored or saved (model, layout, size; None: not recorded)
+    checkpoint: tuple[str | None, ...] = (None, None, None)
     kind: str = "restore"
     synthetic: bool = False
     tts: list[float] = field(default_factory=list)  # restores: each run's time to state
@@ -70,6 +75,10 @@ class Entry:
     ceiling_gbps: float | None = None
     fetch_gbps: list[float] = field(default_factory=list)
     metric: str = RTO  # what ranks it (set by ``compare``)
+
+    @property
+    def checkpoint_name(self) -> str:
+        return " ".join(p for p in self.checkpoint if p)
 
     @property
     def values(self) -> list[float]:
@@ -180,8 +189,8 @@ class Comparison:
             e.source == source for e in entries))  # fmt: skip
 
     def checkpoints_of(self, source: str) -> list[str]:
-        return sorted({e.checkpoint for es in self.entries.values() for e in es
-                       if e.source == source and e.checkpoint})  # fmt: skip
+        return sorted({e.checkpoint_name for es in self.entries.values() for e in es
+                       if e.source == source and e.checkpoint_name})  # fmt: skip
 
     def metrics(self) -> list[str]:
         """What ranked the settings, in the order first used."""
@@ -220,13 +229,19 @@ def percent(share: float) -> str:
     return f"{share * 100:.4g}%"
 
 
-def _checkpoint(model: Any, layout: Any, size: Any) -> str:
-    """What a run restored, in a few words ("llama2-7b safetensors x0.01")."""
+def _checkpoint(model: Any, layout: Any, size: Any) -> tuple[str | None, ...]:
+    """What a run restored: model, layout, size ("llama2-7b", "safetensors", "x0.01")."""
     if isinstance(size, int) and not isinstance(size, bool):
         size = fmt_bytes(size) if size > 0 else None
     elif isinstance(size, float):
         size = f"x{size:g}"
-    return " ".join(str(p) for p in (model, layout, size) if p)
+    return tuple(str(p) if p else None for p in (model, layout, size))
+
+
+def _same_checkpoint(a: tuple[str | None, ...], b: tuple[str | None, ...]) -> bool:
+    """Whether two runs may have touched the same checkpoint: what one did not record
+    (a trace's scale, say) matches anything."""
+    return all(x == y or x is None or y is None for x, y in zip(a, b, strict=True))
 
 
 # --------------------------------------------------------------------- reading
@@ -362,12 +377,14 @@ def repeats_to_separate(a: Sequence[float], b: Sequence[float]) -> int | None:
     return max(needed, max(len(a), len(b)) + 1)
 
 
-def storage_phases(entry: Entry) -> list[str]:
-    """The phases whose move can decide a verdict: a synthetic first step is this
-    machine's compute, never the storage's."""
+def judged_phases(entry: Entry) -> list[str]:
+    """The phases whose own move can decide a verdict. In a synthetic run (a storage
+    benchmark) only the storage's: the others (serialize, stage, verify, deserialize,
+    reshard, the first step) are this machine's CPU, noisy from one repeat to the next;
+    they count through the time to state, never on their own. A callback's real job: every
+    phase (what the job pays)."""
     phases = SAVE_PHASES if entry.kind == SAVE else RESTORE_PHASES
-    return [p.value for p in phases
-            if not (entry.synthetic and p is Phase.FIRST_STEP)]  # fmt: skip
+    return [p.value for p in phases if not entry.synthetic or p in STORAGE_PHASES]
 
 
 def judge(base: Entry, new: Entry, limit: float | None, comparable: bool = True) -> list[Finding]:
@@ -376,7 +393,7 @@ def judge(base: Entry, new: Entry, limit: float | None, comparable: bool = True)
     judged = comparable and len(base.values) >= MIN_REPEATS and len(new.values) >= MIN_REPEATS
     findings = [_finding(new, new.metric, base.values, new.values, judged, limit)]
     floor = PHASE_FLOOR * base.median
-    for name in storage_phases(new):
+    for name in judged_phases(new):
         a, b = base.phases.get(name), new.phases.get(name)
         if not a or not b or abs(statistics.median(b) - statistics.median(a)) < floor:
             continue
@@ -407,12 +424,19 @@ def compare(
     """Load every PATH, match like settings, and judge each against the first."""
     from ckptprof.cost import cost_per_hour as default_rate
 
+    named = labels is not None  # PATHs the user named alike are one source
     labels = labels or [_label(p) for p in paths]
     by_setting: dict[str, list[Entry]] = {}
     for path, label in zip(paths, labels, strict=True):
         for entry in entries_of(path, label):
             entry.metric = metric_of(entry, by)
-            by_setting.setdefault(entry.setting, []).append(entry)
+            same = by_setting.setdefault(entry.setting, [])
+            known = next((e for e in same if e.source == label), None) if named else None
+            if known is None:
+                same.append(entry)
+            else:
+                _merge(known, entry)
+    labels = list(dict.fromkeys(labels)) if named else labels
     writers: dict[str, dict[str, str]] = {}
     for setting, entries in by_setting.items():
         named = {e.source: str(e.writer) for e in entries if e.kind == SAVE and e.writer}
@@ -429,6 +453,15 @@ def compare(
     return Comparison(
         labels, by_setting, findings, default_rate(cost_per_hour), instances, limit, by, writers
     )
+
+
+def _merge(into: Entry, other: Entry) -> None:
+    """``other``'s runs join ``into`` (the same source and setting, from another PATH)."""
+    into.walls += other.walls
+    into.tts += other.tts
+    into.fetch_gbps += other.fetch_gbps
+    for name, values in other.phases.items():
+        into.phases.setdefault(name, []).extend(values)
 
 
 def _label(path: str) -> str:
@@ -664,9 +697,12 @@ def _phase_table(c: Comparison, read: str | None, write: str | None, width: int)
 def _checkpoint_lines(c: Comparison) -> list[str]:
     """A word when the sources restored different checkpoints: their times measure
     different work, so a ranking or a gate between them says little."""
-    seen = {s: c.checkpoints_of(s) for s in c.sources}
-    if len({tuple(v) for v in seen.values() if v}) <= 1:
+    keys = {s: {e.checkpoint for es in c.entries.values() for e in es if e.source == s
+                and any(e.checkpoint)} for s in c.sources}  # fmt: skip
+    if all(_same_checkpoint(a, b) for x in keys.values() for y in keys.values()
+           for a in x for b in y):  # fmt: skip
         return []
+    seen = {s: c.checkpoints_of(s) for s in c.sources}
     parts = "; ".join(f"{s}: {', '.join(v) or 'unknown'}" for s, v in seen.items())
     return [f"note: the sources restored different checkpoints ({parts})"]
 
@@ -751,6 +787,7 @@ __all__ = [
     "compare",
     "entries_of",
     "judge",
+    "judged_phases",
     "metric_of",
     "render_json",
     "render_text",
