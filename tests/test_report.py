@@ -372,8 +372,11 @@ def test_results_sweep_table(results_dir):
     assert env.startswith("env: storage posix at /data/ckpt, fs ext4 (rw,relatime), 16 CPUs")
     assert "128.00 GB RAM" in env and "python 3.11.7, torch 2.13.0" in env
     assert hot16.fraction_of_ceiling is None  # page cache is not bounded by the storage ceiling
-    assert re.search(r"cold\s+1\s+3\s+4\.200 \(4\.000-4\.400\)\s+0\.010\s+3\.200", text)
-    assert re.search(r"cold\s+16\s+2\s+1\.600 .*\s1\.10\s+73%$", text, flags=re.M)
+    # a synthetic sweep's headline is its time to state (the RTO less the first step); the
+    # first step and the RTO beside it
+    assert re.search(r"cold\s+1\s+3\s+4\.100\s+0\.010\s+3\.200.*\s0\.100\s+4\.200\s", text)
+    assert re.search(r"cold\s+16\s+2\s+1\.500 .*\s1\.600\s+1\.10\s+73%$", text, flags=re.M)
+    assert "to state: list -> reshard" in text
     assert all(len(line) <= 100 for line in lines)
 
 
@@ -816,6 +819,27 @@ def test_reshard_first_step_and_noise_hints():
     steady.wall_max_s = 16.6
     (noise,) = [h for h in H.breakdown_hints(steady) if h.code == "noisy"]
     assert "RTO 8.00-16.60 s around a median of 10.00 s, ±66%" in noise.message
+
+
+def test_a_synthetic_first_step_is_this_machines_compute_never_a_data_fast_forward(tmp_path):
+    """A synthetic sweep whose first step (a real step on this CPU) is most of the RTO:
+    the hint says so and points at the time to state; no Hugging Face Trainer advice."""
+    doc = results_doc()
+    for run in doc["runs"]:
+        run["wall_s"] += 10.0
+        run["phases"]["first_step"]["busy_s"] += 10.0
+    report = aggregate(load([write_results(tmp_path / "run", doc)]))
+    (sweep,) = report.sweeps
+    (hint,) = [h for h in sweep.hints if "first_step" in h.message]
+    assert hint.code == "first-step-synthetic"
+    assert "a real step on this machine's CPU" in hint.message
+    assert "time to state (4.1 s)" in hint.message  # cold c=1: its RTO less its first step
+    text = render_text(report)
+    assert "ignore_data_skip" not in text and "HF Trainer" not in text
+    # the same numbers from a callback's real resume keep the advice about the job
+    b = sweep.rows[0].breakdown
+    b.synthetic = False
+    assert "ignore_data_skip" in H.first_step_dominates(b).message
 
 
 @pytest.mark.slow
