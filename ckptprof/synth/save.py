@@ -25,7 +25,7 @@ from ckptprof.phases import Attr
 from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA_VERSION
 from ckptprof.storage import open_storage
 from ckptprof.storage.base import DEFAULT_PART_SIZE
-from ckptprof.synth.ceiling import WriteCeiling, probe_write
+from ckptprof.synth.ceiling import WriteCeiling, probe_budget, probe_write
 from ckptprof.synth.distributed import Job, job_context
 from ckptprof.synth.fill import RandomFiller
 from ckptprof.synth.generate import claim_location, entry_of, publish_manifest
@@ -183,7 +183,7 @@ def run_save(
     lead = job is None or job.rank == 0
     if lead:
         claim_location(storage, plan, options.force)
-        ceiling = _ceiling(storage, plan, options)
+        ceiling = _ceiling(storage, plan, options, echo)
     ceiling = job.broadcast(ceiling if lead else None) if job else ceiling
     echo(ceiling.describe())
     each = f", {job.world} ranks each holding its share" if job else ""
@@ -261,11 +261,15 @@ def job_records(rank_records: list[SaveRecord]) -> list[SaveRecord]:
     return out
 
 
-def _ceiling(storage, plan: CheckpointPlan, options: SaveOptions) -> WriteCeiling:
+def _ceiling(storage, plan: CheckpointPlan, options: SaveOptions, echo) -> WriteCeiling:
+    """The write ceiling: given, or probed for at most a share of the bytes the saves
+    write (``ceiling.probe_budget``)."""
     if options.ceiling_gbps:
         return WriteCeiling(options.ceiling_gbps, "given (--ceiling-gbps)", 0)
     size = sum(f.payload_bytes for f in plan.files) or 1
-    return probe_write(storage, size, options.part_size, options.concurrency, options.fsync)
+    budget = probe_budget(size * options.repeat)
+    return probe_write(storage, size, options.part_size, options.concurrency, options.fsync,
+                       budget, echo)  # fmt: skip
 
 
 def write_results(out: Path, spec: SynthSpec, options: SaveOptions, result: SaveResult) -> Path:
