@@ -46,7 +46,8 @@ WHERE_KEYS = ("storage",)
 #: standard errors of the difference that separate two means (about 95%)
 SEPARATION_Z = 2.0
 #: what ranks a setting
-TTS, RTO, SAVE = "time to state", "RTO", "save"
+TTS, RTO, SAVE_TIME = "time to state", "RTO", "save time"
+SAVE = "save"  # the kind of operation
 BY_CHOICES = ("auto", "tts", "rto")
 #: the phases the storage itself does (the rest is the CPU's: serialization, copies, steps)
 STORAGE_PHASES = frozenset(
@@ -129,7 +130,7 @@ class Finding:
 
     source: str
     setting: str
-    what: str  # "time to state", "RTO", "save" or a phase name
+    what: str  # "time to state", "RTO", "save time" or a phase name
     base_s: float
     new_s: float
     change: float  # new / base - 1
@@ -143,8 +144,10 @@ class Finding:
     def line(self, limit: float | None) -> str:
         bound = f"; limit {percent(limit)}" if limit is not None else ""
         spread = "beyond the repeats' spread" if self.beyond_spread else "within the spread"
+        what = "time" if self.what == SAVE_TIME else self.what  # "save time", not "save save"
+        subject = f"{self.setting} {what}"
         return (
-            f"{self.source}: {self.setting} {self.what} {self.new_s:.3f} s vs "
+            f"{self.source}: {subject} {self.new_s:.3f} s vs "
             f"{self.base_s:.3f} s ({self.change:+.0%}, {spread}{bound})"
         )
 
@@ -357,7 +360,7 @@ def metric_of(entry: Entry, by: str) -> str:
     """What ranks ``entry``: a save's wall time; a synthetic restore's time to state unless
     ``by`` asks for the RTO; a callback's real resume's RTO unless ``by`` asks otherwise."""
     if entry.kind == SAVE:
-        return SAVE
+        return SAVE_TIME
     if by == "rto" or (by == "auto" and not entry.synthetic) or not entry.tts:
         return RTO
     return TTS
@@ -475,7 +478,7 @@ _METRIC_WORDS = {
     TTS: "synthetic restores by time to state (list -> reshard; the first step, this "
     "machine's compute, beside it; --by rto ranks by RTO)",
     RTO: "restores by RTO",
-    SAVE: "saves by their wall time",
+    SAVE_TIME: "saves by their wall time",
 }
 
 
@@ -485,7 +488,7 @@ def ranked_by(c: Comparison) -> str:
     words = dict(_METRIC_WORDS)
     if c.by == "rto":
         words[RTO] = "restores by RTO (--by rto: a synthetic first step, the CPU's, included)"
-    return "; ".join(words[m] for m in (TTS, RTO, SAVE) if m in used) or "nothing"
+    return "; ".join(words[m] for m in (TTS, RTO, SAVE_TIME) if m in used) or "nothing"
 
 
 def render_text(c: Comparison) -> str:
@@ -521,7 +524,7 @@ def _setting_block(c: Comparison, setting: str, entries: list[Entry]) -> list[st
     order = SAVE_PHASES if kind == SAVE else RESTORE_PHASES
     names = [p.value for p in order if any(e.phases.get(p.value) for e in entries)]
     width = max(len(e.source) for e in entries) + 7
-    head_metric = f"{metric} s (min-max)"
+    head_metric = f"{'save' if metric == SAVE_TIME else metric} s (min-max)"
     col = max(22, len(head_metric))
     head = f"  {'#':>2}  {'source':<{width}} runs  {head_metric:<{col}} {'vs base':>7}"
     head += f" {'RTO s':>8}" if metric == TTS else ""
@@ -710,7 +713,7 @@ def _checkpoint_lines(c: Comparison) -> list[str]:
 def _verdict_lines(c: Comparison) -> list[str]:
     if c.limit is None:
         moved = [f for f in c.findings
-                 if f.beyond_spread and f.judged and f.what in (TTS, RTO, SAVE)]  # fmt: skip
+                 if f.beyond_spread and f.judged and f.what in (TTS, RTO, SAVE_TIME)]  # fmt: skip
         return [f"moved beyond the spread: {f.line(None)}" for f in moved] or [
             "no setting moved beyond its repeats' spread"
         ]
