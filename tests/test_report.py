@@ -451,6 +451,34 @@ def bar_chart(ax) -> dict:
     }
 
 
+def test_every_phase_of_a_save_and_a_restore_is_drawn_in_its_own_colour(tmp_path, clock):
+    """fetch and fsync were both the default blue; an adapter's own phase took a colour of
+    the cycle too."""
+    pytest.importorskip("matplotlib")
+    from ckptprof.report.plot import bars_figure
+
+    def record(tracer):
+        restore = [
+            (p, i * 0.1, 0.1)
+            for i, p in enumerate(Phase)
+            if p.value in ("list", "fetch", "verify", "deserialize", "reshard", "first_step")
+        ]
+        record_restore(tracer, clock, COLD, 1.0, restore)
+        save = [
+            (p, i * 0.1, 0.1)
+            for i, p in enumerate(
+                ("stage", "serialize", "write", "upload", "fsync", "commit", "rotate")
+            )
+        ]
+        record_restore(tracer, clock, {Attr.FORMAT: "torch"}, 1.0, save, kind="save")
+
+    report = aggregate(load([write_trace(tmp_path, record)]))
+    ax = bars_figure(report).axes[0]
+    colours = {c.get_label(): c.patches[0].get_facecolor() for c in ax.containers}
+    assert len(colours) == 13  # 6 restore phases, 6 save phases and rotate
+    assert len(set(colours.values())) == len(colours), colours
+
+
 def assert_stacked(chart: dict) -> None:
     """Every phase's bar starts where the phases before it (in legend order) end."""
     ends = [0.0] * len(chart["labels"])

@@ -210,6 +210,8 @@ def short_label(config: dict[str, Any]) -> str:
     for key, value in config.items():
         if key == "framework" and value == "synthetic":
             continue
+        if key == "layout" and value == config.get("format"):  # "safetensors", once
+            continue
         if key == "verify":
             parts.append(f"verify={value}")
         else:

@@ -595,33 +595,49 @@ def _ceiling_lines(c: Comparison) -> list[str]:
     return lines
 
 
-def storage_table(c: Comparison) -> list[str]:
-    """One row per source: write and read GB/s (read by time to state), MLPerf Storage's
-    write/read ratio, the share of each probed ceiling, repeats and the verdict."""
+STORAGE_COLUMNS = ("source", "write GB/s", "read GB/s", "w/r", "of write ceil", "of read ceil",
+                   "saves", "restores", "verdict")  # fmt: skip
+
+
+def storage_rows(c: Comparison) -> tuple[str, list[list[str]]]:
+    """The storage table's heading and one row per source (:data:`STORAGE_COLUMNS`):
+    write and read GB/s (read by time to state), MLPerf Storage's write/read ratio, the
+    share of each probed ceiling, repeats and the verdict; ("", []) with nothing to show."""
     read = _table_setting(c, "restore")
     write = _table_setting(c, SAVE)
     if read is None and write is None:
-        return []
+        return "", []
     by = f"read GB/s by {c.entries[read][0].metric}" if read else ""
     shown = ((by, read), ("write", write))
     head = "storage: " + "; ".join(f"{what}: {setting}" for what, setting in shown if setting)
-    width = max(len(s) for s in c.sources) + 2
-    columns = (
-        f"  {'source':<{width}} {'write GB/s':>10} {'read GB/s':>10} {'w/r':>5} "
-        f"{'of write ceil':>13} {'of read ceil':>12} {'saves':>5} {'restores':>8}  verdict"
-    )
-    lines = ["", head, columns]
+    rows = []
     for source in c.sources:
         w = _entry(c, write, source)
         r = _entry(c, read, source)
         wg, rg = (w.gbps if w else None), (r.gbps if r else None)
-        ratio = f"{wg / rg:.2f}" if wg and rg else "-"
-        lines.append(
-            f"  {source:<{width}} {_num(wg):>10} {_num(rg):>10} {ratio:>5} "
-            f"{_share(w) if w else '-':>13} {_share(r) if r else '-':>12} "
-            f"{len(w.values) if w else 0:>5} {len(r.values) if r else 0:>8}  "
-            f"{_table_verdict(c, source, read, write)}"
+        rows.append([
+            source, _num(wg), _num(rg), f"{wg / rg:.2f}" if wg and rg else "-",
+            _share(w) if w else "-", _share(r) if r else "-",
+            str(len(w.values) if w else 0), str(len(r.values) if r else 0),
+            _table_verdict(c, source, read, write),
+        ])  # fmt: skip
+    return head, rows
+
+
+def storage_table(c: Comparison) -> list[str]:
+    """:func:`storage_rows` as text, with each source's median seconds per phase."""
+    head, rows = storage_rows(c)
+    if not rows:
+        return []
+    width = max(len(s) for s in c.sources) + 2
+    sizes = (width, 10, 10, 5, 13, 12, 5, 8)
+    lines = ["", head]
+    for cells in [list(STORAGE_COLUMNS), *rows]:
+        line = f"  {cells[0]:<{width}}" + "".join(
+            f" {cell:>{size}}" for cell, size in zip(cells[1:-1], sizes[1:], strict=True)
         )
+        lines.append(f"{line}  {cells[-1]}")
+    read, write = _table_setting(c, "restore"), _table_setting(c, SAVE)
     lines += _phase_table(c, read, write, width)
     return lines
 
@@ -795,5 +811,6 @@ __all__ = [
     "render_json",
     "render_text",
     "repeats_to_separate",
+    "storage_rows",
     "storage_table",
 ]
