@@ -4,6 +4,7 @@ made deterministically slower by the fault proxy, saves and restores in every mi
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -118,6 +119,16 @@ def test_the_local_disk_ranks_first_by_time_to_state_though_the_first_step_says_
         ("save", "save time"),
     }
     assert_every_mix_compares(local, s3, tmp_path)
+
+    # the HTML page of both folders sets the two storages side by side first, as compare
+    from ckptprof.report import aggregate, load
+    from ckptprof.report.html import render_html
+
+    page = render_html(aggregate(load([str(local), str(s3)])), paths=[str(local), str(s3)])
+    view = page.split('<table data-view="storage">')[1].split("</table>")[0]
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", r) for r in view.split("<tr>")[2:]]
+    assert [c[:4] for c in cells] == [[n, *row[n][1:4]] for n in ("local", "s3")]
+    assert page.index("Storages side by side") < page.index("What to look at")
 
 
 def assert_every_mix_compares(local: Path, s3: Path, tmp_path: Path) -> None:
