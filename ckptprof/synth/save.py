@@ -42,7 +42,7 @@ class SaveOptions:
     repeat: int = 3
     fsync: bool = True
     force: bool = False
-    strategy: str = "framework"
+    strategy: str = "parallel"  # savers.default_strategy: the same on every storage
     concurrency: int = 8  # parts in flight (parallel; the write probe's too)
     part_size: int = DEFAULT_PART_SIZE
     ceiling_gbps: float | None = None  # given: no write probe
