@@ -158,6 +158,7 @@ def assert_every_mix_compares(local: Path, s3: Path, tmp_path: Path) -> None:
         assert "different checkpoints" not in render_text(found), name
 
 
+@pytest.mark.slow
 def test_saves_by_different_writers_are_named_and_never_ranked(tmp_path, capsys):
     """The same checkpoint saved by the layout's own writer and by the parallel one: the
     comparison names both writers and renders no verdict; the gate says why it failed."""
@@ -174,3 +175,28 @@ def test_saves_by_different_writers_are_named_and_never_ranked(tmp_path, capsys)
     assert main(["compare", *paths, "--fail-if-slower", "10%"]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "written by different writers" in line and "the same --strategy" in line
+
+
+@pytest.mark.slow
+def test_a_save_json_reads_as_its_saves_and_a_bad_one_is_one_line(tmp_path, capsys):
+    """``report`` and ``compare`` read a save.json alone (it used to be "not a ckptprof
+    results file"); a damaged or newer one is one line naming the file and the fix."""
+    synth("save", str(tmp_path / "ckpt"), "--layout", "torch", "--scale", str(TINY_SCALE),
+          "--repeat", "2", "--ceiling-gbps", "2", "--out", str(tmp_path / "out"))  # fmt: skip
+    good = tmp_path / "out" / "save.json"
+    doc = json.loads(good.read_text())
+    assert doc["schema_version"] == 1
+    capsys.readouterr()
+    assert main(["report", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "2 saves, save time median" in out and "strategy=parallel" in out
+    wrong = {
+        "newer": ({**doc, "schema_version": 2}, "written by a newer ckptprof"),
+        "bad": ({**doc, "saves": [{**doc["saves"][0], "wall_s": "slow"}]}, "saves[0].wall_s"),
+    }
+    for name, (content, words) in wrong.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(content))
+        assert main(["compare", str(path), str(good)]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"ckptprof: error: {path}: ") and words in line, line

@@ -27,7 +27,7 @@ from ckptprof.phases import (
     Attr,
 )
 from ckptprof.results_schema import RESULTS_NAME, RESULTS_SCHEMA, summarize
-from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA, looks_like_save
+from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA, SAVE_SCHEMA_VERSION, looks_like_save
 
 TRACE_SUFFIX = ".jsonl"
 _ROOT_KINDS = {RESTORE_SPAN: "restore", SAVE_SPAN: "save"}
@@ -514,6 +514,12 @@ def parse_save(doc: Mapping[str, Any], path: str = SAVE_NAME) -> list[TraceOpera
     """A decoded ``save.json`` as the save operations it records, after checking it
     against :data:`SAVE_SCHEMA` (a wrong type names the field): each save becomes what its
     trace would have given, so every view reads saves one way."""
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > SAVE_SCHEMA_VERSION:
+        raise CkptprofError(
+            f"{path}: written by a newer ckptprof ({SAVE_NAME} schema {version}; this one "
+            f"reads {SAVE_SCHEMA_VERSION}) — upgrade ckptprof to read it"
+        )
     schema.require(
         doc,
         SAVE_SCHEMA,
