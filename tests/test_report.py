@@ -765,6 +765,25 @@ def test_compare_ranks_like_settings_and_prices_them(tmp_path):
     assert "restores by RTO (--by rto" in by_rto.splitlines()[0]
 
 
+def test_a_fetch_above_its_ceiling_is_flagged_in_compare_and_in_the_html(tmp_path):
+    """fsx's cold c=16 fetch (0.44 s for 1.2 GB: 2.7 GB/s) against its 1.5 GB/s probe:
+    marked in the table, explained below it, and on the page's storage view."""
+    pytest.importorskip("matplotlib")
+    from ckptprof.report.compare import compare, render_text
+    from ckptprof.report.html import render_html
+
+    base = write_results(tmp_path / "ext4", results_doc())
+    fast = write_results(tmp_path / "fsx", slowed(results_doc(), 0.5, 0.4))
+    text = render_text(compare([str(base), str(fast)], ["ext4", "fsx"]))
+    block = text.split("\ncold c=16\n")[1].split("\n\n")[0]
+    assert "183%!" in block and "73%" in block
+    note = ("above the ceiling (!): fsx cold c=16: its fetch read at 183% of the probed "
+            "ceiling; the probe underestimated the storage")  # fmt: skip
+    assert note in text
+    page = render_html(aggregate(load([str(base), str(fast)])), paths=[str(base), str(fast)])
+    assert note in page and "183%!" in page.split('data-view="storage"')[1]
+
+
 @pytest.mark.slow
 def test_compare_plot_draws_one_bar_per_source_and_setting(tmp_path):
     from ckptprof.report.compare import compare

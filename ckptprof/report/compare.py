@@ -506,7 +506,7 @@ def render_text(c: Comparison) -> str:
     if any(e.metric == TTS and e.phases.get("first_step") for es in c.entries.values() for e in es):
         lines.append("1st_step of a synthetic restore: a real step on this machine's CPU, its "
                      "compute: shown beside the time to state, never in a verdict")  # fmt: skip
-    lines += _ceiling_lines(c)
+    lines += ceiling_notes(c)
     lines += _checkpoint_lines(c)
     lines += _verdict_lines(c)
     return "\n".join(lines) + "\n"
@@ -579,7 +579,7 @@ def _share(e: Entry) -> str:
     return f"{share:.0%}" + ("!" if share > 1.0 else "")
 
 
-def _ceiling_lines(c: Comparison) -> list[str]:
+def ceiling_notes(c: Comparison) -> list[str]:
     """Every figure measured above its probed ceiling: the probe underestimated."""
     lines = []
     for setting, entries in sorted(c.entries.items()):
@@ -801,6 +801,7 @@ def render_json(c: Comparison) -> str:
 __all__ = [
     "BY_CHOICES",
     "Comparison",
+    "ceiling_notes",
     "Entry",
     "Finding",
     "compare",

@@ -109,7 +109,13 @@ def _group_label(group) -> str:
 
 def _storage_section(paths: Sequence[str]) -> str:
     """Several PATHs: the storages side by side (compare's storage table), first."""
-    from ckptprof.report.compare import STORAGE_COLUMNS, compare, ranked_by, storage_rows
+    from ckptprof.report.compare import (
+        STORAGE_COLUMNS,
+        ceiling_notes,
+        compare,
+        ranked_by,
+        storage_rows,
+    )
 
     if len(paths) < 2:
         return ""
@@ -121,6 +127,7 @@ def _storage_section(paths: Sequence[str]) -> str:
         "<h2>Storages side by side</h2>"
         f'<p class="meta">{_e(head)}; the first is the base; ranked: {_e(ranked_by(c))}</p>'
         + _table(STORAGE_COLUMNS, rows, left=1).replace("<table>", '<table data-view="storage">')
+        + "".join(f'<p class="note">{_e(note)}</p>' for note in ceiling_notes(c))
     )
 
 
