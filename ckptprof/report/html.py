@@ -119,7 +119,10 @@ def _storage_section(paths: Sequence[str]) -> str:
 
     if len(paths) < 2:
         return ""
-    c = compare(list(paths), source_labels(paths))
+    try:
+        c = compare(list(paths), source_labels(paths))
+    except CkptprofError:  # a PATH with no operation of its own (a job's run spans only)
+        return ""
     head, rows = storage_rows(c)
     if not rows:
         return ""
