@@ -451,6 +451,24 @@ def bar_chart(ax) -> dict:
     }
 
 
+def test_a_traced_synthetic_restore_heads_with_its_time_to_state(tmp_path, clock):
+    """Traces of synthetic restores (no results.json): the time to state first, the RTO
+    with its first step beside it; a callback's traces keep the RTO alone."""
+
+    def record(tracer):
+        for step in (2.0, 9.0):  # a first step that swings; the read does not
+            phases = [(Phase.FETCH, 0, 0.5), (Phase.FIRST_STEP, 0.5, step)]
+            record_restore(tracer, clock, COLD, 0.5 + step, phases)  # the tracer's: synthetic
+        resume = [(Phase.FETCH, 0, 0.5), (Phase.FIRST_STEP, 0.5, 2.5)]
+        record_restore(tracer, clock, {**COLD, Attr.FRAMEWORK: "lightning"}, 3.0, resume)
+
+    text = render_text(aggregate(load([write_trace(tmp_path, record)])))
+    flat = " ".join(text.split())
+    assert ("2 restores, time to state (list -> reshard) median 0.500 s (min 0.500, max "
+            "0.500), the first step beside it: RTO median 6.000 s") in flat  # fmt: skip
+    assert "1 restore, RTO median 3.000 s" in flat
+
+
 def test_every_phase_of_a_save_and_a_restore_is_drawn_in_its_own_colour(tmp_path, clock):
     """fetch and fsync were both the default blue; an adapter's own phase took a colour of
     the cycle too."""

@@ -207,8 +207,13 @@ def render_group(group: OperationGroup, by: str = "phase") -> list[str]:
     b = group.breakdown
     facts = []
     if b is not None:
+        state = ""
+        if b.state_s is not None and b.phase(Phase.FIRST_STEP) is not None:
+            median, low, high = b.state_s  # a synthetic restore: the storage's part first
+            state = (f"time to state (list -> reshard) median {fmt_s(median)} s (min "
+                     f"{fmt_s(low)}, max {fmt_s(high)}), the first step beside it: ")  # fmt: skip
         facts.append(
-            f"{_plural(b.repeats, noun)}, {wall_word} median {fmt_s(b.wall_median_s)} s "
+            f"{_plural(b.repeats, noun)}, {state}{wall_word} median {fmt_s(b.wall_median_s)} s "
             f"(min {fmt_s(b.wall_min_s)}, max {fmt_s(b.wall_max_s)})"
         )
     if group.failed:
