@@ -84,13 +84,28 @@ def test_one_page_opens_offline_with_every_chart(runs, browser, tmp_path):
     timeline = chart(page, "timeline")["text"]
     assert "restore" in timeline and "fetch 0" in timeline  # per-file reads on lanes
     assert "rank 1" in chart(page, "ranks")["text"]
-    cells = page.locator("table").first.locator("tbody tr")
-    caches = {cells.nth(i).locator("td").nth(1).text_content() for i in range(cells.count())}
-    assert caches == {"cold", "hot"}
+    # the storages side by side first: one row per source, by its folder's name
+    sources = ["sweep", "interrupted", "job"]
+    storage = page.locator('table[data-view="storage"] tbody tr')
+    assert [storage.nth(i).locator("td").first.text_content()
+            for i in range(storage.count())] == sources  # fmt: skip
+    assert page.locator("h2").first.text_content() == "Storages side by side"
+    # every results row and every hint names its source
+    sweep = page.locator("h3:has-text('Cold vs hot') + table").first.locator("tbody tr")
+    cells = [sweep.nth(i).locator("td") for i in range(sweep.count())]
+    assert {c.nth(0).text_content() for c in cells} == {"sweep"}
+    assert {c.nth(2).text_content() for c in cells} == {"cold", "hot"}
+    hints = page.locator(".hint")
+    assert hints.count() > 0
+    for i in range(hints.count()):
+        assert hints.nth(i).locator(".source").text_content() in sources
+    assert "its phases, then each file read" in page.locator(
+        'figure[data-chart="timeline"] figcaption').text_content()  # fmt: skip
     body = page.locator("body").text_content()
     assert "Interruptions" in body and "simulated notice" in body and "steps lost: 0" in body
     assert "Environment" in body and "storage posix" in body
     assert "What to look at" in body  # the hints, once, at the top
+    assert not page.locator("details pre").first.is_visible()  # the terminal dump: collapsed
     page.close()
 
 

@@ -51,7 +51,7 @@ def manifest_total(dest, less: str = "") -> int:
 @pytest.mark.parametrize("layout", ["torch", "safetensors"])
 def test_a_save_is_timed_phase_by_phase_and_restores_with_full_verify(layout, tmp_path):
     dest, out = tmp_path / "ckpt", tmp_path / "out"
-    saved = save_cli(dest, out, "--repeat", "2", layout=layout)
+    saved = save_cli(dest, out, "--repeat", "2", "--strategy", "framework", layout=layout)
     assert saved.returncode == 0, saved.stderr
     assert "median" in saved.stdout and "GB/s" in saved.stdout
     total = manifest_total(dest)
@@ -203,7 +203,8 @@ def test_what_save_cannot_do_is_one_line(tmp_path):
     assert_one_line_error(parallel_dcp, "--strategy parallel", "DCP's own writer")
     async_torch = save_cli(tmp_path / "a", tmp_path / "out", "--strategy", "async")
     assert_one_line_error(async_torch, "--strategy async", "--layout dcp")
-    s3 = run_cli("synth", "save", "s3://bucket/ckpt", "--scale", str(TINY_SCALE))
+    s3 = run_cli("synth", "save", "s3://bucket/ckpt", "--scale", str(TINY_SCALE),
+                 "--strategy", "framework")  # fmt: skip
     assert_one_line_error(s3, "--strategy framework", "--strategy parallel")
     ranks_dcp = save_cli(tmp_path / "a", tmp_path / "out", "--nproc-per-node", "2", layout="dcp")
     assert_one_line_error(ranks_dcp, "--layout dcp", "one process")  # before any rank starts

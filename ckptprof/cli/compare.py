@@ -12,12 +12,18 @@ from ckptprof.cost import MAX_PRICE_PER_HOUR
 DESCRIPTION = """\
 Put several runs side by side — storage targets, ckptprof or framework versions,
 strategies — from what `ckptprof report` reads (results.json, traces, folders). Like
-settings are matched across them and ranked by median RTO, with each phase's median and
-what one restore costs. The first PATH is the base.
+settings are matched across them and ranked by their medians: a synthetic restore by its
+time to state (list -> reshard, what the storage controls; its first step, this machine's
+compute, beside it), a callback's real resume by its RTO, a save by its wall time; with
+each phase's median and what one restore costs. Saves (save.json, save traces) and
+restores mix freely; a storage table sets each PATH's write and read GB/s side by side.
+Repeats that overlap get no verdict: the repeats that would separate them are named.
+The first PATH is the base.
 
 With --fail-if-slower, exits 1 when a setting (or one of its phases) of a later PATH is
 slower than the base by more than the limit AND beyond the repeats' spread (every repeat
-slower than every base repeat; at least 2 repeats each): noise does not fail a build."""
+slower than every base repeat; at least 2 repeats each): noise does not fail a build.
+Saves are judged as restores are; saves by different writers (--strategy) are not."""
 
 EPILOG = """\
 examples:
@@ -53,7 +59,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="append",
         default=None,
         type=text_value("a name"),
-        help="a name per PATH, in order (default: each path's folder name)",
+        help="a name per PATH, in order (default: each path's folder name); PATHs given "
+        "the same name are one source (a save folder and a restore folder, say)",
     )
     parser.add_argument(
         "--fail-if-slower",
@@ -62,6 +69,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="LIMIT",
         help="exit 1 when a later PATH is slower than the base by more than LIMIT (10%% or "
         "0.1) beyond the repeats' spread",
+    )
+    parser.add_argument(
+        "--by",
+        choices=("tts", "rto"),
+        default=None,
+        help="what ranks a restore: tts (time to state, list -> reshard) or rto (with the "
+        "first step); default: tts for synthetic restores, rto for a callback's real resume",
     )
     parser.add_argument(
         "--cost-per-hour",
@@ -103,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
             "per PATH, in order, or none."
         )
     result = compare(
-        args.paths, args.label, args.fail_if_slower, args.cost_per_hour, args.instances
-    )
+        args.paths, args.label, args.fail_if_slower, args.cost_per_hour, args.instances,
+        args.by or "auto",
+    )  # fmt: skip
     sys.stdout.write(render_json(result) if args.format == "json" else render_text(result))
     if args.plot:
         from ckptprof.report.plot import compare_figure, save_figure

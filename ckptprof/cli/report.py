@@ -154,7 +154,7 @@ def _write_html(paths: list[str], report, sources: list[str], target: str):
     stories = build_stories(spans)
     goodput = build_goodput(spans)  # a job's processes, when their traces are here
     line = representative(timelines(spans))
-    return write_html(report, target, line, stories, sources, goodput)
+    return write_html(report, target, line, stories, sources, goodput, paths)
 
 
 def run_goodput(args: argparse.Namespace) -> int:

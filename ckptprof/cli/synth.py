@@ -107,10 +107,12 @@ def add_parser(commands) -> None:
     )
     add_spec_arguments(save)
     save.add_argument(
-        "--strategy", default="framework", choices=ranges.SAVE_STRATEGIES,
+        "--strategy", default=None, choices=ranges.SAVE_STRATEGIES,
         help="framework: the layout's own writer, as a job calls it; parallel: ckptprof's "
         "writer, the same bytes in part-size writes, --concurrency at once (the one for "
-        "S3: a multipart upload); async: DCP's async_save (the blocking part is the save)",
+        "S3: a multipart upload); async: DCP's async_save (the blocking part is the save). "
+        "Default: parallel on every storage, so storages compare through one writer "
+        "(framework for --layout dcp)",
     )  # fmt: skip
     save.add_argument(
         "--concurrency", type=whole(ranges.CONCURRENCY), default=8,
@@ -380,6 +382,7 @@ def run_save(args) -> int:
     from ckptprof.synth import distributed
     from ckptprof.synth.plan import SynthSpec
     from ckptprof.synth.save import SaveOptions, check, run_save, write_results
+    from ckptprof.synth.savers import default_strategy
     from ckptprof.synth.stragglers import PhaseBoard
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
@@ -392,7 +395,8 @@ def run_save(args) -> int:
         step=args.step, seed=args.seed,
     )  # fmt: skip
     options = SaveOptions(
-        repeat=args.repeat, fsync=args.fsync, force=args.force, strategy=args.strategy,
+        repeat=args.repeat, fsync=args.fsync, force=args.force,
+        strategy=args.strategy or default_strategy(args.layout),
         concurrency=args.concurrency, part_size=args.part_size, ceiling_gbps=args.ceiling_gbps,
         stall_after_s=stall_option(args.stall_after),
     )  # fmt: skip

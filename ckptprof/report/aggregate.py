@@ -32,7 +32,7 @@ from ckptprof.report.breakdown import (
     SweepRow,
     VerifyCoverage,
 )
-from ckptprof.report.checkpoint_cost import intervals, pair_saves, written_bytes
+from ckptprof.report.checkpoint_cost import intervals, pair_saves, time_to_state, written_bytes
 from ckptprof.report.load import (
     PhaseSample,
     ReportData,
@@ -111,6 +111,12 @@ def after_resume(ops: Sequence[TraceOperation]) -> AfterResume | None:
 def _median(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
+
+
+def _spread(values: Iterable[float]) -> tuple[float, float, float]:
+    """(median, min, max)."""
+    found = sorted(values)
+    return statistics.median(found), found[0], found[-1]
 
 
 def _median_int(values: Iterable[int | None]) -> int | None:
@@ -204,6 +210,8 @@ def short_label(config: dict[str, Any]) -> str:
     for key, value in config.items():
         if key == "framework" and value == "synthetic":
             continue
+        if key == "layout" and value == config.get("format"):  # "safetensors", once
+            continue
         if key == "verify":
             parts.append(f"verify={value}")
         else:
@@ -215,7 +223,7 @@ def _config(op: TraceOperation) -> tuple[tuple[str, Any], ...]:
     return tuple((label, op.attributes[key]) for key, label in CONFIG_ATTRS if key in op.attributes)
 
 
-def _instances(ops: Sequence[TraceOperation]) -> list[list[TraceOperation]]:
+def rank_instances(ops: Sequence[TraceOperation]) -> list[list[TraceOperation]]:
     """Cluster rank roots into restores: same run (or trace), repeat and step.
 
     When one rank appears several times in a cluster (repeats without a
@@ -306,11 +314,12 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
     for (kind, config), ops in sorted(buckets.items(), key=order):
         good = [op for op in ops if not op.failed]
         failed = [op for op in ops if op.failed]
-        instances = _instances(good)
+        instances = rank_instances(good)
         critical = [max(inst, key=lambda o: o.wall_s) for inst in instances]
         config_map = dict(config)
         breakdown = None
         if critical:
+            synthetic = config_map.get("framework") == "synthetic"
             breakdown = _breakdown(
                 label=short_label(config_map) or kind,
                 kind=kind,
@@ -323,6 +332,9 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
                     (op.attr(Attr.CACHE_METHOD) for op in good if op.attr(Attr.CACHE_METHOD)), None
                 ),
             )
+            breakdown.synthetic = synthetic
+            if synthetic and kind == "restore":
+                breakdown.state_s = _spread(time_to_state(op) for op in critical)
         ordered = sorted(ops, key=lambda o: (o.start is None, o.start or 0))
         group = OperationGroup(
             kind=kind,
@@ -448,6 +460,8 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
         if entry is not None:
             _apply_summary(b, entry)
         b.strategy = strategy
+        b.synthetic = True
+        b.state_s = _spread(time_to_state(r) for r in runs) if runs else None
         b.peak_rss_bytes = max((r.peak_rss_bytes or 0 for r in runs), default=0) or None
         b.read_bytes = _median_int(r.read_bytes for r in runs)
         b.first_step_estimate_s = _median(

@@ -76,6 +76,10 @@ class Breakdown:
     read_bytes: int | None = None
     #: an estimated first step, kept beside the RTO (never inside it)
     first_step_estimate_s: float | None = None
+    #: a synthetic run: its first step is this machine's compute, not a job's
+    synthetic: bool = False
+    #: time to state (list -> reshard: the RTO less the first step), median, min, max
+    state_s: tuple[float, float, float] | None = None
 
     def phase(self, name: str | Phase) -> PhaseRow | None:
         key = name.value if isinstance(name, Phase) else name

@@ -137,7 +137,7 @@ def _restores(
             continue
         fetch = op.phases.get(Phase.FETCH.value)
         key = (op.attr(Attr.CACHE), op.attr(Attr.CONCURRENCY), op.attr(Attr.STRATEGY))
-        cells[str(location)][key].append((_read_s(op), (fetch.nbytes or 0) if fetch else 0))
+        cells[str(location)][key].append((time_to_state(op), (fetch.nbytes or 0) if fetch else 0))
     for result in results:
         location = result.environment.get("storage.uri")
         if not location:
@@ -146,7 +146,7 @@ def _restores(
             fetch = run.phases.get(Phase.FETCH.value)
             nbytes = run.nbytes or ((fetch.nbytes or 0) if fetch else 0)
             key = (run.cache, run.concurrency, run.strategy)
-            cells[str(location)][key].append((_read_s(run), nbytes))
+            cells[str(location)][key].append((time_to_state(run), nbytes))
     best: dict[str, tuple[float, int, str]] = {}
     for location, by_key in cells.items():
         cold = {k: v for k, v in by_key.items() if k[0] == "cold"} or by_key
@@ -164,9 +164,10 @@ def _restores(
     return best
 
 
-def _read_s(run) -> float:
-    """A restore's read, list -> reshard: its wall time less its first step (the read
-    bandwidth MLPerf Storage sets beside the write is the storage's, not the step's)."""
+def time_to_state(run) -> float:
+    """A restore's time to state, list -> reshard: its wall time less its first step (what
+    the storage and the loader control; the read bandwidth MLPerf Storage sets beside the
+    write is the storage's, not the step's)."""
     step = run.phases.get(Phase.FIRST_STEP.value)
     return run.wall_s - (step.busy_s if step is not None else 0.0)
 
@@ -188,4 +189,11 @@ def intervals(
     ]
 
 
-__all__ = ["CheckpointInterval", "SaveRestore", "intervals", "pair_saves", "written_bytes"]
+__all__ = [
+    "CheckpointInterval",
+    "SaveRestore",
+    "intervals",
+    "pair_saves",
+    "time_to_state",
+    "written_bytes",
+]

@@ -209,6 +209,8 @@ def first_step_dominates(b: Breakdown) -> Hint | None:
     where the callbacks split it (``batch_s``, ``compute_s``, ``skipped_batches``), the
     advice is for the part that dominates."""
     row = b.phase(Phase.FIRST_STEP)
+    if b.synthetic and row is not None:
+        return _synthetic_first_step(b, row.emulated)
     details = row.details if row is not None else {}
     batch, compute = details.get("batch_s"), details.get("compute_s")
     skipped = int(details.get("skipped_batches") or 0)
@@ -255,6 +257,26 @@ def first_step_dominates(b: Breakdown) -> Hint | None:
         "(HF Trainer skips seen batches unless ignore_data_skip=True; a resumable "
         "dataloader skips none), compilation and allocator warm-up.",
     )
+
+
+def _synthetic_first_step(b: Breakdown, given: bool) -> Hint | None:
+    """A synthetic run's first step: a step on this machine's CPU (or the time the user
+    gave), never a data fast-forward or a job's warm-up: the storage's part is the time
+    to state."""
+    state = f" ({_s(b.state_s[0])})" if b.state_s else ""
+    if given:
+        advice = (
+            f"the step time given with --first-step-s; the storage's part is the time to "
+            f"state{state}, list -> reshard: compare storages by it."
+        )
+    else:
+        advice = (
+            f"a real step on this machine's CPU, its compute, not the storage's; the storage's "
+            f"part is the time to state{state}, list -> reshard: compare storages by it "
+            "(ckptprof compare does). --first-step-s gives the real job's step time, "
+            "--no-first-step leaves it out."
+        )
+    return _share_rule(b, Phase.FIRST_STEP, FIRST_STEP_SHARE_MAX, "first-step-synthetic", advice)
 
 
 def noisy_repeats(b: Breakdown) -> Hint | None:

@@ -21,6 +21,7 @@ from ckptprof.report import plot
 from ckptprof.report.aggregate import Report, Sweep, phase_order
 from ckptprof.report.hints import Hint
 from ckptprof.report.interruptions import Story, render_stories
+from ckptprof.report.labels import source_labels
 from ckptprof.report.text import (
     ceiling_cell,
     env_highlights,
@@ -46,6 +47,7 @@ figure svg { max-width: 100%; height: auto; }
 .hint { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.4em 0.8em;
         margin: 0.4em 0; }
 .hint code { color: #7a5c00; }
+.hint .source { font-weight: 600; margin-right: 0.4em; }
 pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 12px; }
 .emulated { color: #a33; }
 """
@@ -79,13 +81,60 @@ def _figure(fig, caption: str, name: str, salt: str = "") -> str:
     return f'<figure data-chart="{_e(name)}">{image}<figcaption>{_e(caption)}</figcaption></figure>'
 
 
-def _hints(hints: Sequence[Hint]) -> str:
+def _hints(hints: Sequence[Hint], source: str) -> str:
+    """Hints of one source, each labelled with it (a page may hold several sources)."""
     return "".join(
-        f'<div class="hint"><code>{_e(h.code)}</code> {_e(h.message)}</div>' for h in hints
+        f'<div class="hint" data-source="{_e(source)}"><span class="source">{_e(source)}</span> '
+        f"<code>{_e(h.code)}</code> {_e(h.message)}</div>"
+        for h in hints
     )
 
 
-def _sweep_section(index: int, sweep: Sweep) -> str:
+def _hints_by_source(report: Report, labels: Sequence[str]) -> str:
+    """Every hint once, grouped under the source it is about."""
+    groups = [(label, s.hints) for label, s in zip(labels, report.sweeps, strict=True)]
+    groups += [(_group_label(g), g.hints) for g in report.groups]
+    found = [(label, hints) for label, hints in groups if hints]
+    if not found:
+        return ""
+    return "<h2>What to look at</h2>" + "".join(
+        f"<h3>{_e(label)}</h3>{_hints(hints, label)}" for label, hints in found
+    )
+
+
+def _group_label(group) -> str:
+    label = group.breakdown.label if group.breakdown is not None else ""
+    return f"traced {group.kind}" + (f": {label}" if label else "")
+
+
+def _storage_section(paths: Sequence[str]) -> str:
+    """Several PATHs: the storages side by side (compare's storage table), first."""
+    from ckptprof.report.compare import (
+        STORAGE_COLUMNS,
+        ceiling_notes,
+        compare,
+        ranked_by,
+        storage_rows,
+    )
+
+    if len(paths) < 2:
+        return ""
+    try:
+        c = compare(list(paths), source_labels(paths))
+    except CkptprofError:  # a PATH with no operation of its own (a job's run spans only)
+        return ""
+    head, rows = storage_rows(c)
+    if not rows:
+        return ""
+    return (
+        "<h2>Storages side by side</h2>"
+        f'<p class="meta">{_e(head)}; the first is the base; ranked: {_e(ranked_by(c))}</p>'
+        + _table(STORAGE_COLUMNS, rows, left=1).replace("<table>", '<table data-view="storage">')
+        + "".join(f'<p class="note">{_e(note)}</p>' for note in ceiling_notes(c))
+    )
+
+
+def _sweep_section(label: str, sweep: Sweep) -> str:
     names = phase_order("restore", {r.phase for row in sweep.rows for r in row.breakdown.phases})
     rows = []
     for row in sweep.rows:
@@ -98,13 +147,18 @@ def _sweep_section(index: int, sweep: Sweep) -> str:
                 continue
             mark = " (fused)" if phase.fused else " (lazy)" if phase.lazy else ""
             phases.append(fmt_s(phase.busy_s) + ("*" * phase.emulated) + mark)
+        state = "-"
+        if b.state_s is not None:
+            state = f"{fmt_s(b.state_s[0])} ({fmt_s(b.state_s[1])}–{fmt_s(b.state_s[2])})"
         rows.append(
             [
+                label,
                 b.strategy or "-",
                 b.cache or "-",
                 "-" if b.concurrency is None else b.concurrency,
                 b.repeats,
                 f"{fmt_s(b.wall_median_s)} ({fmt_s(b.wall_min_s)}–{fmt_s(b.wall_max_s)})",
+                state,
                 *phases,
                 fmt_gbps(row.fetch_gbps),
                 ceiling_cell(row),
@@ -112,9 +166,10 @@ def _sweep_section(index: int, sweep: Sweep) -> str:
                 fmt_bytes(b.peak_rss_bytes),
             ]
         )
-    headers = ["strategy", "cache", "concurrency", "runs", "RTO s (min–max)", *names]
-    headers += ["fetch GB/s", "of ceiling", "resident before", "peak RSS"]
-    parts = [f"<h2>Results #{index + 1}: {_e(sweep.path)}</h2>"]
+    headers = ["source", "strategy", "cache", "concurrency", "runs", "RTO s (min–max)"]
+    headers += ["to state s (min–max)", *names, "fetch GB/s", "of ceiling", "resident before"]
+    headers += ["peak RSS"]
+    parts = [f'<h2>Results: {_e(label)}</h2><p class="meta">{_e(sweep.path)}</p>']
     spec = ", ".join(f"{k}={v}" for k, v in sweep.spec.items() if isinstance(v, (str, int, float)))
     if spec:
         parts.append(f'<p class="meta">{_e(spec)}</p>')
@@ -122,14 +177,14 @@ def _sweep_section(index: int, sweep: Sweep) -> str:
         source = f" ({sweep.ceiling.source})" if sweep.ceiling.source else ""
         parts.append(f"<p>Ceiling: {fmt_gbps(sweep.ceiling.read_gbps)} GB/s{_e(source)}.</p>")
     parts.append("<h3>Cold vs hot, per concurrency</h3>")
-    parts.append(_table(headers, rows, left=2))
+    parts.append(_table(headers, rows, left=3))
     if any("*" in str(c) for r in rows for c in r):
         parts.append('<p class="emulated">* emulated: an estimate, not a measurement</p>')
     parts += [f'<p class="note">{_e(note)}.</p>' for note in sweep_notes(sweep)]
     per_rank = [r for r in (sweep.job.get("per_rank") or []) if isinstance(r, dict)]
     if per_rank:
         parts.append("<h3>Per-rank spread</h3>")
-        parts.append(_figure(plot.ranks_figure(per_rank), "each rank's RTO", "ranks", str(index)))
+        parts.append(_figure(plot.ranks_figure(per_rank), "each rank's RTO", "ranks", label))
         parts.append(
             _table(
                 ["rank", "node", "host", "read", "RTO s", "fetch s"],
@@ -235,8 +290,10 @@ def render_html(
     stories: Sequence[Story] = (),
     sources: Sequence[str] = (),
     goodput=None,
+    paths: Sequence[str] = (),
 ) -> str:
-    """The whole page as a string (see :func:`write_html`)."""
+    """The whole page as a string (see :func:`write_html`); ``paths``: the PATHs given,
+    set side by side at the top when there are several."""
     made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
@@ -245,11 +302,9 @@ def render_html(
         "<h1>Where checkpoint restore time goes</h1>",
         f'<p class="meta">ckptprof {_e(__version__)}, {made}; from {_e(", ".join(sources))}</p>',
     ]
-    hints = [h for s in report.sweeps for h in s.hints] + [
-        h for g in report.groups for h in g.hints
-    ]
-    if hints:  # every hint once, first: what a reader came for
-        parts.append("<h2>What to look at</h2>" + _hints(hints))
+    labels = source_labels([s.path for s in report.sweeps])
+    parts.append(_storage_section(paths))
+    parts.append(_hints_by_source(report, labels))  # every hint once, first, by source
     parts.append("<h2>Phase breakdown</h2>")
     parts.append(
         _figure(
@@ -264,11 +319,14 @@ def render_html(
         parts.append("<h2>Fetch throughput vs concurrency</h2>")
         parts.append(_figure(concurrency, "median fetch GB/s, cold and hot", "concurrency"))
     if timeline is not None:
-        parts.append("<h2>Timeline of one restore</h2>")
-        parts.append(
-            _figure(plot.timeline_figure(timeline), "phases, then each file read", "timeline")
+        parts.append(f"<h2>Timeline of one {_e(timeline.kind)}</h2>")
+        caption = "its phases" + (
+            ", then each file read"
+            if timeline.files
+            else " (each file read too with synth restore --per-file-spans)"
         )
-    parts += [_sweep_section(i, sweep) for i, sweep in enumerate(report.sweeps)]
+        parts.append(_figure(plot.timeline_figure(timeline), caption, "timeline"))
+    parts += [_sweep_section(label, s) for label, s in zip(labels, report.sweeps, strict=True)]
     parts.append(_groups_section(report))
     parts.append(_save_restore_section(report))
     if stories:
@@ -282,8 +340,10 @@ def render_html(
             _figure(plot.goodput_figure(goodput), "where the job's wall time went", "goodput")
         )
         parts.append(f"<pre>{_e(render_goodput(goodput))}</pre>")
-    parts.append("<h2>The terminal report</h2>")
-    parts.append(f"<pre>{_e(render_text(report))}</pre>")
+    parts.append(
+        "<details><summary>the terminal report, as printed</summary>"
+        f"<pre>{_e(render_text(report))}</pre></details>"
+    )
     parts.append("</body></html>\n")
     return "\n".join(p for p in parts if p)
 
@@ -295,6 +355,7 @@ def write_html(
     stories: Sequence[Story] = (),
     sources: Sequence[str] = (),
     goodput=None,
+    paths: Sequence[str] = (),
 ) -> Path:
     """Write the page atomically to ``path``.
 
@@ -310,7 +371,7 @@ def write_html(
     plot.require_matplotlib(path, "--html")
     if not report.sweeps and not any(g.breakdown for g in report.groups):
         raise CkptprofError(f"--html {path}: no successful operations to show")
-    page = render_html(report, timeline, stories, sources, goodput)
+    page = render_html(report, timeline, stories, sources, goodput, paths)
     with atomic_open(target, "w", encoding="utf-8") as handle:
         handle.write(page)
     return target

@@ -27,6 +27,7 @@ from ckptprof.phases import (
     Attr,
 )
 from ckptprof.results_schema import RESULTS_NAME, RESULTS_SCHEMA, summarize
+from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA, SAVE_SCHEMA_VERSION, looks_like_save
 
 TRACE_SUFFIX = ".jsonl"
 _ROOT_KINDS = {RESTORE_SPAN: "restore", SAVE_SPAN: "save"}
@@ -168,40 +169,46 @@ def _seconds_between(start: datetime | None, end: datetime | None) -> float | No
 
 
 # --------------------------------------------------------------------- finding files
-def _discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
-    """Split PATHs into results files and trace files.
+def _discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path], list[Path]]:
+    """Split PATHs into results files, save files (``save.json``) and trace files.
 
     A directory holding a ``results.json`` stands for that file: its traces are
     the same runs, so they are not read again. Other ``*.jsonl`` files under a
-    directory are traces.
+    directory are traces. A ``save.json`` is read beside its traces: the records it
+    holds whose traces are missing join them (``load`` keeps one of each save).
     """
     results: list[Path] = []
+    saves: list[Path] = []
     traces: list[Path] = []
     for raw in paths:
         path = Path(raw).expanduser()
         if not path.exists():
             raise CkptprofError(
                 f"{raw}: no such file or directory — pass trace files (*.jsonl), a results.json, "
-                "or a directory holding them (ckptprof-traces/ by default)"
+                f"a {SAVE_NAME}, or a directory holding them (ckptprof-traces/ by default)"
             )
         if path.is_file():
-            (results if _looks_like_results(path) else traces).append(path)
+            kind = _file_kind(path)
+            {"results": results, "save": saves, "trace": traces}[kind].append(path)
             continue
         found_results = sorted(path.rglob(RESULTS_NAME))
         covered = [r.parent for r in found_results]
+        found_saves = [s for s in sorted(path.rglob(SAVE_NAME)) if s.is_file()]
         found_traces = [
             t
             for t in sorted(path.rglob(f"*{TRACE_SUFFIX}"))
             if t.is_file() and not any(t.is_relative_to(c) for c in covered)
         ]
-        if not found_results and not found_traces:
+        if not found_results and not found_traces and not found_saves:
             raise CkptprofError(
-                f"{raw}: no trace files (*{TRACE_SUFFIX}) or {RESULTS_NAME} under it — point at "
-                "the trace directory (ckptprof-traces/ by default) or a results directory"
+                f"{raw}: no trace files (*{TRACE_SUFFIX}), {RESULTS_NAME} or {SAVE_NAME} under "
+                "it — point at the trace directory (ckptprof-traces/ by default), a results "
+                "directory or a synth save --out directory"
             )
         results.extend(found_results)
+        saves.extend(found_saves)
         traces.extend(found_traces)
-    return _unique(results), _unique(traces)
+    return _unique(results), _unique(saves), _unique(traces)
 
 
 def _unique(paths: list[Path]) -> list[Path]:
@@ -215,16 +222,21 @@ def _unique(paths: list[Path]) -> list[Path]:
     return out
 
 
-def _looks_like_results(path: Path) -> bool:
-    """``.json`` is a results file, ``.jsonl`` a trace; anything else is sniffed."""
-    if path.suffix in (TRACE_SUFFIX, ".json"):
-        return path.suffix == ".json"
+def _file_kind(path: Path) -> str:
+    """``.jsonl`` is a trace; ``.json`` a save.json when it holds ``saves``, else a
+    results file; anything else is sniffed."""
+    if path.suffix == TRACE_SUFFIX:
+        return "trace"
     try:
         with open(path, encoding="utf-8") as handle:
             doc = json.load(handle)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(doc, dict) and isinstance(doc.get("runs"), list)
+        return "results" if path.suffix == ".json" else "trace"
+    if looks_like_save(doc):
+        return "save"
+    if path.suffix == ".json" or (isinstance(doc, dict) and isinstance(doc.get("runs"), list)):
+        return "results"
+    return "trace"
 
 
 # --------------------------------------------------------------------- traces
@@ -418,7 +430,8 @@ def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFi
     if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
         raise CkptprofError(
             f"{path}: not a ckptprof results file (no 'runs' list) — pass the {RESULTS_NAME} "
-            "written by the synthetic restore, or the trace *.jsonl files"
+            f"written by the synthetic restore, the {SAVE_NAME} of a synthetic save, or the "
+            "trace *.jsonl files"
         )
     schema.require(
         doc,
@@ -492,13 +505,88 @@ def _read_results(path: Path) -> ResultsFile:
     return parse_results(doc, str(path))
 
 
+# --------------------------------------------------------------------- save.json
+#: the save phases whose bytes are what a save wrote (``checkpoint_cost.written_bytes``)
+_WRITTEN_PHASES = ("write", "upload", "stage")
+
+
+def parse_save(doc: Mapping[str, Any], path: str = SAVE_NAME) -> list[TraceOperation]:
+    """A decoded ``save.json`` as the save operations it records, after checking it
+    against :data:`SAVE_SCHEMA` (a wrong type names the field): each save becomes what its
+    trace would have given, so every view reads saves one way."""
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > SAVE_SCHEMA_VERSION:
+        raise CkptprofError(
+            f"{path}: written by a newer ckptprof ({SAVE_NAME} schema {version}; this one "
+            f"reads {SAVE_SCHEMA_VERSION}) — upgrade ckptprof to read it"
+        )
+    schema.require(
+        doc,
+        SAVE_SCHEMA,
+        f"{path}: not a valid ckptprof {SAVE_NAME}",
+        "re-run `ckptprof synth save`, or report on its traces/ folder instead",
+    )
+    spec, options = doc.get("spec") or {}, doc.get("options") or {}
+    environment, ceiling = doc.get("environment") or {}, doc.get("ceiling") or {}
+    common = {
+        Attr.FRAMEWORK: "synthetic",
+        Attr.MODEL: spec.get("model"),
+        Attr.LAYOUT: spec.get("layout"),
+        Attr.STORAGE_KIND: environment.get("storage.kind"),
+        Attr.STORAGE_URI: environment.get("storage.uri"),
+        Attr.SAVE_CEILING_GBPS: ceiling.get("write_gbps"),
+        Attr.CONCURRENCY: options.get("concurrency"),
+        Attr.RUN_ID: path,
+    }
+    operations = []
+    for record in doc["saves"]:
+        phases = {
+            name: PhaseSample(name, float(seconds)) for name, seconds in record["phases"].items()
+        }
+        written = next((p for p in _WRITTEN_PHASES if p in phases), None)
+        if written is not None:
+            phases[written] = PhaseSample(written, phases[written].busy_s, int(record["bytes"]))
+        attrs = {
+            **common,
+            Attr.STRATEGY: record.get("strategy", options.get("strategy")),
+            Attr.SAVE_FSYNC: record.get("fsync", options.get("fsync")),
+            Attr.REPEAT: record.get("repeat"),
+        }
+        operations.append(
+            TraceOperation(
+                kind="save",
+                trace_id=str(record.get("trace_id") or f"{path}#{record.get('repeat')}"),
+                span_id="",
+                wall_s=float(record["wall_s"]),
+                start=None,
+                attributes={k: v for k, v in attrs.items() if v is not None},
+                resource={},
+                phases=phases,
+                source=path,
+            )
+        )
+    return operations
+
+
+def _read_save(path: Path) -> list[TraceOperation]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CkptprofError(
+            f"{path}: not valid JSON ({exc}) — the file may be truncated; re-run the save or "
+            "report on its traces/ folder instead"
+        ) from None
+    return parse_save(doc, str(path))
+
+
 # --------------------------------------------------------------------- entry
 def read_trace_spans(
     paths: Iterable[str | os.PathLike], beside_results: bool = False
 ) -> list[dict[str, Any]]:
     """Every span (as a dict) of the trace files the PATHs name; with ``beside_results``
     also the traces under a results directory (the same runs, span by span: timelines)."""
-    results, trace_paths = _discover(list(paths))
+    results, _, trace_paths = _discover(list(paths))
     if beside_results:
         for found in results:
             trace_paths += sorted(p for p in found.parent.rglob(f"*{TRACE_SUFFIX}") if p.is_file())
@@ -515,7 +603,7 @@ def load(paths: Iterable[str | os.PathLike]) -> ReportData:
     paths = list(paths)
     if not paths:
         raise CkptprofError("report: no PATH given — name trace files, results.json or a directory")
-    results_paths, trace_paths = _discover(paths)
+    results_paths, save_paths, trace_paths = _discover(paths)
     data = ReportData()
     for path in results_paths:
         data.results.append(_read_results(path))
@@ -529,6 +617,10 @@ def load(paths: Iterable[str | os.PathLike]) -> ReportData:
             if (op.trace_id, op.span_id) not in seen:
                 seen.add((op.trace_id, op.span_id))
                 data.operations.append(op)
+        data.sources.append(str(path))
+    traced = {op.trace_id.removeprefix("0x") for op in data.operations}
+    for path in save_paths:  # the saves whose traces were not read
+        data.operations += [op for op in _read_save(path) if op.trace_id not in traced]
         data.sources.append(str(path))
     skipped = skipped_lines_warning(reads)
     if skipped:

@@ -14,26 +14,47 @@ from pathlib import Path
 from ckptprof.atomic import atomic_open
 from ckptprof.errors import CkptprofError
 from ckptprof.report.aggregate import Breakdown, Report, phase_order
+from ckptprof.report.labels import source_labels
 from ckptprof.report.timeline import Timeline
 
-_COLORS = {
+#: one colour per phase across save and restore (and the interruption's), none twice
+PHASE_COLORS = {
     "list": "#8c564b",
     "fetch": "#1f77b4",
     "verify": "#ff7f0e",
     "deserialize": "#2ca02c",
     "reshard": "#9467bd",
     "first_step": "#d62728",
+    "stage": "#aec7e8",
     "serialize": "#17becf",
     "write": "#e377c2",
+    "fsync": "#393b79",
     "commit": "#7f7f7f",
+    "notice": "#ffbb78",
+    "emergency_save": "#843c39",
 }
+#: for an adapter's own phases (``rotate``), in order of first use: none a phase's colour
+_SPARE_COLORS = ("#637939", "#e7969c", "#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194")
+
+
+def phase_color(name: str) -> str:
+    """The colour ``name`` is drawn in everywhere (a phase's own, or a spare one picked
+    by the name, stable from one report to the next)."""
+    if name in PHASE_COLORS:
+        return PHASE_COLORS[name]
+    return _SPARE_COLORS[sum(name.encode()) % len(_SPARE_COLORS)]
+
+
+def _prefixes(report: Report) -> list[str]:
+    """Each sweep's source label, as a prefix of its rows (none where there is one)."""
+    if len(report.sweeps) < 2:
+        return [""] * len(report.sweeps)
+    return [f"{label}: " for label in source_labels([s.path for s in report.sweeps])]
 
 
 def _bars(report: Report) -> list[tuple[str, Breakdown]]:
     bars: list[tuple[str, Breakdown]] = []
-    many_sweeps = len(report.sweeps) > 1
-    for index, sweep in enumerate(report.sweeps):
-        prefix = f"#{index + 1} " if many_sweeps else ""
+    for prefix, sweep in zip(_prefixes(report), report.sweeps, strict=True):
         bars += [(prefix + row.breakdown.label, row.breakdown) for row in sweep.rows]
     for group in report.groups:
         if group.breakdown is not None:
@@ -54,7 +75,7 @@ def _draw_bars(ax, bars: list[tuple[str, Breakdown]]) -> None:
         widths = [(b.phase(name).busy_s if b.phase(name) else 0.0) for _, b in bars]
         if not any(widths):
             continue
-        ax.barh(y, widths, left=left, color=_COLORS.get(name), label=name, edgecolor="white")
+        ax.barh(y, widths, left=left, color=phase_color(name), label=name, edgecolor="white")
         for i, (_, b) in enumerate(bars):
             row = b.phase(name)
             if row is not None and row.emulated and widths[i]:
@@ -89,7 +110,8 @@ def _draw_bars(ax, bars: list[tuple[str, Breakdown]]) -> None:
 
 def _draw_concurrency(ax, report: Report) -> None:
     levels: set[int] = set()
-    for index, sweep in enumerate(report.sweeps):
+    dashes = ("--", ":", "-.", (0, (5, 1, 1, 1)))
+    for index, (prefix, sweep) in enumerate(zip(_prefixes(report), report.sweeps, strict=True)):
         series: dict[str, list[tuple[int, float]]] = defaultdict(list)
         strategies = len({row.breakdown.strategy for row in sweep.rows}) > 1
         for row in sweep.rows:
@@ -99,18 +121,17 @@ def _draw_concurrency(ax, report: Report) -> None:
                 if strategies:
                     name = f"{b.strategy} {name}"
                 series[name].append((b.concurrency, row.fetch_gbps))
-        prefix = f"#{index + 1} " if len(report.sweeps) > 1 else ""
         for cache, points in sorted(series.items()):
             points.sort()
             levels.update(p[0] for p in points)
             ax.plot(
                 [p[0] for p in points], [p[1] for p in points], marker="o", label=prefix + cache
             )
-        if sweep.ceiling and sweep.ceiling.read_gbps:
+        if sweep.ceiling and sweep.ceiling.read_gbps:  # each sweep's ceiling its own line
             ax.axhline(
                 sweep.ceiling.read_gbps,
-                linestyle="--",
-                color="gray",
+                linestyle=dashes[index % len(dashes)],
+                color=ax.lines[-1].get_color() if series else "gray",
                 label=f"{prefix}ceiling {sweep.ceiling.read_gbps:.2f} GB/s",
             )
     ax.set_xscale("log", base=2)
@@ -193,7 +214,7 @@ def ranks_figure(per_rank: list[dict]):
     walls = [float(r["wall_s"]) for r in rows]
     fetch = [float(r.get("fetch_s") or 0.0) for r in rows]
     ax.barh(y, walls, color="#c7c7c7", label="RTO")
-    ax.barh(y, fetch, color=_COLORS["fetch"], label="fetch")
+    ax.barh(y, fetch, color=phase_color("fetch"), label="fetch")
     slowest = walls.index(max(walls))
     ax.barh(slowest, walls[slowest], fill=False, edgecolor="black", linewidth=1.2)
     ax.set_yticks(y, [f"rank {r.get('rank')} (node {r.get('node', '?')})" for r in rows])
@@ -215,7 +236,7 @@ def timeline_figure(line: Timeline):
         ax.broken_barh(
             [((phase.start_ns - t0) / 1e9, phase.seconds)],
             (-0.4, 0.8),
-            color=_COLORS.get(phase.name, "#999999"),
+            color=phase_color(phase.name),
             label=phase.name,
         )
     row_of = {lane: i + 1 for i, lane in enumerate(lanes)}
@@ -223,7 +244,7 @@ def timeline_figure(line: Timeline):
         ax.broken_barh(
             [((item.start_ns - t0) / 1e9, item.seconds)],
             (row_of[(item.phase, item.lane)] - 0.35, 0.7),
-            color=_COLORS.get(item.phase, "#999999"),
+            color=phase_color(item.phase),
             edgecolor="white",
             linewidth=0.3,
         )
@@ -231,7 +252,8 @@ def timeline_figure(line: Timeline):
     ax.tick_params(axis="y", labelsize=7)
     ax.invert_yaxis()
     ax.set_xlim(0, line.wall_s * 1.02 or 1.0)
-    ax.set_xlabel("seconds since the operation began (rows below: each file read)")
+    reads = " (rows below: each file read)" if line.files else ""
+    ax.set_xlabel(f"seconds since the operation began{reads}")
     ax.set_title(f"Timeline of one {line.kind}: {line.label()}, {line.wall_s:.3f} s")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
@@ -317,7 +339,7 @@ def compare_figure(comparison) -> object | None:
         for entry in sorted(entries, key=lambda e: e.median):
             rows = [
                 PhaseRow(name, entry.phase_median(name) or 0.0, None, None, None, None)
-                for name in phase_order("restore", set(entry.phases))
+                for name in phase_order(entry.kind, set(entry.phases))
             ]
             label = f"{setting}: {entry.source}" + (" (base)" if entry.source == base else "")
             bars.append(
@@ -325,9 +347,9 @@ def compare_figure(comparison) -> object | None:
                     label,
                     Breakdown(
                         label,
-                        "restore",
+                        entry.kind,
                         len(entry.walls),
-                        entry.median,
+                        entry.rto_median,
                         min(entry.walls),
                         max(entry.walls),
                         rows,

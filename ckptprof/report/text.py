@@ -207,8 +207,13 @@ def render_group(group: OperationGroup, by: str = "phase") -> list[str]:
     b = group.breakdown
     facts = []
     if b is not None:
+        state = ""
+        if b.state_s is not None and b.phase(Phase.FIRST_STEP) is not None:
+            median, low, high = b.state_s  # a synthetic restore: the storage's part first
+            state = (f"time to state (list -> reshard) median {fmt_s(median)} s (min "
+                     f"{fmt_s(low)}, max {fmt_s(high)}), the first step beside it: ")  # fmt: skip
         facts.append(
-            f"{_plural(b.repeats, noun)}, {wall_word} median {fmt_s(b.wall_median_s)} s "
+            f"{_plural(b.repeats, noun)}, {state}{wall_word} median {fmt_s(b.wall_median_s)} s "
             f"(min {fmt_s(b.wall_min_s)}, max {fmt_s(b.wall_max_s)})"
         )
     if group.failed:
@@ -376,49 +381,62 @@ def _sweep_table(sweep: Sweep) -> list[str]:
     any_emulated = False
 
     def build(level: int) -> list[str]:
-        """0: everything; 1: short phase names; 2: also no run count or RTO range."""
+        """0: everything; 1: short phase names; 2: also no headline range; 3: no run count.
+        The headline: the time to state where a first step ran here (the storage's part;
+        the step and the RTO beside it), else the RTO."""
         nonlocal any_emulated
-        short = level >= 2
+        short, uncounted = level >= 2, level >= 3
         labels = [_SHORT_PHASE.get(n, n) if level else n for n in names]
         first = ["strategy"] if strategies else []
-        counts = [] if short else ["runs"]
-        rto_head = "RTO s" if short else "RTO s (min-max)"
-        headers = [*first, "cache", "conc", *counts, rto_head, *labels, "GB/s", "ceil"]
-        headers += ["peak GB"] if peaks else []
+        counts = [] if uncounted else ["runs"]
+        head = "to state" if to_state else "RTO s"
+        head += "" if short else " (min-max)"
+        headers = [*first, "cache", "conc", *counts, head, *labels]
+        headers += ["RTO s"] if to_state else []
+        headers += ["GB/s", "ceil"] + (["peak GB"] if peaks else [])
         rows = []
         for row in sweep.rows:
             b = row.breakdown
-            rto = fmt_s(b.wall_median_s)
-            if not short:
-                rto += f" ({fmt_s(b.wall_min_s)}-{fmt_s(b.wall_max_s)})"
+            spread = b.state_s if to_state and b.state_s else None
+            median, low, high = spread or (b.wall_median_s, b.wall_min_s, b.wall_max_s)
+            headline = fmt_s(median) + ("" if short else f" ({fmt_s(low)}-{fmt_s(high)})")
             cells = [
                 *([b.strategy or "-"] if strategies else []),
                 str(b.cache or "-"),
                 "-" if b.concurrency is None else str(b.concurrency),
-                *([] if short else [str(b.repeats)]),
-                rto,
+                *([] if uncounted else [str(b.repeats)]),
+                headline,
             ]
             for name in names:
                 phase = b.phase(name)
                 mark = "*" if phase is not None and phase.emulated else ""
                 any_emulated = any_emulated or bool(mark)
                 cells.append(fmt_s(phase.busy_s) + mark if phase else "-")
+            cells += [fmt_s(b.wall_median_s)] if to_state else []
             cells += [fmt_gbps(row.fetch_gbps), ceiling_cell(row)]
             if peaks:
                 peak = b.peak_rss_bytes
                 cells.append("-" if not peak else f"{peak / 1e9:.2f}")
             rows.append(cells)
-        lead = ("l" if strategies else "") + "lr" + ("r" if not short else "") + "l"
-        return table(headers, rows, lead + "r" * (len(names) + 2 + int(peaks)))
+        lead = ("l" if strategies else "") + "lr" + ("r" if not uncounted else "") + "l"
+        return table(headers, rows, lead + "r" * (len(names) + 2 + int(peaks) + int(to_state)))
 
     strategies = len({row.breakdown.strategy for row in sweep.rows}) > 1
+    to_state = "first_step" in names and any(r.breakdown.state_s for r in sweep.rows)
     peaks = any(row.breakdown.peak_rss_bytes for row in sweep.rows)
-    for level in range(3):
+    for level in range(4):
         lines = build(level)
         if max(len(x) for x in lines) <= terminal_width():
             break
     if any_emulated:
         lines.append(f"{INDENT}* emulated: an estimate, not a measurement")
+    if to_state:
+        lines += _wrap(
+            "to state: list -> reshard, what the storage and the loader control (the RTO less "
+            "the first step, which is this machine's compute unless given with --first-step-s)",
+            INDENT,
+            INDENT * 2,
+        )
     for note in sweep_notes(sweep):
         lines += _wrap(note, INDENT, INDENT * 2)
     estimates = [r.breakdown.first_step_estimate_s for r in sweep.rows]

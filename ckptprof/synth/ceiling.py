@@ -91,26 +91,71 @@ def probe_write_bytes(nbytes: int, part_size: int, object_store: bool) -> int:
     return max(nbytes, 2 * part_size) if object_store else nbytes
 
 
+#: a probe moves at most this share of the bytes the run itself moves (and PROBE_BYTES)
+PROBE_SHARE = 0.25
+
+
+def probe_budget(run_bytes: int) -> int:
+    """The bytes a probe may move in all: a fixed share of what the run itself moves,
+    never more than ``PROBE_BYTES``: the probe must cost little beside the measurement."""
+    return max(1, min(PROBE_BYTES, int(run_bytes * PROBE_SHARE)))
+
+
+def write_plan(
+    budget: int, nbytes: int, part_size: int, concurrency: int, object_store: bool
+) -> tuple[list[int], int, int]:
+    """(levels in flight, passes at each, bytes per write) for a write probe of at most
+    ``budget`` bytes in all: one at a time and ``concurrency`` at a time, the best of
+    ``PROBE_PASSES``; fewer writes where the budget cannot pay for them (the level of one
+    first, then the second pass). A write is never smaller than a multipart upload's two
+    parts on an object store, so the smallest probe is that one write."""
+    smallest = 2 * part_size if object_store else 1
+    levels = sorted({1, concurrency})
+    choices = [(levels, PROBE_PASSES), ([concurrency], PROBE_PASSES), ([concurrency], 1)]
+    for chosen, passes in choices:
+        each = min(nbytes, budget // (len(chosen) * passes))
+        if each >= smallest:
+            return chosen, passes, each
+    return [concurrency], 1, max(smallest, min(nbytes, budget))
+
+
 def probe_write(
-    storage: Storage, nbytes: int, part_size: int, concurrency: int, fsync: bool = True
+    storage: Storage,
+    nbytes: int,
+    part_size: int,
+    concurrency: int,
+    fsync: bool = True,
+    budget: int = PROBE_BYTES,
+    echo=None,
 ) -> WriteCeiling:
-    """Write ``nbytes`` (at most ``PROBE_BYTES``) of random bytes as one file in
-    part-size requests, one at a time and ``concurrency`` at a time (a local file system
-    is often fastest with one writer, a network store with many), then fsync (on a file
-    system); the best of ``PROBE_PASSES`` at each. The file never becomes visible (it is
-    aborted, not committed)."""
+    """Write random bytes as one file in part-size requests, one at a time and
+    ``concurrency`` at a time (a local file system is often fastest with one writer, a
+    network store with many), then fsync (on a file system); the best at each. The writes
+    together move at most ``budget`` bytes (:func:`write_plan`), each at most ``nbytes``
+    (the checkpoint's). ``echo`` gets a line before it starts: a probe never leaves the
+    terminal blank. The file never becomes visible (it is aborted, not committed)."""
     from ckptprof.io.writes import cut_parts, write_parts
     from ckptprof.synth.fill import RandomFiller
 
-    nbytes = probe_write_bytes(nbytes, part_size, storage.object_store)
+    levels, passes, nbytes = write_plan(
+        budget, max(1, min(nbytes, PROBE_BYTES)), part_size, concurrency, storage.object_store
+    )
+    writes = len(levels) * passes
+    if echo is not None:
+        echo(
+            f"probing the write ceiling: {writes} write{'s' if writes > 1 else ''} of "
+            f"{fmt_bytes(nbytes)} ({fmt_bytes(nbytes * writes)} in all, at most "
+            f"{PROBE_SHARE:.0%} of the run's bytes or {fmt_bytes(PROBE_BYTES)}; --ceiling-gbps "
+            "skips it)"
+        )
     filler = RandomFiller(0)
     chunks = [bytes(filler.next_chunk()) for _ in range(4)]  # distinct: no dedup shortcut
     size = len(chunks[0])
     segments = [chunks[i % 4] for i in range(nbytes // size)] + [chunks[0][: nbytes % size]]
     parts = cut_parts(segments, part_size)
     best: dict[int, float] = {}
-    for level in sorted({1, concurrency}):
-        for _ in range(PROBE_PASSES):
+    for level in levels:
+        for _ in range(passes):
             writer = storage.open_writer(WRITE_PROBE_NAME, nbytes, part_size)
             try:
                 t0 = time.perf_counter()
@@ -124,11 +169,11 @@ def probe_write(
     level, seconds = min(best.items(), key=lambda kv: kv[1])
     synced = " with fsync" if fsync and not storage.object_store else ""
     source = (
-        f"probe: best of {PROBE_PASSES} writes of {fmt_bytes(nbytes)}{synced} at "
-        f"{' and '.join(map(str, sorted(best)))} in flight (best at {level})"
+        f"probe: best of {passes} write{'s' if passes > 1 else ''} of {fmt_bytes(nbytes)}"
+        f"{synced} at {' and '.join(map(str, sorted(best)))} in flight (best at {level})"
     )
     if nbytes < STEADY_PROBE_BYTES:
-        source += ", the checkpoint's size: too few bytes for a steady figure"
+        source += ", too few bytes for a steady figure"
     return WriteCeiling(nbytes / seconds / 1e9 if seconds > 0 else 0.0, source, nbytes)
 
 
@@ -141,14 +186,15 @@ def probe(
 ) -> Ceiling:
     """Measure cold bandwidth at ``concurrency`` and cold single-request latency.
 
-    Reads the largest files first until ``budget`` bytes (many small files are read as
-    many requests, not cut short at a request count), so the figure is for as many
-    bytes as the checkpoint can give, and says so when that is too few to be steady.
+    Reads the largest files first, at most ``budget`` bytes a pass (many small files are
+    read as many requests, not cut short at a request count), so the figure is for as
+    many bytes as the checkpoint and the budget give, and says so when that is too few
+    to be steady.
     """
     reqs, total = [], 0
     largest_first = {f.path: f.size for f in sorted(files, key=lambda i: -i.size)}
-    for req in whole_files(largest_first, part_size):
-        if total >= budget:
+    for req in whole_files(largest_first, max(1, min(part_size, budget))):
+        if total + req.length > budget:  # a pass never reads more than its budget
             break
         if req.length:
             reqs.append(req)
@@ -186,8 +232,9 @@ def probe(
         f"probe: best of {PROBE_PASSES} cold reads of {fmt_bytes(nbytes)} at {concurrency} "
         "in flight"
     )
-    if nbytes < min(STEADY_PROBE_BYTES, budget):
-        source += ", the whole checkpoint: too few bytes for a steady figure"
+    if nbytes < STEADY_PROBE_BYTES:
+        whole = ", the whole checkpoint" if nbytes >= sum(f.size for f in files) else ""
+        source += f"{whole}: too few bytes for a steady figure"
     sampled = [r.length for r in reqs[:LATENCY_SAMPLES]]
     return Ceiling(
         read_gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0,

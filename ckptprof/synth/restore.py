@@ -371,8 +371,22 @@ class RestoreRunner:
                 self.manifest.total_bytes,
             )
         return ceiling_mod.probe(
-            self.storage, infos, self.options.part_size, max(self.options.concurrency)
+            self.storage,
+            infos,
+            self.options.part_size,
+            max(self.options.concurrency),
+            self.probe_bytes,
         )
+
+    @property
+    def probe_bytes(self) -> int:
+        """What each pass of the read probe may read: its passes and its latency samples
+        together at most a share of the bytes the sweep itself reads
+        (``ceiling.probe_budget``)."""
+        o = self.options
+        runs = len(o.strategies) * len(o.caches) * len(o.concurrency) * o.repeat
+        budget = ceiling_mod.probe_budget(self.manifest.total_bytes * runs)
+        return max(1, budget // (ceiling_mod.PROBE_PASSES + 1))
 
     # ------------------------------------------------------------ cache
     def prepare_cache(self, cache: str):
@@ -535,6 +549,12 @@ def run_restore(
                 f"({runner.first_step.why_estimated}; --first-step-s gives a measured one)."
             )
         runner.prepare()
+        if not options.ceiling_gbps:
+            echo(
+                f"probing the read ceiling: {ceiling_mod.PROBE_PASSES} cold reads of up to "
+                f"{fmt_bytes(runner.probe_bytes)} (at most {ceiling_mod.PROBE_SHARE:.0%} of "
+                "the sweep's bytes; --ceiling-gbps skips it)"
+            )
         ceiling = runner.ceiling()
         echo(ceiling.describe())
         if options.simulate_interruption:

@@ -24,9 +24,10 @@ from ckptprof.env import capture
 from ckptprof.errors import CkptprofError
 from ckptprof.manifest import Manifest, entry_for_segments
 from ckptprof.phases import Attr
+from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA_VERSION
 from ckptprof.storage import multipart, open_storage
 from ckptprof.storage.base import DEFAULT_PART_SIZE
-from ckptprof.synth.ceiling import WriteCeiling, probe_write, probe_write_bytes
+from ckptprof.synth.ceiling import WriteCeiling, probe_budget, probe_write, probe_write_bytes
 from ckptprof.synth.distributed import Job, job_context
 from ckptprof.synth.fill import RandomFiller
 from ckptprof.synth.generate import (
@@ -48,7 +49,7 @@ class SaveOptions:
     repeat: int = 3
     fsync: bool = True
     force: bool = False
-    strategy: str = "framework"
+    strategy: str = "parallel"  # savers.default_strategy: the same on every storage
     concurrency: int = 8  # parts in flight (parallel; the write probe's too)
     part_size: int = DEFAULT_PART_SIZE
     ceiling_gbps: float | None = None  # given: no write probe
@@ -208,7 +209,7 @@ def run_save(
         if lead:
             held.enter_context(storage.claim())
             claim_location(storage, plan, options.force, echo)
-            ceiling = _ceiling(storage, plan, options)
+            ceiling = _ceiling(storage, plan, options, echo)
         ceiling = job.broadcast(ceiling if lead else None) if job else ceiling
         echo(ceiling.describe())
         each = f", {job.world} ranks each holding its share" if job else ""
@@ -295,12 +296,15 @@ def job_records(rank_records: list[SaveRecord]) -> list[SaveRecord]:
     return out
 
 
-def _ceiling(storage, plan: CheckpointPlan, options: SaveOptions) -> WriteCeiling:
+def _ceiling(storage, plan: CheckpointPlan, options: SaveOptions, echo) -> WriteCeiling:
+    """The write ceiling: given, or probed for at most a share of the bytes the saves
+    write (``ceiling.probe_budget``)."""
     if options.ceiling_gbps:
         return WriteCeiling(options.ceiling_gbps, "given (--ceiling-gbps)", 0)
-    return probe_write(
-        storage, _payload(plan), options.part_size, options.concurrency, options.fsync
-    )
+    size = _payload(plan)
+    budget = probe_budget(size * options.repeat)
+    return probe_write(storage, size, options.part_size, options.concurrency, options.fsync,
+                       budget, echo)  # fmt: skip
 
 
 def _payload(plan: CheckpointPlan) -> int:
@@ -320,6 +324,7 @@ def write_results(
     from ckptprof.atomic import atomic_write
 
     doc = {
+        "schema_version": SAVE_SCHEMA_VERSION,
         "spec": spec.to_dict(),
         "options": dataclasses.asdict(options),
         "environment": result.environment,
@@ -334,8 +339,8 @@ def write_results(
     if partial:
         doc["partial"] = True
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "save.json", json.dumps(doc, indent=2, default=str))
-    return out / "save.json"
+    atomic_write(out / SAVE_NAME, json.dumps(doc, indent=2, default=str))
+    return out / SAVE_NAME
 
 
 def _entries(storage, plan: CheckpointPlan, tensors: dict, strategy: str) -> dict:

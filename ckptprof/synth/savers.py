@@ -71,6 +71,13 @@ class Written:
     background_s: float | None = None
 
 
+def default_strategy(layout: str) -> str:
+    """The writer ``synth save`` uses unless told: ``parallel`` on every storage, so two
+    storages saved with the defaults are compared through the same writer (the layout's
+    own writers cannot write to S3); DCP lays out its own files: ``framework``."""
+    return "framework" if layout == "dcp" else "parallel"
+
+
 def check_strategy(strategy: str, layout: str, object_store: bool) -> None:
     """Refuse a strategy x layout x storage this save cannot do (one line, with the fix)."""
     if strategy not in SAVE_STRATEGIES:
