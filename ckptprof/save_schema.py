@@ -37,6 +37,7 @@ SAVE_SCHEMA = schema.record(
             {"write_gbps": schema.optional(_SECONDS), "source": schema.optional(schema.text())}
         ),
         "saves": schema.items(_RECORD),
+        "partial": schema.boolean(),  # the saves an interruption (Ctrl-C, SIGTERM) left
     },
     required=("saves",),
 )
