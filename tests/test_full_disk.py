@@ -61,14 +61,14 @@ def test_a_full_out_is_refused_before_the_sweep(checkpoints, tmp_path):
     with small_fs(tmp_path / "full", "256k") as full:
         fill(full)
         result = restore_cli(checkpoints("torch"), "--out", str(full / "out"))
-        assert_refused_before_any_run(result, "--out", str(full / "out"), "cannot write there")
+        assert_refused_before_any_run(result, "--out", str(full / "out"), "0 bytes free")
         assert not list(full.rglob("*.partial"))
 
 
 def test_a_read_only_out_is_refused_before_the_sweep(checkpoints, tmp_path):
     with small_fs(tmp_path / "ro", "1m", read_only=True) as ro:
         result = restore_cli(checkpoints("torch"), "--out", str(ro))
-        assert_refused_before_any_run(result, "--out", str(ro), "Read-only file system")
+        assert_refused_before_any_run(result, "--out", str(ro), "read-only filesystem")
 
 
 def test_an_out_without_room_for_the_results_is_refused(checkpoints, tmp_path):
@@ -166,7 +166,8 @@ def test_enospc_through_the_cli_names_the_file(checkpoints, tmp_path):
     with small_fs(tmp_path / "full", "64k") as full:
         fill(full)
         result = run_cli("report", str(out), "--plot", str(full / "rto.png"))
-        assert_one_line_error(result, "no space left on device", str(full / "rto.png"))
+        # known before anything is drawn: refused as the command line is read
+        assert_one_line_error(result, "--plot", str(full / "rto.png"), "0 bytes free")
         assert os.listdir(full) == ["filler"]  # no half-written image either
 
 

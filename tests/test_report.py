@@ -486,16 +486,14 @@ def test_every_phase_of_a_save_and_a_restore_is_drawn_in_its_own_colour(tmp_path
         record_restore(tracer, clock, COLD, 1.0, restore)
         save = [
             (p, i * 0.1, 0.1)
-            for i, p in enumerate(
-                ("stage", "serialize", "write", "upload", "fsync", "commit", "rotate")
-            )
+            for i, p in enumerate(("stage", "serialize", "write", "fsync", "commit", "rotate"))
         ]
         record_restore(tracer, clock, {Attr.FORMAT: "torch"}, 1.0, save, kind="save")
 
     report = aggregate(load([write_trace(tmp_path, record)]))
     ax = bars_figure(report).axes[0]
     colours = {c.get_label(): c.patches[0].get_facecolor() for c in ax.containers}
-    assert len(colours) == 13  # 6 restore phases, 6 save phases and rotate
+    assert len(colours) == 12  # 6 restore phases, 5 save phases and rotate
     assert len(set(colours.values())) == len(colours), colours
 
 

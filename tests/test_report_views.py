@@ -112,7 +112,7 @@ def test_one_page_opens_offline_with_every_chart(runs, browser, tmp_path):
 def test_html_of_a_missing_folder_is_one_clear_error(runs, tmp_path):
     target = tmp_path / "nowhere" / "report.html"
     done = run_cli("report", str(runs / "sweep"), "--html", str(target))
-    assert_one_line_error(done, f"--html {target}: folder {target.parent} does not exist")
+    assert_one_line_error(done, f"--html: {target}: folder {target.parent} does not exist")
 
 
 # ---------------------------------------------------------------------- export

@@ -15,8 +15,9 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-#: a folder with less free space than this cannot take even the results of a run
-MIN_FREE_BYTES = 1 << 20
+#: a folder with less free space than this is full (room for what a run writes there is
+#: then checked by the command, against what it will write)
+MIN_FREE_BYTES = 4096
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),

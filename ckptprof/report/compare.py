@@ -50,9 +50,7 @@ TTS, RTO, SAVE_TIME = "time to state", "RTO", "save time"
 SAVE = "save"  # the kind of operation
 BY_CHOICES = ("auto", "tts", "rto")
 #: the phases the storage itself does (the rest is the CPU's: serialization, copies, steps)
-STORAGE_PHASES = frozenset(
-    {Phase.LIST, Phase.FETCH, Phase.WRITE, Phase.UPLOAD, Phase.FSYNC, Phase.COMMIT}
-)
+STORAGE_PHASES = frozenset({Phase.LIST, Phase.FETCH, Phase.WRITE, Phase.FSYNC, Phase.COMMIT})
 SYNTHETIC = "synthetic"
 
 

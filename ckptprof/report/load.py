@@ -507,7 +507,7 @@ def _read_results(path: Path) -> ResultsFile:
 
 # --------------------------------------------------------------------- save.json
 #: the save phases whose bytes are what a save wrote (``checkpoint_cost.written_bytes``)
-_WRITTEN_PHASES = ("write", "upload", "stage")
+_WRITTEN_PHASES = ("write", "stage")
 
 
 def parse_save(doc: Mapping[str, Any], path: str = SAVE_NAME) -> list[TraceOperation]:
