@@ -291,3 +291,35 @@ def s3_env(monkeypatch, seaweed, tmp_path):
         return dict(os.environ)
 
     return configure
+
+
+def traced_job(traces: Path, checkpoint_dir: Path, processes: int = 2, steps: int = 6) -> None:
+    """A job restarted ``processes - 1`` times, in this process: each life is a real
+    TracingSession (the lifetime, save and restore code every adapter runs) that trains
+    ``steps`` steps, saves once halfway (a real file into ``checkpoint_dir``) and closes;
+    each after the first resumes from the last save. Its ``ckpt.run`` spans are what
+    ``report --goodput`` reads."""
+    import time
+
+    from ckptprof.integrations.session import TracingSession
+    from ckptprof.phases import Attr
+
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    saved, resumed = None, 0
+    for _ in range(processes):
+        session = TracingSession("test", trace_dir=traces, rank=0)
+        session.checkpoint_dir = lambda: str(checkpoint_dir)
+        session.start()
+        first = resumed
+        if saved is not None:
+            session.begin_restore({Attr.PATH: str(saved), Attr.RESTORED_STEP: resumed})
+            saved.read_bytes()
+            session.first_step_done(first + 1, announce=False)
+        for step in range(first + 1, first + steps + 1):
+            time.sleep(0.01)
+            session.step_ended(step)
+            if step == first + steps // 2:
+                saved, resumed = checkpoint_dir / f"step-{step}.pt", step
+                with session.saving({Attr.PATH: str(saved), Attr.STEP: step}):
+                    saved.write_bytes(b"\0" * 4096)
+        session.close()
