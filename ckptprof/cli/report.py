@@ -258,11 +258,13 @@ def run_interruptions(args: argparse.Namespace) -> int:
     from ckptprof.report.interruptions import build_stories, render_stories, render_stories_json
     from ckptprof.report.load import read_trace_spans
 
-    stories = build_stories(read_trace_spans(args.paths))
+    # a results folder's stories are in the traces beside its results.json
+    stories = build_stories(read_trace_spans(args.paths, beside_results=True))
+    render = render_stories_json if args.format == "json" else render_stories
+    text = render(stories)  # none to tell: one line, before any file is written
     if args.html:
         _write_page(args)
-    render = render_stories_json if args.format == "json" else render_stories
-    sys.stdout.write(render(stories))
+    sys.stdout.write(text)
     return 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptprof.phases import RESTORE_PHASES, Attr
-from ckptprof.report.aggregate import aggregate, short_label
+from ckptprof.report.aggregate import CONFIG_ATTRS, aggregate, short_label
 from ckptprof.report.load import load
 from ckptprof.units import fmt_bytes
 
@@ -160,7 +160,10 @@ def entries_of(path: str, label: str) -> list[Entry]:
         if group.kind != "restore" or not group.operations:
             continue
         config = {k: v for k, v in group.config.items() if k not in WHERE_KEYS}
-        first = group.operations[0]
+        # the group's rows are numbers only: its checkpoint is told by its first operation
+        first = next(op for op in data.operations if op.kind == group.kind and {
+            label: op.attributes[key] for key, label in CONFIG_ATTRS if key in op.attributes
+        } == group.config)  # fmt: skip
         what = _checkpoint(first.attr(Attr.MODEL), first.attr(Attr.LAYOUT, first.attr(Attr.FORMAT)),
                            first.attr(Attr.CHECKPOINT_BYTES))  # fmt: skip
         entry = Entry(label, short_label(config) or "restore", [], checkpoint=what)
