@@ -175,8 +175,7 @@ def print_report(
     for warning in data.warnings:
         print(f"ckptprof: warning: {warning}", file=sys.stderr)
     report = aggregate(data, mtbi_s)
-    text = render_json(report) if fmt == "json" else render_text(report, by=by)
-    sys.stdout.write(text)
+    sys.stdout.write(render_json(report) if fmt == "json" else render_text(report, by=by))
     sys.stdout.flush()
     if plot:
         written = write_plot(report, plot)
@@ -233,7 +232,7 @@ def run_goodput(args: argparse.Namespace) -> int:
     pictured = [f"--{d}" for d in ("plot", "html") if getattr(args, d)]
     if len(goodputs) > 1 and pictured:
         raise CkptprofError(
-            f"{' and '.join(pictured)} show one job's goodput and {_jobs(goodputs)}: "
+            f"{' and '.join(pictured)}: a picture of one job's goodput, and {_jobs(goodputs)}; "
             "report on one job's trace files (the table shows each)."
         )
     if args.html:
