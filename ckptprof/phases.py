@@ -197,6 +197,7 @@ class Attr:
     RUN_FIRST_STEP = "ckpt.run.first_step"  # the global step the timing began at
     RUN_LAST_STEP = "ckpt.run.last_step"  # the last step this process trained
     RUN_FINAL = "ckpt.run.final"  # false: written at a save, the process went on after
+    RUN_JOB = "ckpt.run.job"  # the job across its restarts: its checkpoint folder, or run id
 
     # ---- save (root ``ckpt.save`` and its phases)
     SAVE_BACKGROUND = "ckpt.save.background"  # the background half of an async save

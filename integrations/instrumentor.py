@@ -147,9 +147,15 @@ class Instrumentor:
         self._finalizer: weakref.finalize | None = None
         if owns and log_metrics:  # weakly: the session outlives nothing it should not
             self.session.metrics_sink = _weakly(self.log_metrics)
+        if owns:  # the job's identity across restarts, for the goodput report
+            self.session.checkpoint_dir = _weakly(self._records_dir)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Hand ``metrics`` to the traced framework's loggers (adapters override)."""
+
+    def _records_dir(self) -> str | None:
+        """The job's checkpoint folder, once known (adapters that know it override)."""
+        return None
 
     # ------------------------------------------------------------------ lifecycle
     @property

@@ -42,6 +42,20 @@ def process_start_ns() -> int:
         return time.time_ns()
 
 
+def job_identity(checkpoint_dir: str | None) -> str | None:
+    """What every process of one job shares across its restarts, for the goodput report
+    to keep jobs apart: the folder its checkpoints go to (where a restart resumes from),
+    else the launcher's run id (``CKPTPROF_RUN_ID``, torchrun's ``TORCHELASTIC_RUN_ID``);
+    None when neither is known (the report then takes the trace file's folder)."""
+    if checkpoint_dir:
+        folder = str(checkpoint_dir)
+        return folder if "://" in folder else os.path.abspath(os.path.expanduser(folder))
+    for name in ("CKPTPROF_RUN_ID", "TORCHELASTIC_RUN_ID"):
+        if os.environ.get(name) not in (None, "", "none"):
+            return os.environ[name]
+    return None
+
+
 _previous_end_ns = 0  # where this process's last Lifetime ended (a notebook's second fit)
 
 
@@ -109,12 +123,15 @@ class Lifetime:
                 out[Attr.RUN_LAST_STEP] = self.last_step
         return out
 
-    def emit(self, tracer, rank: int, final: bool = True) -> None:
-        """The ``ckpt.run`` span: from the process's start to now. Also written (not
-        ``final``) after every save: a process killed later without closing (a Spot
-        reclaim, SIGKILL) still tells its life up to its last save."""
+    def emit(self, tracer, rank: int, final: bool = True, job: str | None = None) -> None:
+        """The ``ckpt.run`` span: from the process's start to now, with the ``job`` it
+        belongs to (see :func:`job_identity`). Also written (not ``final``) after every
+        save: a process killed later without closing (a Spot reclaim, SIGKILL) still
+        tells its life up to its last save."""
         global _previous_end_ns
         attributes = {**self.attributes(rank), Attr.RUN_FINAL: final}
+        if job:
+            attributes[Attr.RUN_JOB] = job
         span = tracer.start_span(RUN_SPAN, attributes, start_ns=self.started_ns)
         end = time.time_ns()
         if final:
@@ -139,6 +156,9 @@ class GoodputSoFar:
         self.resuming = (
             (session.lifetime.started_ns, int(restored_step)) if restored_step is not None else None
         )
+        # the earlier processes of this job, not another's (the report's job for a
+        # process that knew no identity: its trace folder)
+        self.job = session.job() or (os.path.abspath(self.trace.parent) if self.trace else None)
         self.sent = False
         self._metrics: dict | None = None
         self._done = threading.Event()
@@ -162,10 +182,10 @@ class GoodputSoFar:
         files = [f for f in self.trace.parent.glob("*.jsonl") if f != self.trace]
         if not files or sum(f.stat().st_size for f in files) > GOODPUT_READ_LIMIT:
             return {}
-        from ckptprof.report.goodput import build_goodput
-        from ckptprof.report.load import read_trace_spans
+        from ckptprof.report.goodput import build_goodput, read_job_spans
 
-        goodput = build_goodput(read_trace_spans([str(f) for f in files]), resuming=self.resuming)
+        spans = read_job_spans([str(f) for f in files])
+        goodput = build_goodput(spans, resuming=self.resuming, job=self.job)
         if goodput is None:
             return {}
         return {
@@ -183,4 +203,4 @@ class GoodputSoFar:
         self._thread.join(timeout=5)
 
 
-__all__ = ["GoodputSoFar", "Lifetime", "process_start_ns"]
+__all__ = ["GoodputSoFar", "Lifetime", "job_identity", "process_start_ns"]

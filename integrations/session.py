@@ -18,7 +18,7 @@ from typing import Any
 
 from ckptprof import activity
 from ckptprof.integrations.health import BEFORE_SAVE, AfterResume, StepClock
-from ckptprof.integrations.lifetime import GoodputSoFar, Lifetime
+from ckptprof.integrations.lifetime import GoodputSoFar, Lifetime, job_identity
 from ckptprof.memory import MemoryWatch
 from ckptprof.phases import AFTER_RESUME_SPAN, Attr, Phase
 from ckptprof.tracing.export import Telemetry, setup_telemetry
@@ -103,6 +103,9 @@ class TracingSession:
         self.steps = StepClock()  # step times: before a save, and after a resume
         self.after_resume: AfterResume | None = None
         self.lifetime = Lifetime()  # this process's steps and life, for goodput
+        #: the job's checkpoint folder, as the adapter knows it (its identity for goodput)
+        self.checkpoint_dir: Callable[[], str | None] = lambda: None
+        self._job: str | None = None
         self._goodput: GoodputSoFar | None = None  # computed after a resume, then logged
 
     # ------------------------------------------------------------------ lifecycle
@@ -123,6 +126,18 @@ class TracingSession:
             run_id = self.telemetry.run_id
         self.tracer = CheckpointTracer(provider, framework=self.framework, run_id=run_id)
 
+    def job(self) -> str | None:
+        """This job's identity across its restarts (:func:`job_identity`); the checkpoint
+        folder is kept once known (the adapter may have let go of the trainer at close)."""
+        if self._job is None:
+            try:
+                folder = self.checkpoint_dir()
+            except Exception as exc:  # noqa: BLE001 - a guest: no identity, not a failure
+                self.warn_once("job", exc)
+                folder = None
+            self._job = job_identity(folder) if folder else None
+        return self._job or job_identity(None)
+
     def close(self) -> None:
         """End open operations, flush and stop exporting; a later :meth:`start` begins anew."""
         self._report_after_resume()  # the job ended before all the steps were timed
@@ -138,7 +153,7 @@ class TracingSession:
             self._goodput = None
         if self.tracer is not None:
             try:
-                self.lifetime.emit(self.tracer, self.rank)
+                self.lifetime.emit(self.tracer, self.rank, job=self.job())
             except Exception as exc:  # noqa: BLE001
                 self.warn_once("lifetime", exc)
         self.lifetime = Lifetime()
@@ -172,6 +187,7 @@ class TracingSession:
         """Start a ``ckpt.restore``; linked to the interrupted run when a record says so."""
         try:
             self.start()
+            self.job()  # the adapter knows its checkpoint folder now: kept for the close
             if self.restore_op is not None and not self.restore_op.finished:
                 self.restore_op.finish()
             links, extra = [], {}
@@ -340,6 +356,7 @@ class TracingSession:
     def begin_save(self, attributes: dict[str, Any]) -> Operation | None:
         try:
             self.start()
+            self.job()
             recent = self.steps.median()
             if recent is not None:  # the pace the resume will be compared with
                 attributes = {**attributes, Attr.SAVE_STEP_MEDIAN_S: round(recent, 6)}
@@ -360,7 +377,7 @@ class TracingSession:
             self.last_save = op.finish(error)
             self.lifetime.blocked(op.start_ns, op.start_ns + int(self.last_save.wall_s * 1e9))
             if self.tracer is not None:  # the life so far: a process killed later keeps it
-                self.lifetime.emit(self.tracer, self.rank, final=False)
+                self.lifetime.emit(self.tracer, self.rank, final=False, job=self.job())
             if error is None:
                 self._send_metrics(self.last_save, op.attributes.get(Attr.STEP))
             return self.last_save

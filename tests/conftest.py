@@ -291,3 +291,62 @@ def s3_env(monkeypatch, seaweed, tmp_path):
         return dict(os.environ)
 
     return configure
+
+
+def traced_job(
+    traces: Path, checkpoint_dir: Path, processes: int = 2, steps: int = 6, notice: bool = False
+) -> None:
+    """A job restarted ``processes - 1`` times, in this process: each life is a real
+    TracingSession (the lifetime, save and restore code every adapter runs) that trains
+    ``steps`` steps, saves once halfway (a real file into ``checkpoint_dir``) and closes;
+    each after the first resumes from the last save. With ``notice``, the first life gets
+    a Spot notice before its last step: a real InterruptionGuard saves at that step
+    boundary, and the next life's restore tells the story (its start is the restart).
+    Its ``ckpt.run`` spans are what ``report --goodput`` reads."""
+    import time
+    from unittest import mock
+
+    from ckptprof.integrations.session import TracingSession
+    from ckptprof.interrupt import guard as guards
+    from ckptprof.interrupt.notice import Notice
+    from ckptprof.phases import Attr
+
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    records = checkpoint_dir.parent / f"{checkpoint_dir.name}-records"
+    saved, resumed = None, 0
+    for life in range(processes):
+        session = TracingSession("test", trace_dir=traces, rank=0)
+        session.checkpoint_dir = lambda: str(checkpoint_dir)
+        session.start()
+
+        def save(session=session, step_of=lambda: session.lifetime.last_step):
+            nonlocal saved, resumed
+            saved, resumed = checkpoint_dir / f"step-{step_of()}.pt", step_of()
+            with session.saving({Attr.PATH: str(saved), Attr.STEP: resumed}):
+                saved.write_bytes(b"\0" * 4096)
+            return str(saved)
+
+        guard = None
+        if notice:
+            guard = guards.InterruptionGuard(session, lambda: str(records), save, sources=[])
+            session.interruptions = guard.start()
+        first = resumed
+        if saved is not None:
+            with mock.patch.object(guards, "process_start_ns", time.time_ns):  # a new process
+                session.begin_restore({Attr.PATH: str(saved), Attr.RESTORED_STEP: resumed})
+            saved.read_bytes()
+            session.first_step_done(first + 1, announce=False)
+        for step in range(first + 1, first + steps + 1):
+            time.sleep(0.01)
+            session.step_ended(step)
+            if step == first + steps // 2:
+                save()
+            if guard is not None and life == 0 and step == first + steps - 1:
+                now = time.time_ns()
+                guard.watcher.inject(Notice("simulated", now, now + 30 * 10**9, True))
+            if guard is not None:
+                guard.step_end(step)
+        if guard is not None:
+            guard.close()
+            session.interruptions = None
+        session.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckptprof.tracing.times import span_ns
-from tests.conftest import children, run_cli, spans_in
+from tests.conftest import children, read_spans, run_cli, spans_in
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_resume.py"
 GAP_S = 1.5  # the test's own downtime between a process's exit and the next one's start
@@ -208,3 +208,94 @@ def test_a_process_killed_without_closing_keeps_its_life_to_its_last_save(tmp_pa
     assert first["end_ns"] < second["start_ns"]
     assert second["resumed_from"] == first["last_step"] and first["lost_steps"] == 0
     assert report["downtimes_s"][0] > 0
+
+
+def _edit_spans(path: Path, edit) -> None:
+    """Rewrite a trace file with ``edit(span)`` applied to every span (in place)."""
+    spans = [json.loads(line) for line in path.read_text().splitlines() if line]
+    for span in spans:
+        edit(span)
+    path.write_text("".join(json.dumps(s) + "\n" for s in spans))
+
+
+def test_two_jobs_are_two_goodputs_never_one_with_downtime_between(tmp_path, capsys):
+    """Two jobs traced into one folder (the default ./ckptprof-traces of two jobs started
+    from one place) are told apart by the job each process names (its checkpoint
+    folder); traces written without one are told apart by their folders."""
+    from ckptprof.cli import main
+    from tests.conftest import traced_job
+
+    traces = tmp_path / "traces"
+    traced_job(traces, tmp_path / "job-a")
+    traced_job(traces, tmp_path / "job-b")
+    assert main(["report", "--goodput", str(traces), "--format", "json"]) == 0
+    jobs = json.loads(capsys.readouterr().out)["jobs"]
+    assert [j["job"] for j in jobs] == [str(tmp_path / "job-a"), str(tmp_path / "job-b")]
+    for job in jobs:
+        assert len(job["lifetimes"]) == 2 and job["lifetimes"][1]["resumed_from"] == 3
+        assert sum(job["total"].values()) == pytest.approx(
+            sum(lt["wall_s"] for lt in job["lifetimes"]) + sum(job["downtimes_s"])
+        )
+    assert main(["report", "--goodput", str(traces)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("goodput of job ") == 2 and "(2 process(es))" in text
+    # older traces name no job: each folder is one
+    for name in ("job-a", "job-b"):
+        (tmp_path / name / "traces").mkdir()
+    for file in traces.glob("*.jsonl"):
+        job = Path(read_spans(file)[-1]["attributes"]["ckpt.run.job"]).name
+        moved = tmp_path / job / "traces" / file.name
+        file.rename(moved)
+        _edit_spans(moved, lambda s: (s.get("attributes") or {}).pop("ckpt.run.job", None))
+    folders = [str(tmp_path / n / "traces") for n in ("job-a", "job-b")]
+    assert main(["report", "--goodput", *folders, "--format", "json"]) == 0
+    jobs = json.loads(capsys.readouterr().out)["jobs"]
+    assert [j["job"] for j in jobs] == folders
+    # a picture shows one job: refused up front, naming both
+    plot = tmp_path / "g.png"
+    assert main(["report", "--goodput", *folders, "--plot", str(plot)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "2 jobs" in line and folders[0] in line and folders[1] in line
+    assert not plot.exists()
+
+
+@pytest.mark.parametrize(
+    "clock",
+    ["run ends before it starts", "save ends before it starts", "steps beyond life", "overlap"],
+)
+def test_impossible_clocks_are_named_with_their_file_never_negative(clock, tmp_path, capsys):
+    """Spans whose clocks cannot be gave "-6.15 s" and shares of 395.1% and -304.4%:
+    now the file is named in one line."""
+    from ckptprof.cli import main
+    from tests.conftest import traced_job
+
+    traces = tmp_path / "traces"
+    traced_job(traces, tmp_path / "ckpt")
+    first, second = sorted(traces.glob("*.jsonl"), key=lambda f: read_spans(f)[0]["start_time"])
+    broken = first
+
+    def swap(span):
+        span["start_time"], span["end_time"] = span["end_time"], span["start_time"]
+
+    def edit(span):
+        attrs = span["attributes"]
+        if clock == "run ends before it starts" and span["name"] == "ckpt.run":
+            swap(span)
+        elif clock == "save ends before it starts" and span["name"] == "ckpt.save":
+            swap(span)
+            attrs["ckpt.wall_s"] = -attrs["ckpt.wall_s"]
+        elif clock == "steps beyond life" and span["name"] == "ckpt.run":
+            attrs["ckpt.run.step_s"] = 60.0
+        elif clock == "overlap" and span["name"] == "ckpt.run":  # ends 5 s after the next starts
+            end = span_ns(span["end_time"]) // 1000 + 5_000_000
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(end // 1_000_000))
+            span["end_time"] = f"{stamp}.{end % 1_000_000:06d}Z"
+
+    _edit_spans(broken, edit)
+    assert main(["report", "--goodput", str(traces)]) == 2
+    out, err = capsys.readouterr()
+    (line,) = err.strip().splitlines()
+    assert str(broken) in line and "impossible clocks" in line, line
+    if clock == "overlap":  # both processes are named
+        assert str(second) in line and "starts 5." in line
+    assert out == ""  # no table of negative seconds or shares beyond 100%

@@ -1016,6 +1016,28 @@ def test_a_gate_that_compared_nothing_fails_naming_each_sides_settings(tmp_path,
     assert main(["compare", str(base), str(new)]) == 0
 
 
+def test_a_gate_given_only_the_base_fails_once_saying_so(tmp_path, capsys):
+    """`compare base/results.json --fail-if-slower 10%` (an empty $NEW in CI) said "gate:
+    nothing slower" and exited 0; a failure's line was printed twice (stdout and stderr);
+    `--fail-if-slower 10` said "at most 1" without the 10% it meant."""
+    from ckptprof.cli import main
+
+    base = write_results(tmp_path / "base", results_doc())
+    assert main(["compare", str(base), "--fail-if-slower", "10%"]) == 1
+    out, err = capsys.readouterr()
+    (line,) = err.strip().splitlines()
+    assert "the gate compared nothing" in line and "only the base" in line and str(base) in line
+    assert "nothing slower" not in out and "compared nothing" not in out  # said once
+    assert "gate: FAILED" in out
+    assert main(["compare", str(base)]) == 0  # no gate: the table alone
+    with pytest.raises(SystemExit) as stopped:
+        main(["compare", str(base), str(base), "--fail-if-slower", "10"])
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--fail-if-slower" in line and "write 10%" in line
+    assert main(["compare", str(base), str(base), "--fail-if-slower", "1"]) == 0  # a share
+
+
 def test_compare_says_when_the_sources_restored_different_checkpoints(tmp_path, capsys):
     from ckptprof.cli import main
 

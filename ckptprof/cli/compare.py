@@ -33,11 +33,25 @@ examples:
 
 
 def percent(text: str) -> float:
-    """``10%`` or ``0.1`` → 0.1."""
+    """``10%`` or ``0.1`` → 0.1; a bare number above 1 that is a percentage (``10``) is
+    refused with the ``10%`` it likely meant."""
     value = text.strip()
     scale = 100 if value.endswith("%") else 1
     parse = real(schema.number(minimum=0, maximum=100 if scale == 100 else 1))
-    return parse(value.removesuffix("%")) / scale
+    try:
+        return parse(value.removesuffix("%")) / scale
+    except argparse.ArgumentTypeError as exc:
+        if scale == 1 and _is_percentage(value):
+            raise argparse.ArgumentTypeError(f"{exc}; for a percentage write {value}%") from None
+        raise
+
+
+def _is_percentage(text: str) -> bool:
+    """A bare number above 1 and at most 100: a share cannot be that, a percentage can."""
+    try:
+        return schema.number(above=1, maximum=100)(float(text)) is None
+    except ValueError:
+        return False
 
 
 percent.kind = "percent"  # type: ignore[attr-defined]

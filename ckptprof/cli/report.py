@@ -114,6 +114,48 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+#: each option's value when not given (library callers may pass fewer)
+OPTION_DEFAULTS = {"by": "phase", "format": "table", "plot": None, "html": None,
+                   "interruptions": False, "goodput": False, "price_per_hour": None,
+                   "mtbi": None}  # fmt: skip
+
+#: per view (None: the restore/save report), the options it cannot honour and why:
+#: refused up front, never ignored
+UNHONOURED: dict[str | None, dict[str, str]] = {
+    None: {
+        "price_per_hour": "prices the buckets of --goodput (restores are priced at "
+        "$CKPTPROF_COST_PER_HOUR); add --goodput or leave it out",
+    },
+    "goodput": {
+        "by": "chooses the restore/save report's rows, not the goodput table's; leave it out",
+        "mtbi": "gives the checkpoint interval in the restore/save report; report without "
+        "--goodput for it",
+        "interruptions": "is another view; give one (the --html page shows both)",
+    },
+    "interruptions": {
+        "by": "chooses the rows of the restore/save report, not of the stories; leave it out",
+        "mtbi": "gives the checkpoint interval in the restore/save report; report without "
+        "--interruptions for it",
+        "plot": "has no picture of the stories; --html FILE puts them beside the charts",
+        "price_per_hour": "prices the buckets of --goodput; the stories are priced at the "
+        "rate their job recorded",
+    },
+}
+
+
+def refuse_unhonoured(args: argparse.Namespace) -> None:
+    """One line, before any work, for an option the chosen view would not honour (one
+    left at its default asks nothing of it)."""
+    from ckptprof.errors import CkptprofError
+
+    view = "goodput" if args.goodput else "interruptions" if args.interruptions else None
+    for dest, why in UNHONOURED[view].items():
+        if getattr(args, dest) != OPTION_DEFAULTS[dest]:
+            flag = "--" + dest.replace("_", "-")
+            shown = f"report --{view}" if view else "report"
+            raise CkptprofError(f"{shown}: {flag} {why}.")
+
+
 def print_report(
     paths: list[str],
     plot: str | None = None,
@@ -144,68 +186,99 @@ def print_report(
 
 
 def _write_html(paths: list[str], report, sources: list[str], target: str):
-    from ckptprof.report.goodput import build_goodput
+    from ckptprof.report.goodput import build_goodputs, read_job_spans
     from ckptprof.report.html import write_html
     from ckptprof.report.interruptions import build_stories
-    from ckptprof.report.load import read_trace_spans
     from ckptprof.report.timeline import representative, timelines
 
-    spans = read_trace_spans(paths, beside_results=True)
+    spans = read_job_spans(paths, beside_results=True)
     stories = build_stories(spans)
-    goodput = build_goodput(spans)  # a job's processes, when their traces are here
+    goodputs = build_goodputs(spans)  # a job's processes, when their traces are here
+    if len(goodputs) > 1:
+        print(f"ckptprof: warning: the page leaves out the goodput: {_jobs(goodputs)}; "
+              "`report --goodput` shows each", file=sys.stderr)  # fmt: skip
+    goodput = goodputs[0] if len(goodputs) == 1 else None
     line = representative(timelines(spans))
     return write_html(report, target, line, stories, sources, goodput, paths)
 
 
+def _jobs(goodputs) -> str:
+    return f"these traces hold {len(goodputs)} jobs ({'; '.join(g.job or '?' for g in goodputs)})"
+
+
+def _write_page(args: argparse.Namespace) -> None:
+    """``--html`` beside another view: the whole page (it has that view's section)."""
+    from ckptprof.report import aggregate, load
+
+    data = load(args.paths)
+    written = _write_html(args.paths, aggregate(data), data.sources, args.html)
+    print(f"ckptprof: HTML report written to {written}", file=sys.stderr)
+
+
 def run_goodput(args: argparse.Namespace) -> int:
-    """``--goodput``: the job's wall time across its processes, as a table (or JSON)."""
+    """``--goodput``: each job's wall time across its processes, as a table (or JSON)."""
     import json
 
     from ckptprof.errors import CkptprofError
-    from ckptprof.report.goodput import build_goodput, goodput_json, render_goodput
-    from ckptprof.report.load import read_trace_spans
+    from ckptprof.report.goodput import build_goodputs, goodput_json, read_job_spans, render_goodput
 
-    goodput = build_goodput(read_trace_spans(args.paths), args.price_per_hour)
-    if goodput is None:
+    goodputs = build_goodputs(read_job_spans(args.paths), args.price_per_hour)
+    if not goodputs:
         raise CkptprofError(
             f"{', '.join(args.paths)}: no ckpt.run spans (one per process of a job): trace "
             "the job with a ckptprof callback (CkptProf, CkptProfCallback), then report on "
             "every process's trace files together."
         )
+    pictured = [f"--{d}" for d in ("plot", "html") if getattr(args, d)]
+    if len(goodputs) > 1 and pictured:
+        raise CkptprofError(
+            f"{' and '.join(pictured)}: a picture of one job's goodput, and {_jobs(goodputs)}; "
+            "report on one job's trace files (the table shows each)."
+        )
+    if args.html:
+        _write_page(args)
     if args.format == "json":
-        sys.stdout.write(json.dumps(goodput_json(goodput), indent=2) + "\n")
+        docs = [goodput_json(g) for g in goodputs]
+        sys.stdout.write(json.dumps(docs[0] if len(docs) == 1 else {"jobs": docs}, indent=2))
+        sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_goodput(goodput))
+        sys.stdout.write("\n".join(render_goodput(g) for g in goodputs))
     if args.plot:
         from ckptprof.report.plot import goodput_figure, save_figure
 
+        [goodput] = goodputs
         written = save_figure(lambda: goodput_figure(goodput), args.plot, "--plot")
         print(f"ckptprof: plot written to {written}", file=sys.stderr)
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry for ``ckptprof report``: the table (or JSON) on stdout, warnings on stderr."""
-    if getattr(args, "goodput", False):
-        return run_goodput(args)
-    if getattr(args, "interruptions", False):
-        from ckptprof.report.interruptions import (
-            build_stories,
-            render_stories,
-            render_stories_json,
-        )
-        from ckptprof.report.load import read_trace_spans
+def run_interruptions(args: argparse.Namespace) -> int:
+    """``--interruptions``: each interruption's story, as text (or JSON)."""
+    from ckptprof.report.interruptions import build_stories, render_stories, render_stories_json
+    from ckptprof.report.load import read_trace_spans
 
-        stories = build_stories(read_trace_spans(args.paths))
-        render = render_stories_json if args.format == "json" else render_stories
-        sys.stdout.write(render(stories))
-        return 0
+    # a results folder's stories are in the traces beside its results.json
+    stories = build_stories(read_trace_spans(args.paths, beside_results=True))
+    render = render_stories_json if args.format == "json" else render_stories
+    text = render(stories)  # none to tell: one line, before any file is written
+    if args.html:
+        _write_page(args)
+    sys.stdout.write(text)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry for ``ckptprof report``: the table (or JSON) on stdout, warnings on stderr.
+    A caller's ``args`` may leave out options: they take their defaults."""
+    for dest, default in OPTION_DEFAULTS.items():
+        if not hasattr(args, dest):
+            setattr(args, dest, default)
+    refuse_unhonoured(args)
+    if args.goodput:
+        return run_goodput(args)
+    if args.interruptions:
+        return run_interruptions(args)
     print_report(
-        args.paths,
-        plot=getattr(args, "plot", None),
-        by=getattr(args, "by", "phase"),
-        fmt=getattr(args, "format", "table"),
-        html=getattr(args, "html", None),
-        mtbi_s=getattr(args, "mtbi", None),
+        args.paths, plot=args.plot, by=args.by, fmt=args.format, html=args.html, mtbi_s=args.mtbi
     )
     return 0

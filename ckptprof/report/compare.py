@@ -201,6 +201,10 @@ class Comparison:
         """One line saying why the gate could not judge, or None when it did."""
         if self.limit is None:
             return None
+        if len(self.sources) < 2:
+            return (f"the gate compared nothing: only the base ({self.sources[0]}) was given "
+                    "(an empty variable in the command line?); name the runs to judge after "
+                    "it.")  # fmt: skip
         missing = self.unjudged_sources()
         if not missing:
             return None
@@ -738,9 +742,8 @@ def _verdict_lines(c: Comparison) -> list[str]:
         lines.append(
             f"not judged (fewer than {MIN_REPEATS} repeats on a side): " + "; ".join(unjudged)
         )
-    failure = c.gate_failure()
-    if failure:
-        lines.append(f"gate: FAILED: {failure}")
+    if c.gate_failure():
+        lines.append("gate: FAILED: it could not judge (the error line says why)")
     elif not c.regressions:
         lines.append(f"gate: nothing slower than the base by more than {percent(c.limit)}")
     return lines

@@ -19,14 +19,22 @@ restores inside them) beside its ``ckpt.restore`` and ``ckpt.save`` spans. Per p
 Between processes, downtime: the old process's end to the new one's start. The buckets
 of every process plus the downtimes are the job's wall time; goodput is the productive
 share.
+
+The processes of one job are those whose ``ckpt.run`` names the same job (its checkpoint
+folder or run id; else the folder of the trace file): several jobs are several tables,
+never one job with the gaps between them as downtime. A span whose clocks cannot be (it
+ends before it starts, a process's buckets exceed its life, two processes of one job at
+once) is named with its file: no bucket is negative and no share above 100%.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptprof.errors import CkptprofError
 from ckptprof.phases import (
     RESTORE_PHASES,
     RESTORE_SPAN,
@@ -58,6 +66,12 @@ LABELS = {
     "downtime": "downtime",
     "other": "other (start-up, eval, idle)",
 }
+#: where :func:`read_job_spans` notes the trace file a span came from (to name it)
+SOURCE = "ckptprof.source"
+#: how far a process's buckets may exceed its life (clock rounding) before it is refused
+OVERRUN_S, OVERRUN_SHARE = 0.1, 0.01
+#: how long two processes of one job may overlap (an exit still flushing) before refusal
+OVERLAP_S = 1.0
 
 
 @dataclass
@@ -75,6 +89,7 @@ class Lifetime:
     buckets: dict[str, float] = field(default_factory=dict)
     restore_phases: dict[str, float] = field(default_factory=dict)
     lost_steps: int = 0
+    overrun_s: float = 0.0  # its buckets beyond its wall time (within the rounding allowed)
 
     @property
     def wall_s(self) -> float:
@@ -87,6 +102,7 @@ class Goodput:
     downtimes_s: list[float]  # between process i and i+1
     total: dict[str, float]  # the job's seconds per bucket
     price_per_hour: float | None = None
+    job: str | None = None  # the job's identity (its checkpoint folder, run id or trace folder)
 
     @property
     def wall_s(self) -> float:
@@ -119,15 +135,58 @@ def _children(spans: Sequence[dict], root: dict) -> dict[str, dict]:
     return {s["name"]: s for s in spans if s.get("parent_id") == span_id}
 
 
+def read_job_spans(paths: Iterable[str | os.PathLike], beside_results: bool = False) -> list[dict]:
+    """Every span of the trace files the PATHs name, each noting its file (``SOURCE``),
+    and each ``ckpt.run`` its job: its own ``ckpt.run.job``, else its file's folder."""
+    from ckptprof.report.load import read_json_lines, trace_files
+
+    spans = []
+    for path in trace_files(paths, beside_results):
+        folder = os.path.abspath(path.parent)
+        for span in read_json_lines(path).docs:
+            span[SOURCE] = str(path)
+            if span["name"] == RUN_SPAN:
+                if not isinstance(span.get("attributes"), dict):
+                    span["attributes"] = {}
+                span["attributes"].setdefault(Attr.RUN_JOB, folder)
+            spans.append(span)
+    return spans
+
+
+def jobs_of(spans: Sequence[dict]) -> list[str]:
+    """The jobs whose processes left a ``ckpt.run`` here, the earliest started first."""
+    first: dict[str, int] = {}
+    for run in _latest_runs(spans):
+        job = str(_attr(run, Attr.RUN_JOB) or "")
+        first[job] = min(first.get(job, _bounds(run)[0]), _bounds(run)[0])
+    return sorted(first, key=first.__getitem__)
+
+
+def build_goodputs(spans: Sequence[dict], price_per_hour: float | None = None) -> list[Goodput]:
+    """One :class:`Goodput` per job (see :func:`jobs_of`); empty without ``ckpt.run``.
+
+    Raises:
+        CkptprofError: a span's clocks are impossible (named with its file).
+    """
+    goodputs = (build_goodput(spans, price_per_hour, job=job) for job in jobs_of(spans))
+    return [g for g in goodputs if g is not None]
+
+
 def build_goodput(
     spans: Sequence[dict],
     price_per_hour: float | None = None,
     resuming: tuple[int, int] | None = None,
+    job: str | None = None,
 ) -> Goodput | None:
-    """The job's goodput from every span read (rank 0's processes); None without any
-    ``ckpt.run`` span. ``resuming``: (start ns, restored step) of a process resuming now,
-    whose own spans are not written yet: the downtime and lost work before it count."""
-    runs = sorted(_latest_runs(spans), key=lambda s: _bounds(s)[0])
+    """The job's goodput from every span read (rank 0's processes; with ``job``, that
+    job's alone); None without any ``ckpt.run`` span. ``resuming``: (start ns, restored
+    step) of a process resuming now, whose own spans are not written yet: the downtime
+    and lost work before it count.
+
+    Raises:
+        CkptprofError: a span's clocks are impossible (named with its file).
+    """
+    runs = sorted(_latest_runs(spans, job), key=lambda s: _bounds(s)[0])
     if not runs:
         return None
     lifetimes = [_lifetime(run, spans) for run in runs]
@@ -135,8 +194,16 @@ def build_goodput(
     if resuming is not None:
         nexts.append(resuming)
     downtimes = []
-    for before, (start_ns, resumed) in zip(lifetimes, nexts, strict=False):
-        downtimes.append(max(0.0, (start_ns - before.end_ns) / 1e9))
+    for index, (before, (start_ns, resumed)) in enumerate(zip(lifetimes, nexts, strict=False)):
+        overlap_s = (before.end_ns - start_ns) / 1e9
+        if overlap_s > OVERLAP_S and index + 1 < len(runs):
+            earlier = runs[index].get(SOURCE) or f"pid {before.pid}"
+            raise _impossible(
+                runs[index + 1],
+                f"it starts {overlap_s:.2f} s before the process before it in the same job "
+                f"ends ({earlier}): a job's processes follow one another",
+            )
+        downtimes.append(max(0.0, -overlap_s))
         if resumed is not None and before.last_step is not None and before.last_step > resumed:
             before.lost_steps = before.last_step - resumed
             pace = before.step_median_s or 0.0
@@ -145,15 +212,42 @@ def build_goodput(
             before.buckets["productive"] -= lost
     total = {b: sum(lt.buckets.get(b, 0.0) for lt in lifetimes) for b in BUCKETS}
     total["downtime"] = sum(downtimes)
-    return Goodput(lifetimes, downtimes, total, price_per_hour)
+    return Goodput(lifetimes, downtimes, total, price_per_hour, job)
 
 
-def _latest_runs(spans: Sequence[dict]) -> list[dict]:
-    """Rank 0's ``ckpt.run`` per process: its final one, else the latest written at a save
-    (a process killed without closing ends there as far as the traces know)."""
+def _impossible(span: dict, what: str) -> CkptprofError:
+    """The one line naming a span whose clocks cannot be, and its file."""
+    where = span.get(SOURCE) or "the traces"
+    pid = _attr(span, Attr.RUN_PID) or _resource(span, "process.pid")
+    return CkptprofError(
+        f"{where}: impossible clocks in its {span.get('name')} span"
+        + (f" (pid {pid})" if pid else "")
+        + f": {what}; --goodput cannot split that time: leave this file out (or fix the "
+        "host's clock) and report again"
+    )
+
+
+def _checked_bounds(span: dict) -> tuple[int, int]:
+    start, end = _bounds(span)
+    if start <= 0 or end <= 0:
+        raise _impossible(span, "no valid start_time or end_time")
+    if end < start:
+        raise _impossible(span, f"it ends {(start - end) / 1e9:.2f} s before it starts")
+    wall = _attr(span, Attr.WALL_S)
+    if isinstance(wall, (int, float)) and wall < 0:
+        raise _impossible(span, f"its {Attr.WALL_S} is {wall}")
+    return start, end
+
+
+def _latest_runs(spans: Sequence[dict], job: str | None = None) -> list[dict]:
+    """Rank 0's ``ckpt.run`` per process (of ``job`` when given): its final one, else the
+    latest written at a save (a process killed without closing ends there as far as the
+    traces know)."""
     best: dict[tuple, dict] = {}
     for span in spans:
         if span["name"] != RUN_SPAN or _attr(span, Attr.RANK, 0) != 0:
+            continue
+        if job is not None and str(_attr(span, Attr.RUN_JOB) or "") != job:
             continue
         start, end = _bounds(span)
         key = (_resource(span, "host.name"), _attr(span, Attr.RUN_PID), start)
@@ -164,7 +258,7 @@ def _latest_runs(spans: Sequence[dict]) -> list[dict]:
 
 
 def _lifetime(run: dict, spans: Sequence[dict]) -> Lifetime:
-    start, end = _bounds(run)
+    start, end = _checked_bounds(run)
     pid = _attr(run, Attr.RUN_PID) or _resource(run, "process.pid")
     host = _resource(run, "host.name") or ""
 
@@ -179,6 +273,8 @@ def _lifetime(run: dict, spans: Sequence[dict]) -> Lifetime:
         s for s in spans
         if s["name"] == SAVE_SPAN and inside(s) and not _attr(s, Attr.SAVE_BACKGROUND)
     ]  # fmt: skip
+    for span in restores + saves:
+        _checked_bounds(span)
     phases: dict[str, float] = {}
     first_step = 0.0
     restore = 0.0
@@ -214,13 +310,22 @@ def _lifetime(run: dict, spans: Sequence[dict]) -> Lifetime:
         "background_slowdown": slowdown,
         "lost_work": 0.0,
     }
+    for name, value in (("step", steps_s), ("background step", bg_s)):
+        if value < 0:
+            raise _impossible(run, f"its {name} seconds are {value}")
     wall = (end - start) / 1e9
-    buckets["other"] = wall - sum(buckets.values())  # what ckptprof did not see: said
+    seen = sum(buckets.values())
+    overrun = seen - wall
+    if overrun > max(OVERRUN_S, OVERRUN_SHARE * wall):
+        raise _impossible(
+            run, f"its steps, saves and restores take {seen:.2f} s of a {wall:.2f} s life"
+        )
+    buckets["other"] = max(0.0, wall - seen)  # what ckptprof did not see: said
     return Lifetime(
         pid=pid, host=host, start_ns=start, end_ns=end,
         first_step=_attr(run, Attr.RUN_FIRST_STEP), last_step=_attr(run, Attr.RUN_LAST_STEP),
         resumed_from=resumed_from, step_median_s=median, buckets=buckets,
-        restore_phases=phases,
+        restore_phases=phases, overrun_s=max(0.0, overrun),
     )  # fmt: skip
 
 
@@ -250,8 +355,11 @@ def render_goodput(g: Goodput) -> str:
             [first] + [str(c).rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
         )
 
+    job = f"job {g.job} ({len(g.lifetimes)} process(es))" if g.job else (
+        f"a job of {len(g.lifetimes)} process(es)"
+    )  # fmt: skip
     out = [
-        f"goodput of a job of {len(g.lifetimes)} process(es), {g.wall_s:.2f} s of wall time "
+        f"goodput of {job}, {g.wall_s:.2f} s of wall time "
         f"(seconds; downtime in the column of the process it follows):",
         line(headers),
         *[line(r) for r in rows],
@@ -269,7 +377,7 @@ def render_goodput(g: Goodput) -> str:
             parts = ", ".join(f"{k} {v:.2f}" for k, v in lt.restore_phases.items())
             facts.append(f"restore by phase: {parts}")
         out.append(f"  process {i + 1}: " + "; ".join(f for f in facts if f))
-    if any(lt.buckets["other"] < -0.01 for lt in g.lifetimes):
+    if any(lt.overrun_s > 0.01 for lt in g.lifetimes):
         out.append("  note: a process's buckets exceed its wall time (clocks of its spans overlap)")
     if g.price_per_hour:
         lost = g.wall_s - g.total["productive"]
@@ -284,6 +392,7 @@ def goodput_json(g: Goodput) -> dict:
     import dataclasses
 
     return {
+        "job": g.job,
         "wall_s": g.wall_s,
         "goodput": g.goodput,
         "total": g.total,
@@ -294,4 +403,14 @@ def goodput_json(g: Goodput) -> dict:
     }
 
 
-__all__ = ["BUCKETS", "Goodput", "Lifetime", "build_goodput", "goodput_json", "render_goodput"]
+__all__ = [
+    "BUCKETS",
+    "Goodput",
+    "Lifetime",
+    "build_goodput",
+    "build_goodputs",
+    "goodput_json",
+    "jobs_of",
+    "read_job_spans",
+    "render_goodput",
+]

@@ -581,16 +581,22 @@ def _read_save(path: Path) -> list[TraceOperation]:
 
 
 # --------------------------------------------------------------------- entry
-def read_trace_spans(
-    paths: Iterable[str | os.PathLike], beside_results: bool = False
-) -> list[dict[str, Any]]:
-    """Every span (as a dict) of the trace files the PATHs name; with ``beside_results``
-    also the traces under a results directory (the same runs, span by span: timelines)."""
+def trace_files(paths: Iterable[str | os.PathLike], beside_results: bool = False) -> list[Path]:
+    """The trace files the PATHs name, each once; with ``beside_results`` also the traces
+    under a results directory (the same runs, span by span: timelines)."""
     results, _, trace_paths = _discover(list(paths))
     if beside_results:
         for found in results:
             trace_paths += sorted(p for p in found.parent.rglob(f"*{TRACE_SUFFIX}") if p.is_file())
-    return [span for path in _unique(trace_paths) for span in read_json_lines(path).docs]
+    return _unique(trace_paths)
+
+
+def read_trace_spans(
+    paths: Iterable[str | os.PathLike], beside_results: bool = False
+) -> list[dict[str, Any]]:
+    """Every span (as a dict) of the trace files the PATHs name (see :func:`trace_files`)."""
+    return [span for path in trace_files(paths, beside_results)
+            for span in read_json_lines(path).docs]  # fmt: skip
 
 
 def load(paths: Iterable[str | os.PathLike]) -> ReportData:
