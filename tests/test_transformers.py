@@ -31,6 +31,7 @@ from tests.conftest import (
     sigterm_when,
     spans_in,
 )
+from tests.test_export import collector, received_spans
 
 pytestmark = pytest.mark.slow  # real training jobs
 
@@ -546,9 +547,18 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     command = [sys.executable, str(EXAMPLE), *flags, "--phase", "train", "--steps", "1000"]
     checkpoints = tmp_path / "checkpoints"
     ready = folder_record_path(checkpoints / "checkpoint-5")
-    returncode, stderr = sigterm_when(command, ready)
+    with collector() as (endpoint, received):  # a real OTLP/HTTP receiver
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
+        returncode, stderr = sigterm_when(command, ready, env=env)
     assert returncode == -signal.SIGTERM, stderr[-3000:]  # the default action, chained
     assert "emergency save saved" in stderr
+    # the story left for the collector before the signal was handed on: the notice, the
+    # emergency save and the adapter's save under it
+    sent = {span.name: span for span in received_spans(received)}
+    assert {"ckpt.interruption", "ckpt.notice", "ckpt.emergency_save", "ckpt.save"} <= set(sent)
+    emergency_saves = [span for span in received_spans(received) if span.name == "ckpt.save"
+                       and span.parent_span_id == sent["ckpt.emergency_save"].span_id]  # fmt: skip
+    assert len(emergency_saves) == 1
     record = json.loads(interruption_record_path(checkpoints).read_text())
     assert record["outcome"] == "saved" and record["source"] == "sigterm"
     saved = checkpoints / f"checkpoint-{record['checkpoint_step']}"

@@ -10,8 +10,9 @@ guard does the rest:
   at once (from a helper thread: a signal handler only sets a flag). At the next step
   boundary the adapter's save runs under ``ckpt.emergency_save`` (its ``ckpt.save`` is a
   child), the record gets the outcome (``saved``, ``missed_deadline``, ``failed``) and
-  the margin to the deadline, spans are flushed, and the signal is handed on to the
-  handler ckptprof replaced (for the default action: the process ends as it would have).
+  the margin to the deadline, spans are flushed (to the collector too, within a share of
+  the grace left), and the signal is handed on to the handler ckptprof replaced (for the
+  default action: the process ends as it would have).
 * resumed process: the restore reads the record, links to the notice span, and at the
   first step records ``ckpt.interruption.downtime_s`` (notice → this process started),
   ``…recovery_s`` (notice → first step), ``…steps_lost`` and the cost at
@@ -183,11 +184,24 @@ class InterruptionGuard:
             self._write()
             self._root.set_attributes(as_attributes(self.record))
             self._root.end()
-            if self.inst.telemetry is not None:
-                self.inst.telemetry.flush()
+            self._flush(ending=self.watcher.signum is not None)
         except Exception as exc:  # noqa: BLE001
             self.inst.warn_once("interruption", exc)
         return True
+
+    def _flush(self, ending: bool) -> None:
+        """The story's spans out; when the process ends next (``ending``), to the collector
+        too, within a share of the notice's remaining grace."""
+        telemetry = self.inst.telemetry
+        if telemetry is None:
+            return
+        if not ending:
+            telemetry.flush()
+            return
+        from ckptprof.tracing.export import exit_flush_budget_s
+
+        notice = self.watcher.notice
+        telemetry.flush_before_exit(exit_flush_budget_s(notice and notice.seconds_left))
 
     @property
     def notice(self) -> Notice | None:
@@ -361,8 +375,10 @@ class InterruptionGuard:
                 span.end(end_time=record.save_end_ns)
                 root.set_attributes(attrs)
                 root.end()
-                if self.inst.telemetry is not None:
-                    self.inst.telemetry.flush()
+                ending = self.watcher.signum is not None or (
+                    notice is not None and notice.deadline_ns is not None and self.stop_training
+                )
+                self._flush(ending=bool(ending))
                 margin = record.margin_s
                 log.warning(
                     "ckptprof: emergency save %s at step %d%s",
