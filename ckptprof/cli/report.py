@@ -154,26 +154,38 @@ def run_goodput(args: argparse.Namespace) -> int:
     import json
 
     from ckptprof.errors import CkptprofError
+    from ckptprof.report.cut_short import cut_short_json
     from ckptprof.report.goodput import build_goodput, goodput_json, render_goodput
-    from ckptprof.report.load import read_trace_spans
+    from ckptprof.report.load import cut_short_from_spans, read_trace_spans
 
-    goodput = build_goodput(read_trace_spans(args.paths), args.price_per_hour)
+    spans = read_trace_spans(args.paths)
+    goodput = build_goodput(spans, args.price_per_hour)
     if goodput is None:
         raise CkptprofError(
             f"{', '.join(args.paths)}: no ckpt.run spans (one per process of a job): trace "
             "the job with a ckptprof callback (CkptProf, CkptProfCallback), then report on "
             "every process's trace files together."
         )
+    cuts = cut_short_from_spans(spans)
     if args.format == "json":
-        sys.stdout.write(json.dumps(goodput_json(goodput), indent=2) + "\n")
+        doc = {**goodput_json(goodput), "cut_short": cut_short_json(cuts)}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        sys.stdout.write(render_goodput(goodput))
+        sys.stdout.write(render_goodput(goodput) + _cut_short_block(cuts))
     if args.plot:
         from ckptprof.report.plot import goodput_figure, save_figure
 
         written = save_figure(lambda: goodput_figure(goodput), args.plot, "--plot")
         print(f"ckptprof: plot written to {written}", file=sys.stderr)
     return 0
+
+
+def _cut_short_block(cuts) -> str:
+    """The saves and restores cut short, after a blank line (nothing when none)."""
+    from ckptprof.report.cut_short import cut_short_lines
+
+    lines = cut_short_lines(cuts)
+    return "\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -186,11 +198,18 @@ def run(args: argparse.Namespace) -> int:
             render_stories,
             render_stories_json,
         )
-        from ckptprof.report.load import read_trace_spans
+        from ckptprof.report.load import cut_short_from_spans, read_trace_spans
 
-        stories = build_stories(read_trace_spans(args.paths))
-        render = render_stories_json if args.format == "json" else render_stories
-        sys.stdout.write(render(stories))
+        spans = read_trace_spans(args.paths)
+        stories = build_stories(spans)
+        if args.format == "json":
+            sys.stdout.write(render_stories_json(stories))
+        else:
+            cut = _cut_short_block(cut_short_from_spans(spans))
+            if stories or not cut:  # none of either: render_stories says what to do
+                sys.stdout.write(render_stories(stories) + cut)
+            else:
+                sys.stdout.write(cut.lstrip("\n"))
         return 0
     print_report(
         args.paths,

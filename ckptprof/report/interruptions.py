@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ckptprof.errors import CkptprofError
-from ckptprof.phases import INTERRUPTION_SPAN, NAMESPACE, RESTORE_SPAN, Attr, Phase
+from ckptprof.phases import INTERRUPTION_SPAN, NAMESPACE, PROGRESS_SPAN, RESTORE_SPAN, Attr, Phase
 from ckptprof.tracing.times import span_ns
 
 
@@ -130,6 +130,7 @@ def _story(root, spans, restore) -> Story:
             for s in spans
             if s.get("parent_id") == restore["context"]["span_id"]
             and s["name"].startswith(NAMESPACE)
+            and s["name"] != PROGRESS_SPAN
         ]
         if phases:
             top = max(phases, key=lambda s: (s.get("attributes") or {}).get(Attr.BUSY_S, 0))
