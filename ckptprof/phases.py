@@ -242,6 +242,7 @@ class Attr:
     INTERRUPTION_CHECKPOINT_STEP = "ckpt.interruption.checkpoint_step"  # the step it saved
     INTERRUPTION_MARGIN_S = "ckpt.interruption.margin_s"  # save end → deadline (< 0: late)
     INTERRUPTION_DOWNTIME_S = "ckpt.interruption.downtime_s"  # notice → this process started
+    INTERRUPTION_STARTUP_S = "ckpt.interruption.startup_s"  # process started → restore began
     INTERRUPTION_RECOVERY_S = "ckpt.interruption.recovery_s"  # notice → first step done
     INTERRUPTION_RESTORED_STEP = "ckpt.interruption.restored_step"
     INTERRUPTION_STEPS_LOST = "ckpt.interruption.steps_lost"
