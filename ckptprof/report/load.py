@@ -411,12 +411,7 @@ def cut_short_from_spans(spans: Iterable[Mapping[str, Any]], source: str = "") -
     """The operations whose in-progress records are here and whose root span is not: each
     as its latest record tells it (a trace without its root is read for what it holds)."""
     spans = list(spans)
-    written = {
-        (str(ctx.get("trace_id")), str(ctx.get("span_id")))
-        for span in spans
-        if span.get("name") in _ROOT_KINDS
-        for ctx in [span.get("context") or {}]
-    }
+    written = {_span_key(span) for span in spans if span.get("name") in _ROOT_KINDS}
     latest: dict[tuple[str, str], Mapping[str, Any]] = {}
     stalled: set[tuple[str, str]] = set()
     for span in spans:
@@ -433,6 +428,11 @@ def cut_short_from_spans(spans: Iterable[Mapping[str, Any]], source: str = "") -
         if kept is None or elapsed >= (_num(kept["attributes"].get(Attr.PROGRESS_ELAPSED_S)) or 0):
             latest[key] = span
     return [_cut_short(key, span, key in stalled, source) for key, span in latest.items()]
+
+
+def _span_key(span: Mapping[str, Any]) -> tuple[str, str]:
+    ctx = span.get("context") or {}
+    return str(ctx.get("trace_id")), str(ctx.get("span_id"))
 
 
 def _cut_short(key, span: Mapping[str, Any], stalled: bool, source: str) -> CutShort:
