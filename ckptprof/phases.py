@@ -67,6 +67,9 @@ RUN_SPAN = "ckpt.run"
 STALL_EVENT = "ckpt.stall"
 #: an event on rank 0's open operation: another rank still inside a phase the rest left
 STRAGGLER_EVENT = "ckpt.straggler"
+#: an open save's or restore's in-progress record, a child of its root (which a process
+#: killed mid-operation never writes): what the report shows as cut short
+PROGRESS_SPAN = "ckpt.progress"
 
 
 def _phase_value(phase: str | Phase) -> str:
@@ -187,6 +190,17 @@ class Attr:
     STRAGGLER_RANK = "ckpt.straggler.rank"  # the rank the rest of the job waits on
     STRAGGLER_PHASE = "ckpt.straggler.phase"  # the phase it is still in
 
+    # ---- an open operation's in-progress record (``ckpt.progress``, with its root's keys)
+    PROGRESS_OF = "ckpt.progress.of"  # restore | save
+    PROGRESS_REASON = "ckpt.progress.reason"  # phase (one began or ended), stall, bytes
+    PROGRESS_ELAPSED_S = "ckpt.progress.elapsed_s"  # since the operation began
+    PROGRESS_OPEN_PHASE = "ckpt.progress.open_phase"  # the latest begun of those open now
+    PROGRESS_PHASES = "ckpt.progress.phases"  # the phases begun so far, in order
+    PROGRESS_PHASE_BUSY_S = "ckpt.progress.phase_busy_s"  # their busy seconds so far
+    PROGRESS_BYTES = "ckpt.progress.bytes"  # moved so far
+    PROGRESS_IN_FLIGHT = "ckpt.progress.in_flight"  # storage requests in flight now
+    PROGRESS_WAITING_ON = "ckpt.progress.waiting_on"  # the oldest of them: its file or object
+
     # ---- a process of the job (``ckpt.run``: the goodput report's input)
     RUN_PID = "ckpt.run.pid"
     RUN_STEPS = "ckpt.run.steps"  # steps timed (from the first step end seen)
@@ -227,6 +241,7 @@ class Attr:
     INTERRUPTION_CHECKPOINT_STEP = "ckpt.interruption.checkpoint_step"  # the step it saved
     INTERRUPTION_MARGIN_S = "ckpt.interruption.margin_s"  # save end → deadline (< 0: late)
     INTERRUPTION_DOWNTIME_S = "ckpt.interruption.downtime_s"  # notice → this process started
+    INTERRUPTION_STARTUP_S = "ckpt.interruption.startup_s"  # process started → restore began
     INTERRUPTION_RECOVERY_S = "ckpt.interruption.recovery_s"  # notice → first step done
     INTERRUPTION_RESTORED_STEP = "ckpt.interruption.restored_step"
     INTERRUPTION_STEPS_LOST = "ckpt.interruption.steps_lost"

@@ -19,27 +19,8 @@ import statistics
 import threading
 import time
 
+from ckptprof.interrupt.guard import process_start_ns
 from ckptprof.phases import RUN_SPAN, Attr
-
-
-def process_start_ns() -> int:
-    """When the OS started this process (the restart's first sign of life): its start
-    in clock ticks since boot (``/proc/self/stat``) against the boot-time clock now, so
-    no rounding of the boot time (psutil's whole seconds) gets in."""
-    try:
-        with open("/proc/self/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-        since_boot_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
-        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot_s
-        return time.time_ns() - int(age_s * 1e9)
-    except (OSError, ValueError, IndexError, AttributeError):
-        pass
-    try:
-        import psutil
-
-        return int(psutil.Process().create_time() * 1e9)
-    except Exception:  # noqa: BLE001 - no process table: the adapter's own start
-        return time.time_ns()
 
 
 def job_identity(checkpoint_dir: str | None) -> str | None:

@@ -90,8 +90,12 @@ def spans_in(directory: Path) -> list[dict]:
 
 
 def children(spans: list[dict], root: dict) -> dict[str, dict]:
-    """The phase spans of ``root``, by name."""
-    return {s["name"]: s for s in spans if s["parent_id"] == root["context"]["span_id"]}
+    """The phase spans of ``root``, by name (its in-progress records are no phase)."""
+    return {
+        s["name"]: s
+        for s in spans
+        if s["parent_id"] == root["context"]["span_id"] and s["name"] != "ckpt.progress"
+    }
 
 
 def sigterm_when(command: list[str], ready: Path, **popen) -> tuple[int, str]:

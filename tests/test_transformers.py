@@ -31,6 +31,7 @@ from tests.conftest import (
     sigterm_when,
     spans_in,
 )
+from tests.test_export import collector, received_spans
 
 pytestmark = pytest.mark.slow  # real training jobs
 
@@ -546,9 +547,18 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     command = [sys.executable, str(EXAMPLE), *flags, "--phase", "train", "--steps", "1000"]
     checkpoints = tmp_path / "checkpoints"
     ready = folder_record_path(checkpoints / "checkpoint-5")
-    returncode, stderr = sigterm_when(command, ready)
+    with collector() as (endpoint, received):  # a real OTLP/HTTP receiver
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
+        returncode, stderr = sigterm_when(command, ready, env=env)
     assert returncode == -signal.SIGTERM, stderr[-3000:]  # the default action, chained
     assert "emergency save saved" in stderr
+    # the story left for the collector before the signal was handed on: the notice, the
+    # emergency save and the adapter's save under it
+    sent = {span.name: span for span in received_spans(received)}
+    assert {"ckpt.interruption", "ckpt.notice", "ckpt.emergency_save", "ckpt.save"} <= set(sent)
+    emergency_saves = [span for span in received_spans(received) if span.name == "ckpt.save"
+                       and span.parent_span_id == sent["ckpt.emergency_save"].span_id]  # fmt: skip
+    assert len(emergency_saves) == 1
     record = json.loads(interruption_record_path(checkpoints).read_text())
     assert record["outcome"] == "saved" and record["source"] == "sigterm"
     saved = checkpoints / f"checkpoint-{record['checkpoint_step']}"
@@ -557,7 +567,8 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     assert ours_in(checkpoints) == []
     assert 0 < record["margin_s"] <= 30
 
-    resume = run_example(tmp_path, "--interruptions", "--phase", "resume", "--steps", "1000")
+    until = str(record["checkpoint_step"] + 10)  # a few steps past the resume
+    resume = run_example(tmp_path, "--interruptions", "--phase", "resume", "--steps", until)
     assert resume.returncode == 0, resume.stderr[-3000:]
     spans = spans_in(tmp_path / "traces")
     story, restore = linked_story(spans)
@@ -588,6 +599,26 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     )
     assert report.returncode == 0, report.stderr
     assert "steps lost: 0" in report.stdout and "sigterm" in report.stdout
+    # one story, one set of numbers: the downtime the story tells is the goodput's, and
+    # recovery is named to the second: the wind-down to the killed process's end, the
+    # downtime, the new process's start-up, the RTO
+    from ckptprof.report.goodput import build_goodput
+    from ckptprof.report.interruptions import build_stories
+    from ckptprof.report.load import read_trace_spans
+
+    read = read_trace_spans([tmp_path / "traces"])
+    (told,) = build_stories(read)
+    assert build_goodput(read).downtimes_s == [told.downtime_s]
+    assert told.startup_s == attrs["ckpt.interruption.startup_s"] > 0
+    wind_down = told.recovery.wind_down_s
+    assert 0 < wind_down < 30  # the emergency save, within the grace
+    parts = wind_down + told.downtime_s + told.startup_s + told.rto_s
+    assert parts == pytest.approx(told.recovery_s, abs=0.02)  # to the rounding of each
+    assert told.downtime_s + wind_down == pytest.approx(downtime, abs=0.02)  # as recorded
+    assert f"  start-up: {told.startup_s:.3f} s (the new process started" in report.stdout
+    assert (f"from the notice to the first step done = wind-down {wind_down:.3f} s + downtime "
+            f"{told.downtime_s:.3f} s + start-up {told.startup_s:.3f} s + RTO "
+            f"{told.rto_s:.3f} s") in report.stdout  # fmt: skip
 
 
 def test_save_cut_short_by_the_deadline_leaves_the_previous_checkpoint_in_use(tmp_path, caplog):

@@ -121,6 +121,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+def _cut_short_text(paths: list[str], labels: list[str] | None) -> str:
+    """Each PATH's saves and restores cut short (not compared: they never ended)."""
+    from ckptprof.report.cut_short import cut_short_lines
+    from ckptprof.report.load import cut_short_from_spans, read_trace_spans
+
+    blocks = []
+    for n, path in enumerate(paths):
+        lines = cut_short_lines(cut_short_from_spans(read_trace_spans([path])))
+        if lines:
+            label = labels[n] if labels else path
+            blocks.append("\n".join([f"{label}: {lines[0]}", *lines[1:]]))
+    return "".join(f"\n{block}\n" for block in blocks)
+
+
 def run(args: argparse.Namespace) -> int:
     from ckptprof.errors import CkptprofError
     from ckptprof.report.compare import compare, render_json, render_text
@@ -135,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
         args.by or "auto",
     )  # fmt: skip
     sys.stdout.write(render_json(result) if args.format == "json" else render_text(result))
+    if args.format != "json":
+        sys.stdout.write(_cut_short_text(args.paths, args.label))
     if args.plot:
         from ckptprof.report.plot import compare_figure, save_figure
 

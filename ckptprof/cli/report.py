@@ -220,9 +220,12 @@ def run_goodput(args: argparse.Namespace) -> int:
     import json
 
     from ckptprof.errors import CkptprofError
+    from ckptprof.report.cut_short import cut_short_json
     from ckptprof.report.goodput import build_goodputs, goodput_json, read_job_spans, render_goodput
+    from ckptprof.report.load import cut_short_from_spans
 
-    goodputs = build_goodputs(read_job_spans(args.paths), args.price_per_hour)
+    spans = read_job_spans(args.paths)
+    goodputs = build_goodputs(spans, args.price_per_hour)
     if not goodputs:
         raise CkptprofError(
             f"{', '.join(args.paths)}: no ckpt.run spans (one per process of a job): trace "
@@ -237,12 +240,14 @@ def run_goodput(args: argparse.Namespace) -> int:
         )
     if args.html:
         _write_page(args)
+    cuts = cut_short_from_spans(spans)
     if args.format == "json":
         docs = [goodput_json(g) for g in goodputs]
-        sys.stdout.write(json.dumps(docs[0] if len(docs) == 1 else {"jobs": docs}, indent=2))
+        doc = docs[0] if len(docs) == 1 else {"jobs": docs}
+        sys.stdout.write(json.dumps({**doc, "cut_short": cut_short_json(cuts)}, indent=2))
         sys.stdout.write("\n")
     else:
-        sys.stdout.write("\n".join(render_goodput(g) for g in goodputs))
+        sys.stdout.write("\n".join(render_goodput(g) for g in goodputs) + _cut_short_block(cuts))
     if args.plot:
         from ckptprof.report.plot import goodput_figure, save_figure
 
@@ -252,15 +257,29 @@ def run_goodput(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cut_short_block(cuts) -> str:
+    """The saves and restores cut short, after a blank line (nothing when none)."""
+    from ckptprof.report.cut_short import cut_short_lines
+
+    lines = cut_short_lines(cuts)
+    return "\n" + "\n".join(lines) + "\n" if lines else ""
+
+
 def run_interruptions(args: argparse.Namespace) -> int:
-    """``--interruptions``: each interruption's story, as text (or JSON)."""
+    """``--interruptions``: each interruption's story, as text (or JSON), and the
+    operations cut short."""
     from ckptprof.report.interruptions import build_stories, render_stories, render_stories_json
-    from ckptprof.report.load import read_trace_spans
+    from ckptprof.report.load import cut_short_from_spans, read_trace_spans
 
     # a results folder's stories are in the traces beside its results.json
-    stories = build_stories(read_trace_spans(args.paths, beside_results=True))
-    render = render_stories_json if args.format == "json" else render_stories
-    text = render(stories)  # none to tell: one line, before any file is written
+    spans = read_trace_spans(args.paths, beside_results=True)
+    stories = build_stories(spans)
+    if args.format == "json":
+        text = render_stories_json(stories)
+    else:
+        cut = _cut_short_block(cut_short_from_spans(spans))
+        # none of either: render_stories says what to do (one line, before any file)
+        text = render_stories(stories) + cut if stories or not cut else cut.lstrip("\n")
     if args.html:
         _write_page(args)
     sys.stdout.write(text)

@@ -10,11 +10,13 @@ guard does the rest:
   at once (from a helper thread: a signal handler only sets a flag). At the next step
   boundary the adapter's save runs under ``ckpt.emergency_save`` (its ``ckpt.save`` is a
   child), the record gets the outcome (``saved``, ``missed_deadline``, ``failed``) and
-  the margin to the deadline, spans are flushed, and the signal is handed on to the
-  handler ckptprof replaced (for the default action: the process ends as it would have).
+  the margin to the deadline, spans are flushed (to the collector too, within a share of
+  the grace left), and the signal is handed on to the handler ckptprof replaced (for the
+  default action: the process ends as it would have).
 * resumed process: the restore reads the record, links to the notice span, and at the
   first step records ``ckpt.interruption.downtime_s`` (notice → this process started),
-  ``…recovery_s`` (notice → first step), ``…steps_lost`` and the cost at
+  ``…startup_s`` (this process started → its restore began), ``…recovery_s`` (notice →
+  first step: the two and the RTO), ``…steps_lost`` and the cost at
   ``$CKPTPROF_COST_PER_HOUR`` (default :data:`ckptprof.cost.DEFAULT_COST_PER_HOUR`).
 """
 
@@ -70,22 +72,24 @@ class GuardHost(Protocol):
 
 
 def process_start_ns() -> int:
-    """When this process started (the end of the downtime), to ~10 ms.
-
-    From ``/proc/self/stat`` (start in clock ticks after boot) against ``/proc/uptime``;
-    psutil's ``create_time`` rounds the boot time to whole seconds.
-    """
+    """When the OS started this process (the end of a downtime, the start of its life in
+    the goodput report): its start in clock ticks since boot (``/proc/self/stat``) against
+    the boot-time clock now, so no rounding of the boot time (psutil's whole seconds) gets
+    in; the one definition every view uses."""
     try:
-        with open("/proc/self/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        with open("/proc/uptime") as handle:
-            uptime = float(handle.read().split()[0])
-        started_after_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")
-        return int((time.time() - (uptime - started_after_boot)) * 1e9)
-    except (OSError, ValueError, IndexError):
+        with open("/proc/self/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        since_boot_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot_s
+        return time.time_ns() - int(age_s * 1e9)
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    try:
         import psutil
 
         return int(psutil.Process().create_time() * 1e9)
+    except Exception:  # noqa: BLE001 - no process table: the adapter's own start
+        return time.time_ns()
 
 
 class InterruptionGuard:
@@ -183,11 +187,24 @@ class InterruptionGuard:
             self._write()
             self._root.set_attributes(as_attributes(self.record))
             self._root.end()
-            if self.inst.telemetry is not None:
-                self.inst.telemetry.flush()
+            self._flush(ending=self.watcher.signum is not None)
         except Exception as exc:  # noqa: BLE001
             self.inst.warn_once("interruption", exc)
         return True
+
+    def _flush(self, ending: bool) -> None:
+        """The story's spans out; when the process ends next (``ending``), to the collector
+        too, within a share of the notice's remaining grace."""
+        telemetry = self.inst.telemetry
+        if telemetry is None:
+            return
+        if not ending:
+            telemetry.flush()
+            return
+        from ckptprof.tracing.export import exit_flush_budget_s
+
+        notice = self.watcher.notice
+        telemetry.flush_before_exit(exit_flush_budget_s(notice and notice.seconds_left))
 
     @property
     def notice(self) -> Notice | None:
@@ -361,8 +378,10 @@ class InterruptionGuard:
                 span.end(end_time=record.save_end_ns)
                 root.set_attributes(attrs)
                 root.end()
-                if self.inst.telemetry is not None:
-                    self.inst.telemetry.flush()
+                ending = self.watcher.signum is not None or (
+                    notice is not None and notice.deadline_ns is not None and self.stop_training
+                )
+                self._flush(ending=bool(ending))
                 margin = record.margin_s
                 log.warning(
                     "ckptprof: emergency save %s at step %d%s",
@@ -415,12 +434,14 @@ class InterruptionGuard:
             return
         try:
             now = time.time_ns()
-            downtime_s = ((self._restart_ns or process_start_ns()) - record.notice_ns) / 1e9
+            started = self._restart_ns or process_start_ns()
+            downtime_s = (started - record.notice_ns) / 1e9
             rto_s = (now - op.start_ns) / 1e9
             lost = max(0, (record.last_step or record.step) - restored_step)
             rate = self.cost_per_hour
             op.set_attributes(
                 {
+                    Attr.INTERRUPTION_STARTUP_S: round(max(0, op.start_ns - started) / 1e9, 3),
                     Attr.INTERRUPTION_RECOVERY_S: round((now - record.notice_ns) / 1e9, 3),
                     Attr.INTERRUPTION_STEPS_LOST: lost,
                     Attr.INTERRUPTION_RESTORED_STEP: restored_step,

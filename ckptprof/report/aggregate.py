@@ -506,4 +506,5 @@ def aggregate(data: ReportData, mtbi_s: float | None = None) -> Report:
         warnings=list(data.warnings),
         save_restore=pairs,
         intervals=intervals(pairs, data.operations, mtbi_s) if mtbi_s else [],
+        cut_short=list(data.cut_short),
     )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckptprof.phases import Phase, fused_phases
-from ckptprof.report.load import Ceiling
+from ckptprof.report.load import Ceiling, CutShort
 
 if TYPE_CHECKING:
     from ckptprof.report.checkpoint_cost import CheckpointInterval, SaveRestore
@@ -242,3 +242,5 @@ class Report:
     save_restore: list[SaveRestore] = field(default_factory=list)
     #: with a mean time between interruptions: each save's Young/Daly interval
     intervals: list[CheckpointInterval] = field(default_factory=list)
+    #: saves and restores the process ended inside (their in-progress records)
+    cut_short: list[CutShort] = field(default_factory=list)

@@ -8,7 +8,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ckptprof.errors import CkptprofError
-from ckptprof.phases import INTERRUPTION_SPAN, NAMESPACE, RESTORE_SPAN, Attr, Phase
+from ckptprof.phases import INTERRUPTION_SPAN, NAMESPACE, PROGRESS_SPAN, RESTORE_SPAN, Attr, Phase
+from ckptprof.report.goodput import build_goodput
+from ckptprof.report.recovery import Recovery, recovery_of
 from ckptprof.tracing.times import span_ns
 
 
@@ -26,7 +28,8 @@ class Story:
     checkpoint_step: int | None = None
     margin_s: float | None = None
     resumed: bool = False
-    downtime_s: float | None = None
+    downtime_s: float | None = None  # report/recovery.py: the one definition
+    startup_s: float | None = None  # the new process's start → its restore began
     rto_s: float | None = None
     largest_phase: str | None = None
     restored_step: int | None = None
@@ -36,6 +39,7 @@ class Story:
     downtime_cost: float | None = None
     restore_cost: float | None = None
     ranks: int = 1
+    recovery: Recovery | None = None  # the parts recovery_s is made of
 
 
 def _attr(span: dict | None, key: str) -> Any:
@@ -46,6 +50,7 @@ def build_stories(spans: list[dict[str, Any]]) -> list[Story]:
     """One story per interruption: the interrupted run's ``ckpt.interruption`` traces
     (one per rank; rank 0's tells it) and the restores that link back (the slowest rank's
     is the job's restore)."""
+    goodput = build_goodput(spans)  # the job's processes: where downtime is measured
     roots = [s for s in spans if s["name"] == INTERRUPTION_SPAN]
     restores = [
         s for s in spans if s["name"] == RESTORE_SPAN and _attr(s, Attr.INTERRUPTION_SOURCE)
@@ -65,7 +70,7 @@ def build_stories(spans: list[dict[str, Any]]) -> list[Story]:
         resumed = [r for g in group for r in linked.get(g["context"]["span_id"], [])]
         paired.update(id(r) for r in resumed)
         slowest = max(resumed, key=_wall, default=None)
-        story = _story(root, spans, slowest)
+        story = _story(root, spans, slowest, goodput)
         story.ranks = max(len(group), len(resumed), 1)
         # rank 0 may have taken another rank's notice ("peer"): the story is where it came
         sources = [_attr(r, Attr.INTERRUPTION_SOURCE) for r in group]
@@ -75,7 +80,7 @@ def build_stories(spans: list[dict[str, Any]]) -> list[Story]:
         stories.append(story)
     for restore in restores:  # resumed, but the interrupted process left no trace here
         if id(restore) not in paired:
-            stories.append(_story(None, spans, restore))
+            stories.append(_story(None, spans, restore, goodput))
     stories.sort(key=lambda s: s.notice_at or "")
     return stories
 
@@ -84,7 +89,7 @@ def _wall(span: dict) -> float:
     return float((span.get("attributes") or {}).get(Attr.WALL_S) or 0.0)
 
 
-def _story(root, spans, restore) -> Story:
+def _story(root, spans, restore, goodput=None) -> Story:
     source_span = root or restore
     story = Story(source=_attr(source_span, Attr.INTERRUPTION_SOURCE) or "?")
     if root is not None:
@@ -117,19 +122,24 @@ def _story(root, spans, restore) -> Story:
             story.outcome = _attr(restore, Attr.INTERRUPTION_OUTCOME)
             story.checkpoint_step = _attr(restore, Attr.INTERRUPTION_CHECKPOINT_STEP)
             story.margin_s = _attr(restore, Attr.INTERRUPTION_MARGIN_S)
-        story.downtime_s = _attr(restore, Attr.INTERRUPTION_DOWNTIME_S)
-        story.rto_s = attrs.get(Attr.WALL_S)
+        notice_ns = span_ns(root.get("start_time")) if root is not None else None
+        parts = recovery_of(attrs, span_ns(restore.get("start_time")), notice_ns, goodput)
+        story.recovery = parts
+        story.downtime_s, story.startup_s = parts.downtime_s, parts.startup_s
+        story.rto_s, story.recovery_s = parts.rto_s, parts.recovery_s
         story.restored_step = _attr(restore, Attr.INTERRUPTION_RESTORED_STEP)
         story.steps_lost = _attr(restore, Attr.INTERRUPTION_STEPS_LOST)
-        story.recovery_s = _attr(restore, Attr.INTERRUPTION_RECOVERY_S)
         story.cost_per_hour = _attr(restore, Attr.INTERRUPTION_COST_PER_HOUR)
         story.downtime_cost = _attr(restore, Attr.INTERRUPTION_DOWNTIME_COST)
+        if story.cost_per_hour is not None and story.downtime_s is not None:  # the one above
+            story.downtime_cost = round(story.downtime_s / 3600 * story.cost_per_hour, 4)
         story.restore_cost = _attr(restore, Attr.INTERRUPTION_RESTORE_COST)
         phases = [
             s
             for s in spans
             if s.get("parent_id") == restore["context"]["span_id"]
             and s["name"].startswith(NAMESPACE)
+            and s["name"] != PROGRESS_SPAN
         ]
         if phases:
             top = max(phases, key=lambda s: (s.get("attributes") or {}).get(Attr.BUSY_S, 0))
@@ -177,14 +187,31 @@ def render_stories(stories: list[Story]) -> str:
             lines.append("  not resumed yet (or the resumed run's traces are not among the PATHs)")
             continue
         restart = "the restore started" if st.source == "simulated" else "the new process started"
-        lines.append(f"  downtime: {_s(st.downtime_s)} (notice → {restart})")
+        wind_down = st.recovery.wind_down_s if st.recovery is not None else None
+        if wind_down is not None:
+            lines.append(
+                f"  downtime: {_s(st.downtime_s)} (the interrupted process's end, "
+                f"{_s(wind_down)} after the notice → {restart})"
+            )
+        else:
+            lines.append(f"  downtime: {_s(st.downtime_s)} (notice → {restart})")
+        if st.startup_s is not None and st.source != "simulated":
+            lines.append(
+                f"  start-up: {_s(st.startup_s)} (the new process started → its restore began: "
+                "imports, the framework's set-up)"
+            )
         largest = f" (largest phase {st.largest_phase})" if st.largest_phase else ""
         slowest = ", slowest rank" if st.ranks > 1 else ""
         lines.append(
             f"  restore: RTO {_s(st.rto_s)}{slowest}{largest}, from step {st.restored_step}"
         )
         lines.append(f"  steps lost: {st.steps_lost} (restored step {st.restored_step})")
-        lines.append(f"  recovery: {_s(st.recovery_s)} from the notice to the first step done")
+        parts = st.recovery.parts() if st.recovery is not None else []
+        known = [f"{name} {_s(value)}" for name, value in parts if value is not None]
+        adds = f" = {' + '.join(known)}" if parts and len(known) == len(parts) else ""
+        lines.append(
+            f"  recovery: {_s(st.recovery_s)} from the notice to the first step done{adds}"
+        )
         if st.cost_per_hour is not None:
             lines.append(
                 f"  cost at ${st.cost_per_hour:.2f}/h: downtime ${st.downtime_cost:.4f}, "

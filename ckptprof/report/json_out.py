@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from ckptprof.report.aggregate import Report
+from ckptprof.report.cut_short import cut_short_json
 
 
 def to_dict(report: Report) -> dict[str, Any]:
@@ -14,6 +15,7 @@ def to_dict(report: Report) -> dict[str, Any]:
     (the phases its one interval stands for), the save/restore ratios and the
     checkpoint intervals' shares are computed fields."""
     out = dataclasses.asdict(report)
+    out["cut_short"] = cut_short_json(report.cut_short)
     breakdowns = [g.breakdown for g in report.groups] + [
         row.breakdown for s in report.sweeps for row in s.rows
     ]

@@ -22,6 +22,7 @@ from ckptprof.phases import (
     AFTER_RESUME_SPAN,
     FILE_SPAN,
     NAMESPACE,
+    PROGRESS_SPAN,
     RESTORE_SPAN,
     SAVE_SPAN,
     Attr,
@@ -71,6 +72,28 @@ class TraceOperation:
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attributes.get(key, default)
+
+
+@dataclass
+class CutShort:
+    """A save or restore whose root span was never written (the process was killed, or
+    is still in it), as its latest in-progress record (``ckpt.progress``) tells it."""
+
+    kind: str
+    trace_id: str
+    span_id: str  # the root's, never written
+    elapsed_s: float
+    open_phase: str | None
+    phases: dict[str, float]  # the phases begun, their busy seconds so far
+    nbytes: int
+    of_bytes: int | None  # what the whole operation moves, where the record says
+    in_flight: int
+    waiting_on: str | None
+    reason: str  # of the latest record: phase, bytes, stall
+    stalled: bool  # any of its records was a stall warning
+    at: datetime | None  # the latest record's time
+    attributes: dict[str, Any]
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -133,6 +156,8 @@ class ReportData:
     results: list[ResultsFile] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: saves and restores whose process ended inside them (their in-progress records)
+    cut_short: list[CutShort] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------- helpers
@@ -372,7 +397,7 @@ def operations_from_spans(
                 status_message=status.get("description"),
                 source=source,
             )
-        elif name.startswith(_PHASE_PREFIX) and name != FILE_SPAN:
+        elif name.startswith(_PHASE_PREFIX) and name not in (FILE_SPAN, PROGRESS_SPAN):
             children.append(span)
     for span in children:
         ctx = span.get("context") or {}
@@ -392,6 +417,60 @@ def operations_from_spans(
                     if k.startswith(AFTER_RESUME_SPAN + ".")
                 )
     return list(roots.values())
+
+
+def cut_short_from_spans(spans: Iterable[Mapping[str, Any]], source: str = "") -> list[CutShort]:
+    """The operations whose in-progress records are here and whose root span is not: each
+    as its latest record tells it (a trace without its root is read for what it holds)."""
+    spans = list(spans)
+    written = {_span_key(span) for span in spans if span.get("name") in _ROOT_KINDS}
+    latest: dict[tuple[str, str], Mapping[str, Any]] = {}
+    stalled: set[tuple[str, str]] = set()
+    for span in spans:
+        if span.get("name") != PROGRESS_SPAN:
+            continue
+        key = (str((span.get("context") or {}).get("trace_id")), str(span.get("parent_id")))
+        if key in written:
+            continue
+        attrs = span.get("attributes") or {}
+        if attrs.get(Attr.PROGRESS_REASON) == "stall":
+            stalled.add(key)
+        kept = latest.get(key)
+        elapsed = _num(attrs.get(Attr.PROGRESS_ELAPSED_S)) or 0.0
+        if kept is None or elapsed >= (_num(kept["attributes"].get(Attr.PROGRESS_ELAPSED_S)) or 0):
+            latest[key] = span
+    return [_cut_short(key, span, key in stalled, source) for key, span in latest.items()]
+
+
+def _span_key(span: Mapping[str, Any]) -> tuple[str, str]:
+    ctx = span.get("context") or {}
+    return str(ctx.get("trace_id")), str(ctx.get("span_id"))
+
+
+def _cut_short(key, span: Mapping[str, Any], stalled: bool, source: str) -> CutShort:
+    attrs = dict(span.get("attributes") or {})
+    names = [str(n) for n in attrs.get(Attr.PROGRESS_PHASES) or []]
+    busy = [_num(b) or 0.0 for b in attrs.get(Attr.PROGRESS_PHASE_BUSY_S) or []]
+    total = _int(attrs.get(Attr.CHECKPOINT_BYTES)) or _int(attrs.get(Attr.STATE_BYTES))
+    waiting = attrs.get(Attr.PROGRESS_WAITING_ON)
+    open_phase = attrs.get(Attr.PROGRESS_OPEN_PHASE)
+    return CutShort(
+        kind=str(attrs.get(Attr.PROGRESS_OF) or "restore"),
+        trace_id=key[0],
+        span_id=key[1],
+        elapsed_s=_num(attrs.get(Attr.PROGRESS_ELAPSED_S)) or 0.0,
+        open_phase=str(open_phase) if open_phase else None,
+        phases=dict(zip(names, busy, strict=False)),
+        nbytes=_int(attrs.get(Attr.PROGRESS_BYTES)) or 0,
+        of_bytes=total,
+        in_flight=_int(attrs.get(Attr.PROGRESS_IN_FLIGHT)) or 0,
+        waiting_on=str(waiting) if waiting else None,
+        reason=str(attrs.get(Attr.PROGRESS_REASON) or ""),
+        stalled=stalled,
+        at=_parse_time(span.get("end_time")),
+        attributes=attrs,
+        source=source,
+    )
 
 
 # --------------------------------------------------------------------- results
@@ -623,11 +702,14 @@ def load(paths: Iterable[str | os.PathLike]) -> ReportData:
             if (op.trace_id, op.span_id) not in seen:
                 seen.add((op.trace_id, op.span_id))
                 data.operations.append(op)
+        data.cut_short += cut_short_from_spans(read.docs, str(path))
         data.sources.append(str(path))
     traced = {op.trace_id.removeprefix("0x") for op in data.operations}
     for path in save_paths:  # the saves whose traces were not read
         data.operations += [op for op in _read_save(path) if op.trace_id not in traced]
         data.sources.append(str(path))
+    # a root written to another file than its records (a process's files are one each)
+    data.cut_short = [c for c in data.cut_short if (c.trace_id, c.span_id) not in seen]
     skipped = skipped_lines_warning(reads)
     if skipped:
         data.warnings.append(skipped)
@@ -638,7 +720,7 @@ def load(paths: Iterable[str | os.PathLike]) -> ReportData:
     data.operations = [
         op for op in data.operations if op.trace_id.removeprefix("0x") not in summarized
     ]
-    if not data.operations and not data.results:
+    if not data.operations and not data.results and not data.cut_short:
         names = ", ".join(str(p) for p in paths)
         raise CkptprofError(
             f"{names}: no ckpt.restore or ckpt.save spans found — was the run traced with "

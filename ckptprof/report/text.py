@@ -20,6 +20,7 @@ from ckptprof.report.aggregate import (
     phase_order,
 )
 from ckptprof.report.breakdown import PhaseRow, SweepRow
+from ckptprof.report.cut_short import cut_short_lines
 from ckptprof.report.hints import Hint
 from ckptprof.report.load import ReportData
 from ckptprof.units import UNITS_NOTE, fmt_bytes, fmt_gbps, fmt_pct, fmt_s, terminal_width
@@ -621,5 +622,7 @@ def render_text(report: Report | ReportData, by: str = "phase") -> str:
         blocks.append(render_save_restore(report.save_restore))
     if report.intervals:
         blocks.append(render_intervals(report.intervals))
+    if report.cut_short:
+        blocks.append(cut_short_lines(report.cut_short))
     blocks.append([UNITS_NOTE])  # said once, for every number above
     return "\n\n".join("\n".join(block) for block in blocks) + "\n"

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptprof.phases import FILE_SPAN, NAMESPACE, RESTORE_SPAN, SAVE_SPAN, Attr
+from ckptprof.phases import FILE_SPAN, NAMESPACE, PROGRESS_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr
 from ckptprof.tracing.times import span_ns
 
 ROOTS = {RESTORE_SPAN: "restore", SAVE_SPAN: "save"}
@@ -142,7 +142,7 @@ def timelines(spans: Iterable[dict[str, Any]]) -> list[Timeline]:
             if name == FILE_SPAN:
                 path = str(attrs.get(Attr.PATH, "file"))
                 line.files.append(Slice(path, s, e, 0, attrs, phase=phase or "file"))
-            elif name.startswith(NAMESPACE):
+            elif name.startswith(NAMESPACE) and name != PROGRESS_SPAN:
                 line.phases.append(Slice(inner, s, e, 0, attrs))
         line.phases.sort(key=lambda p: p.start_ns)
         _pack(line.files)

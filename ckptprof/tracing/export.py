@@ -9,6 +9,7 @@ timeout and a little more, so a collector that never answers is still reported.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -42,6 +43,12 @@ PROVIDER_SHUTDOWN_TIMEOUT_S = 2.0
 # shutdown waits for the collector this much longer than a request may take, so the
 # last batch's failure (and its warning) is seen before the process ends
 NETWORK_FLUSH_MARGIN_S = 2.0
+#: the longest an exit path (the process ends next) waits for spans to leave
+EXIT_FLUSH_MAX_S = 5.0
+#: the share of a notice's remaining grace that flush may take (the rest is the job's)
+EXIT_FLUSH_GRACE_SHARE = 0.25
+#: the least it is given, even past the deadline (a deadline is seldom to the second)
+EXIT_FLUSH_MIN_S = 0.5
 _OTLP_TIMEOUT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 
 
@@ -418,8 +425,46 @@ class Telemetry:
                 "the trace file",
             )
 
+    def flush_before_exit(self, budget_s: float) -> bool:
+        """The process ends next (a signal handed on after an emergency save, the
+        interpreter's exit): send every span recorded so far to the trace file, then to
+        the collector, waiting ``budget_s`` at most in all. One warning when they did not
+        all leave in time; returns whether they did."""
+        targets = [("the trace file", self.file_processor)]
+        if self.network_exporter is not None:
+            targets.append((self.network_exporter.description, self.network_processor))
+        targets = [(name, p) for name, p in targets if p is not None]
+        deadline = time.monotonic() + budget_s
+        pending = [name for name, _ in targets]
+
+        def flush_all() -> None:
+            for name, processor in targets:
+                left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+                if processor.force_flush(left_ms):
+                    pending.remove(name)
+
+        _bounded(flush_all, budget_s)
+        if pending:
+            log.warning(
+                "ckptprof: spans not all sent to %s within %.1f s before the exit; the "
+                "trace file %s holds what was written (replay it: ckptprof export --otlp).",
+                " and ".join(pending),
+                budget_s,
+                self.trace_file,
+            )
+        return not pending
+
+    def _flush_at_exit(self) -> None:
+        self.flush_before_exit(exit_flush_budget_s())
+
+    def watch_exit(self) -> None:
+        """Flush at the interpreter's exit (``sys.exit``, the end of the script), bounded;
+        :meth:`shutdown` takes it back."""
+        atexit.register(self._flush_at_exit)
+
     def shutdown(self) -> None:
         """Flush the trace file, give the collector its request timeout, never hang."""
+        atexit.unregister(self._flush_at_exit)
         if self.file_processor is not None:
             _bounded(self.file_processor.shutdown, FILE_FLUSH_TIMEOUT_S, "the trace file")
         if self.network_processor is not None and self.network_exporter is not None:
@@ -428,8 +473,18 @@ class Telemetry:
                 self.network_exporter.timeout_s + NETWORK_FLUSH_MARGIN_S,
                 self.network_exporter.description,
             )
-        # processors are down: this only unregisters the SDK's exit handler
+        # processors are down: this only marks the provider shut
         _bounded(self.provider.shutdown, PROVIDER_SHUTDOWN_TIMEOUT_S)
+
+
+def exit_flush_budget_s(seconds_left: float | None = None) -> float:
+    """How long the flush before an exit may take: a share of the notice's remaining
+    grace (``seconds_left``; None: no notice), within :data:`EXIT_FLUSH_MIN_S` and
+    :data:`EXIT_FLUSH_MAX_S`."""
+    if seconds_left is None:
+        return EXIT_FLUSH_MAX_S
+    share = max(seconds_left, 0.0) * EXIT_FLUSH_GRACE_SHARE
+    return min(EXIT_FLUSH_MAX_S, max(EXIT_FLUSH_MIN_S, share))
 
 
 def _bounded(fn, timeout_s: float, target: str | None = None) -> None:
@@ -508,8 +563,12 @@ def setup_telemetry(
     run_id = run_id or new_run_id()
     # ckptprof owns this provider: no sampling (OTEL_TRACES_SAMPLER is for the job's own
     # spans), so the trace file always has every operation the report needs
+    # no SDK exit handler: its shutdown waits unbounded and says nothing (watch_exit's)
     provider = TracerProvider(
-        resource=build_resource(service_name), sampler=ALWAYS_ON, id_generator=OsRandomIdGenerator()
+        resource=build_resource(service_name),
+        sampler=ALWAYS_ON,
+        id_generator=OsRandomIdGenerator(),
+        shutdown_on_exit=False,
     )
     if sdk_disabled():  # spans are made (the code paths stay the same) and go nowhere
         return Telemetry(provider, None, run_id)
@@ -529,7 +588,7 @@ def setup_telemetry(
         if network_exporter is not None:
             network_processor = _batch(network_exporter)
             provider.add_span_processor(network_processor)
-    return Telemetry(
+    telemetry = Telemetry(
         provider,
         trace_file,
         run_id,
@@ -538,3 +597,5 @@ def setup_telemetry(
         file_exporter,
         network_exporter,
     )
+    telemetry.watch_exit()
+    return telemetry

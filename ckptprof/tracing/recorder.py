@@ -28,7 +28,15 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from ckptprof.phases import FILE_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr, Phase, span_name
+from ckptprof.phases import (
+    FILE_SPAN,
+    PROGRESS_SPAN,
+    RESTORE_SPAN,
+    SAVE_SPAN,
+    Attr,
+    Phase,
+    span_name,
+)
 
 log = logging.getLogger("ckptprof")
 # Functions that already logged an internal error: one warning per process, not per call.
@@ -193,6 +201,7 @@ class Operation:
         self._lock = threading.Lock()
         self._phases: dict[str, PhaseStats] = {}
         self._open: dict[str, int] = {}  # phases inside a ``phase()`` block now
+        self._opened_ns: dict[str, int] = {}  # when each of them was entered (the first)
         self._attributes: dict[str, AttrValue] = dict(attributes)
         self._start_ns = time.time_ns()
         self._end_ns: int | None = None
@@ -309,6 +318,7 @@ class Operation:
         name = phase.value if isinstance(phase, Phase) else str(phase)
         with self._lock:
             self._open[name] = self._open.get(name, 0) + 1
+            self._opened_ns.setdefault(name, time.time_ns())
         try:
             yield
         finally:
@@ -316,6 +326,7 @@ class Operation:
                 self._open[name] -= 1
                 if not self._open[name]:
                     del self._open[name]
+                    del self._opened_ns[name]
 
     # ----------------------------------------------------------- progress (the watchdog's)
     def open_phases(self) -> list[str]:
@@ -333,6 +344,65 @@ class Operation:
                 sum(s.nbytes for s in self._phases.values()),
                 sum(len(s.files) for s in self._phases.values()),
             )
+
+    def phase_state(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The phases open now and those begun so far: changes when a phase begins or ends
+        (what an in-progress record is written for)."""
+        with self._lock:
+            begun = tuple(n for n, s in self._phases.items() if s.intervals or n in self._open)
+            return tuple(self._open), begun
+
+    @_guest
+    def record_progress(
+        self,
+        reason: str,
+        moved: int = 0,
+        in_flight: list | None = None,
+        extra: Mapping[str, AttrValue] | None = None,
+    ) -> None:
+        """Append an in-progress record: a ``ckpt.progress`` span under the root (which is
+        written only when the operation finishes) with the root's attributes, the phases
+        begun and their busy seconds so far (an open phase's current stretch included),
+        the open phase, the bytes moved (``moved``: the I/O core's count, when larger
+        than the phases'), the requests ``in_flight`` (``activity.InFlight``) and ``extra``
+        (a stall's stacks). A process killed later leaves this much (docs/design.md §2)."""
+        if self._span is None or self.finished:
+            return
+        now = time.time_ns()
+        with self._lock:
+            busy: dict[str, float] = {}
+            starts: dict[str, int] = {}
+            for name, stats in self._phases.items():
+                if stats.intervals:
+                    busy[name], starts[name] = stats.busy_s, stats.start_ns
+            for name, opened in self._opened_ns.items():
+                busy[name] = busy.get(name, 0.0) + (now - opened) / 1e9
+                starts[name] = min(starts.get(name, opened), opened)
+            open_now = list(self._open)
+            nbytes = sum(s.nbytes for s in self._phases.values())
+            attrs = dict(self._attributes)
+        order = sorted(busy, key=starts.__getitem__)
+        attrs.update(
+            {
+                Attr.PROGRESS_OF: self.kind,
+                Attr.PROGRESS_REASON: reason,
+                Attr.PROGRESS_ELAPSED_S: round((now - self._start_ns) / 1e9, 3),
+                Attr.PROGRESS_PHASES: order,
+                Attr.PROGRESS_PHASE_BUSY_S: [round(busy[n], 6) for n in order],
+                Attr.PROGRESS_BYTES: max(int(moved), nbytes),
+                Attr.PROGRESS_IN_FLIGHT: len(in_flight or ()),
+            }
+        )
+        if open_now:
+            attrs[Attr.PROGRESS_OPEN_PHASE] = open_now[-1]
+        if in_flight:
+            attrs[Attr.PROGRESS_WAITING_ON] = str(in_flight[0].where)
+        attrs.update(extra or {})
+        context = trace.set_span_in_context(self._span)
+        span = self._tracer.start_span(
+            PROGRESS_SPAN, context=context, start_time=now, attributes=attrs
+        )
+        span.end(end_time=now)
 
     def bytes_so_far(self) -> int:
         with self._lock:

@@ -7,8 +7,15 @@ beginning or ending, a phase recording bytes or files, the I/O core moving bytes
 file a framework's writer fills growing on disk (:mod:`ckptprof.activity`). When none of
 it happens for ``stall_after`` seconds, one warning names the rank, host, phase, the file
 or object in flight, the bytes so far and how long; the stacks of the process's threads
-go into the log and, as a ``ckpt.stall`` event, onto the open phase's span. The warning
-repeats at doubling intervals while the stall lasts; the operation is never interrupted.
+go into the log and, as a ``ckpt.stall`` event, onto the open phase's span, and into an
+in-progress record. The warning repeats at doubling intervals while the stall lasts; the
+operation is never interrupted.
+
+The same thread appends an operation's in-progress records (``ckpt.progress``, see
+:meth:`~ckptprof.tracing.recorder.Operation.record_progress`) once it has been open
+:data:`PROGRESS_AFTER_S`: at each phase change it sees, every :data:`PROGRESS_EVERY_S`
+while bytes move, and at each stall warning. A process killed mid-operation never writes
+the operation's spans; its records say how far it got.
 
 ``stall_after``: ``$CKPTPROF_STALL_AFTER`` (seconds; ``0`` or ``off`` turns it off), else
 :data:`DEFAULT_STALL_AFTER_S`, unless the caller gives one.
@@ -35,6 +42,10 @@ STALL_ENV = "CKPTPROF_STALL_AFTER"
 #: its own I/O; a framework's torch.load of a large file shows no progress until it ends)
 DEFAULT_STALL_AFTER_S = 120.0
 MAX_STACK_CHARS = 32_000
+#: an operation open this long gets in-progress records (a shorter one has little to lose)
+PROGRESS_AFTER_S = 1.0
+#: while bytes move and no phase changes, an in-progress record this often
+PROGRESS_EVERY_S = 10.0
 
 
 def stall_after_from_env(default: float = DEFAULT_STALL_AFTER_S) -> float | None:
@@ -66,6 +77,10 @@ class _Watch:
     next_after_s: float = 0.0
     moved_at_start: int = 0
     warnings: int = 0
+    started: float = field(default_factory=time.monotonic)
+    recorded_state: tuple = ()  # the phase state of the latest in-progress record
+    recorded_signature: tuple = ()
+    recorded_at: float = 0.0
 
 
 class Watchdog:
@@ -134,6 +149,7 @@ class Watchdog:
     def _check(self, op, watch: _Watch) -> None:
         now = time.monotonic()
         signature = self._signature(op)
+        self._record_progress(op, watch, signature, now)
         if signature != watch.signature:
             watch.signature, watch.changed = signature, now
             watch.next_after_s = watch.stall_after_s
@@ -146,15 +162,33 @@ class Watchdog:
         line = describe(op, idle, activity.moved() - watch.moved_at_start, watch.next_after_s)
         stacks = thread_stacks()
         log.warning("%s\n%s", line, stacks)
-        op.add_stall_event(
-            STALL_EVENT,
-            {
-                Attr.STALL_IDLE_S: round(idle, 3),
-                Attr.STALL_MESSAGE: line.removeprefix("ckptprof: warning: "),
-                Attr.STALL_STACKS: stacks[:MAX_STACK_CHARS],
-                Attr.STALL_WARNING: watch.warnings,
-            },
-        )
+        stall = {
+            Attr.STALL_IDLE_S: round(idle, 3),
+            Attr.STALL_MESSAGE: line.removeprefix("ckptprof: warning: "),
+            Attr.STALL_STACKS: stacks[:MAX_STACK_CHARS],
+            Attr.STALL_WARNING: watch.warnings,
+        }
+        moved, flying = activity.snapshot()
+        op.record_progress("stall", moved - watch.moved_at_start, flying, stall)
+        op.add_stall_event(STALL_EVENT, stall)
+
+    @staticmethod
+    def _record_progress(op, watch: _Watch, signature: tuple, now: float) -> None:
+        """An in-progress record once the operation has been open a while: when a phase
+        began or ended since the last one, or every :data:`PROGRESS_EVERY_S` while bytes
+        move."""
+        if now - watch.started < PROGRESS_AFTER_S:
+            return
+        state = op.phase_state()
+        if state != watch.recorded_state:
+            reason = "phase"
+        elif signature != watch.recorded_signature and now - watch.recorded_at >= PROGRESS_EVERY_S:
+            reason = "bytes"
+        else:
+            return
+        moved, flying = activity.snapshot()
+        op.record_progress(reason, moved - watch.moved_at_start, flying)
+        watch.recorded_state, watch.recorded_signature, watch.recorded_at = state, signature, now
 
 
 def describe(op, idle_s: float, moved: int, next_after_s: float) -> str:
