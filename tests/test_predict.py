@@ -149,7 +149,7 @@ def test_check_predicts_then_measures_and_reports_the_error(tmp_path, capsys):
     """The error printed is the prediction against the runs --check made itself."""
     out = tmp_path / "check"
     code = main(["predict", "--check", str(tmp_path / "storage"), "--cases", "scale",
-                 "--scale", str(TINY_SCALE), "--out", str(out)])  # fmt: skip
+                 "--scale", str(TINY_SCALE), "--repeat", "1", "--out", str(out)])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     table = capsys.readouterr().out
     rows = json.loads((out / "check.json").read_text())
@@ -162,6 +162,10 @@ def test_check_predicts_then_measures_and_reports_the_error(tmp_path, capsys):
     runs = json.loads((out / f"restore-{target}" / "results.json").read_text())["runs"]
     assert rows[0]["measured_s"] == pytest.approx(save)
     assert rows[1]["measured_s"] == pytest.approx(statistics.median(r["wall_s"] for r in runs))
+    assert (
+        len(runs) == 1
+        and len(json.loads((out / f"save-{target}" / "save.json").read_text())["saves"]) == 1
+    )
     for row in rows:
         error = (row["predicted_s"] - row["measured_s"]) / row["measured_s"]
         assert row["error"] == pytest.approx(error)

@@ -114,12 +114,13 @@ KINDS: dict[Callable[[Path], Path], dict[str, bool]] = {
                                              "checkpoint to write", "checkpoint to read")},
     dangling_link: {role: REFUSE for role in ("output folder", "output file", "input",
                                               "checkpoint to write", "checkpoint to read")},
-    fifo: {role: REFUSE for role in ("output folder", "output file", "input",
-                                     "checkpoint to write", "checkpoint to read")},
+    # a FIFO or a device where a file goes is written through (`--html /dev/stdout`)
+    fifo: {"output folder": REFUSE, "output file": USE, "input": REFUSE,
+           "checkpoint to write": REFUSE, "checkpoint to read": REFUSE},
     unix_socket: {role: REFUSE for role in ("output folder", "output file", "input",
                                             "checkpoint to write", "checkpoint to read")},
-    device_node: {role: REFUSE for role in ("output folder", "output file", "input",
-                                            "checkpoint to write", "checkpoint to read")},
+    device_node: {"output folder": REFUSE, "output file": USE, "input": REFUSE,
+                  "checkpoint to write": REFUSE, "checkpoint to read": REFUSE},
 }  # fmt: skip
 ROLES = (opt.OUTPUT_FOLDER, opt.OUTPUT_FILE, opt.INPUT, opt.CHECKPOINT_OUT, opt.CHECKPOINT_IN)
 

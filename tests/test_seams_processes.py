@@ -104,7 +104,7 @@ def test_a_signal_in_each_save_phase_stops_it_cleanly(phase, tmp_path, monkeypat
     signum = list(SIGNALS)[list(SAVE_PHASES).index(phase) % 2]
     dest, out = tmp_path / "ckpt", tmp_path / "out"
     with gate(monkeypatch, phase, 2, lambda: os.kill(os.getpid(), signum)) as seen:
-        code = main(_save(dest, out, "--repeat", "3", *SAVE_FOR[phase]))
+        code = main(_save(dest, out, "--repeat", "2", *SAVE_FOR[phase]))
     err = capsys.readouterr().err
     assert len(seen) == 2, f"{phase.value} was reached in {len(seen)} saves"
     assert code == SIGNALS[signum], err
@@ -126,7 +126,7 @@ def test_a_signal_in_each_restore_phase_stops_it_cleanly(
     ckpt, out = checkpoints("torch"), tmp_path / "out"
     before = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in ckpt.iterdir())
     with gate(monkeypatch, phase, 2, lambda: os.kill(os.getpid(), signum)) as seen:
-        code = main(_restore(ckpt, out, "--repeat", "3", *RESTORE_FOR[phase]))
+        code = main(_restore(ckpt, out, "--repeat", "2", *RESTORE_FOR[phase]))
     err = capsys.readouterr().err
     runs = json.loads((out / "results.json").read_text())["runs"] if code == 0 else []
     modes = [(r.get("first_step"), r.get("first_step_estimate_s")) for r in runs]

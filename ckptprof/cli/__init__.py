@@ -110,7 +110,10 @@ def _interrupted_exit(signum: int) -> int:
 
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or its one-line refusal: already said
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.func(args) or 0)

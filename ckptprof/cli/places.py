@@ -102,7 +102,8 @@ def output_folder_problem(text: str) -> str | None:
 
 
 def output_file_problem(text: str) -> str | None:
-    """A file to write (replaced if there); its folder must exist."""
+    """A file to write (replaced if there; a FIFO or a character device written through,
+    never replaced); its folder must exist."""
     path = Path(text).expanduser()
     found, problem = _stat(path)
     if problem:
@@ -110,6 +111,8 @@ def output_file_problem(text: str) -> str | None:
     if found is not None:
         if stat.S_ISDIR(found.st_mode):
             return f"{path} is a folder; name a file in it"
+        if stat.S_ISFIFO(found.st_mode) or stat.S_ISCHR(found.st_mode):
+            return None  # written through, as `> file` would (a pipe's reader, /dev/null)
         if not stat.S_ISREG(found.st_mode):
             return f"{path} is {_kind(found.st_mode)}, not a file; name a regular file"
     folder = path.absolute().parent

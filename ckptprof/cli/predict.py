@@ -137,6 +137,10 @@ def add_parser(commands) -> None:
     )  # fmt: skip
     check.add_argument("--scale", type=real(ranges.SCALE), default=0.002, help="the base's scale")
     check.add_argument(
+        "--repeat", type=whole(ranges.REPEAT), default=2,
+        help="saves and restores of each measured setting (their medians)",
+    )  # fmt: skip
+    check.add_argument(
         "--out", type=directory, default="ckptprof-predict-check",
         help="where the checks' results go",
     )  # fmt: skip
@@ -166,7 +170,7 @@ def run_check(args) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     with OutputClaim(args.out, "--out"):
-        rows = check(args.check, args.out, args.cases, args.model, args.scale)
+        rows = check(args.check, args.out, args.cases, args.model, args.scale, args.repeat)
     table = render_check(rows)
     from ckptprof.atomic import atomic_write
 
