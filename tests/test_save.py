@@ -9,6 +9,7 @@ import pytest
 
 from ckptprof.manifest import GENERATING_NAME, MANIFEST_NAME
 from tests.conftest import SMALL_SCALE, TINY_SCALE, read_spans, run_cli
+from tests.conftest import children as phase_spans
 from tests.test_bad_input import assert_one_line_error
 from tests.test_full_disk import small_fs
 
@@ -23,13 +24,7 @@ def save_cli(dest, out, *args: str, layout: str = "torch", scale: float = TINY_S
 def save_spans(out) -> list[dict]:
     spans = [s for f in sorted((out / "traces").glob("*.jsonl")) for s in read_spans(f)]
     roots = [s for s in spans if s["name"] == "ckpt.save"]
-    children = {
-        root["context"]["span_id"]: {
-            s["name"]: s for s in spans if s.get("parent_id") == root["context"]["span_id"]
-        }
-        for root in roots
-    }
-    return [(root, children[root["context"]["span_id"]]) for root in roots]
+    return [(root, phase_spans(spans, root)) for root in roots]  # phases, not progress records
 
 
 def restore_full(dest, out, strategies: str = "pipelined", env=None):
