@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckptprof.phases import Phase, fused_phases
-from ckptprof.report.load import Ceiling, CutShort
+from ckptprof.report.load import CutShort, RecordedCeiling
 
 if TYPE_CHECKING:
     from ckptprof.report.checkpoint_cost import CheckpointInterval, SaveRestore
@@ -221,7 +221,7 @@ class Sweep:
     created: str | None
     spec: dict[str, Any]
     environment: dict[str, Any]
-    ceiling: Ceiling | None
+    ceiling: RecordedCeiling | None
     rows: list[SweepRow]
     operations: list[OperationRow]
     options: dict[str, Any] = field(default_factory=dict)

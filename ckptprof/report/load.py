@@ -97,8 +97,9 @@ class CutShort:
 
 
 @dataclass(frozen=True)
-class Ceiling:
-    """The runner's estimate of the best a fetch could do (docs/design.md §9)."""
+class RecordedCeiling:
+    """The runner's estimate of the best a fetch could do (docs/design.md §9), as read
+    back from its results (the measuring side is :class:`ckptprof.synth.ceiling.Ceiling`)."""
 
     read_gbps: float | None
     source: str | None = None
@@ -138,7 +139,7 @@ class ResultsFile:
     created: str | None
     spec: dict[str, Any]
     environment: dict[str, Any]
-    ceiling: Ceiling | None
+    ceiling: RecordedCeiling | None
     runs: list[ResultsRun]
     summary: list[dict[str, Any]]
     options: dict[str, Any] = field(default_factory=dict)
@@ -521,7 +522,7 @@ def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFi
     raw_ceiling = doc.get("ceiling")
     ceiling = None
     if isinstance(raw_ceiling, dict):
-        ceiling = Ceiling(
+        ceiling = RecordedCeiling(
             read_gbps=_num(raw_ceiling.get("read_gbps")),
             source=raw_ceiling.get("source"),
             request_latency_s=_num(raw_ceiling.get("request_latency_s")),
