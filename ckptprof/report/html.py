@@ -22,6 +22,7 @@ from ckptprof.report.aggregate import Report, Sweep, phase_order
 from ckptprof.report.hints import Hint
 from ckptprof.report.interruptions import Story, render_stories
 from ckptprof.report.labels import source_labels
+from ckptprof.report.skew import skew_rows, skew_sentence
 from ckptprof.report.text import (
     ceiling_cell,
     env_highlights,
@@ -222,7 +223,6 @@ def _groups_section(report: Report) -> str:
         b = group.breakdown
         if b is None:
             continue
-        spread = group.ranks
         rows.append(
             [
                 group.kind,
@@ -233,16 +233,26 @@ def _groups_section(report: Report) -> str:
                     " ".join(filter(None, (p.phase, fmt_s(p.busy_s), phase_note(b, p))))
                     for p in b.phases
                 ),
-                "-"
-                if spread is None
-                else f"slowest rank {spread.slowest_rank} {fmt_s(spread.slowest_wall_s)} s",
+                _ranks_cell(group),
             ]
         )
     parts = ["<h2>Traced operations</h2>"]
     parts.append(
         _table(["kind", "configuration", "n", "wall s (min–max)", "phases", "ranks"], rows, 2)
     )
+    for group in report.groups:
+        rows = skew_rows(group.skews)
+        if rows:  # the worst operation's ranks, as the text report lists them
+            parts.append(f"<h3>Rank skew, {_e(_group_label(group))}</h3>")
+            parts.append(f"<pre>{_e(chr(10).join(rows))}</pre>")
     return "".join(parts)
+
+
+def _ranks_cell(group) -> str:
+    """The slowest rank and, where ranks began apart, the skew's sentence."""
+    spread = group.ranks
+    slowest = spread and f"slowest rank {spread.slowest_rank} {fmt_s(spread.slowest_wall_s)} s"
+    return "; ".join(filter(None, (slowest, skew_sentence(group.skews)))) or "-"
 
 
 def _save_restore_section(report: Report) -> str:
