@@ -528,10 +528,16 @@ FRAMEWORKS = {"lightning": Lightning, "transformers": Transformers, "deepspeed":
 
 
 def held_back_before_the_load() -> None:
-    """``CKPTPROF_TEST_LATE_LOAD=RANK:SECONDS``: that rank begins its load that much later
-    than the others (a rank arriving late at a resume, as at scale)."""
+    """``CKPTPROF_TEST_LATE_LOAD=RANK:SECONDS``: the ranks leave a barrier together, then
+    that rank begins its load that much later than the others (a rank arriving late at a
+    resume, as at scale)."""
     rank, _, seconds = os.environ.get("CKPTPROF_TEST_LATE_LOAD", "").partition(":")
-    if rank and int(rank) == int(os.environ.get("RANK", "0")):
+    if not rank:
+        return
+    import torch.distributed as dist
+
+    dist.barrier()  # rank 0 prints its engine's settings after the last collective
+    if int(rank) == dist.get_rank():
         time.sleep(float(seconds))
 
 

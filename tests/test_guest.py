@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -155,7 +156,11 @@ def test_two_processes_behave_identically_and_tag_their_ranks(framework, tmp_pat
     text = run_cli("report", str(traces)).stdout
     assert "slowest rank" in text
     if framework in LATE_LOAD:  # the rank held back is named, from every rank's spans
-        assert "rank 1 began loading 3." in text and "the job waited on rank 1" in text
+        late = re.search(
+            r"rank 1 began loading ([\d.]+) s after rank 0; the job waited on rank 1",
+            " ".join(text.split()),  # as one line, however the terminal wrapped it
+        )
+        assert late and float(late.group(1)) >= 2.5, text
         report = json.loads(run_cli("report", str(traces), "--format", "json").stdout)
         (skew,) = [s for g in report["groups"] if g["kind"] == "restore" for s in g["skews"]]
         assert (skew["first_rank"], skew["last_rank"], skew["waited_on"]) == (0, 1, 1)
