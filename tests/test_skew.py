@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from ckptprof.errors import CkptprofError
 from ckptprof.phases import Attr, Phase
 from ckptprof.report import aggregate, load, render_json, render_text
 from ckptprof.report.html import render_html
@@ -65,8 +66,9 @@ def test_the_rank_that_began_last_is_named_and_the_job_waited_on_it(tmp_path, cl
 
 
 def test_ranks_a_collective_released_together_name_the_one_that_began_last(tmp_path, clock):
-    # no first step: rank 0 waited inside its load for rank 1, both done at 3.5 s
-    trace = job_trace(tmp_path, clock, {0: (0.0, 3.5, 3.5), 1: (3.0, 3.51, 3.51)})
+    # no first step: rank 0 waited inside its load for rank 1, released with it (a hair
+    # after it: the last done is not the one the job waited on)
+    trace = job_trace(tmp_path, clock, {0: (0.0, 3.52, 3.52), 1: (3.0, 3.5, 3.5)})
     (found,) = aggregate(load([trace])).groups[0].skews
     assert (found.last_rank, found.waited_on) == (1, 1)
     # ranks that began together: the one done last, however late its number
@@ -88,3 +90,30 @@ def test_one_rank_has_no_skew(tmp_path, clock):
     report = aggregate(load([job_trace(tmp_path, clock, {0: (0.0, 1.0, 1.0)})]))
     assert report.groups[0].skews == []
     assert "rank skew" not in render_text(report)
+
+
+def test_a_synthetic_jobs_results_tell_each_runs_skew_the_same_way(tmp_path):
+    """``rank_runs`` of a results.json (each rank's start and wall time) go through the
+    same computation: rank 1 began with rank 0 and loaded 1.5 s later; its first step
+    (its own, after its state was in place) is not loading."""
+
+    def run(rank, start, wall, step_s):
+        phases = {"fetch": {"busy_s": wall - step_s}, "first_step": {"busy_s": step_s}}
+        cell = {"repeat": 0, "cache": "cold", "concurrency": 2, "strategy": "window"}
+        return {"rank": rank, "start_s": 1.8e9 + start, "wall_s": wall, "phases": phases, **cell}
+
+    slow = run(1, 0.0, 2.0, 0.2)
+    doc = {"runs": [slow], "rank_runs": [run(0, 0.0, 0.6, 0.3), slow]}
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    report = aggregate(load([tmp_path / "results.json"]))
+    (found,) = report.sweeps[0].skews
+    assert found.label == "window cold c=2 repeat 0"
+    assert (found.last_rank, found.waited_on) == (1, 1)
+    assert found.ready_skew_s == pytest.approx(1.5)
+    assert "the job waited on rank 1 (the last loaded, 1.50 s after the first)" in " ".join(
+        render_text(report).split()
+    )
+    bad = {**doc, "rank_runs": [{**doc["rank_runs"][0], "start_s": "soon"}]}
+    (tmp_path / "results.json").write_text(json.dumps(bad))
+    with pytest.raises(CkptprofError, match="start_s"):
+        load([tmp_path / "results.json"])

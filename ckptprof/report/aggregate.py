@@ -40,7 +40,7 @@ from ckptprof.report.load import (
     ResultsRun,
     TraceOperation,
 )
-from ckptprof.report.skew import skews
+from ckptprof.report.skew import results_skews, skews
 from ckptprof.results_schema import fetch_unbounded, fraction_of_ceiling
 
 # (attribute, short label) that make two operations "the same configuration".
@@ -489,6 +489,7 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
         options=results.options,
         reliability=results.reliability,
         job=results.job,
+        skews=results_skews(results.rank_runs),
     )
     sweep.hints = hint_rules.sweep_hints(sweep)
     sweep.verify_coverage = verify_coverage(

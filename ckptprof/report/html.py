@@ -203,6 +203,7 @@ def _sweep_section(label: str, sweep: Sweep) -> str:
                 left=3,
             )
         )
+    parts.append(_skew_part("Rank skew", sweep.skews))
     env = sweep.environment
     if env:
         parts.append("<h3>Environment</h3>")
@@ -241,11 +242,19 @@ def _groups_section(report: Report) -> str:
         _table(["kind", "configuration", "n", "wall s (min–max)", "phases", "ranks"], rows, 2)
     )
     for group in report.groups:
-        rows = skew_rows(group.skews)
-        if rows:  # the worst operation's ranks, as the text report lists them
-            parts.append(f"<h3>Rank skew, {_e(_group_label(group))}</h3>")
-            parts.append(f"<pre>{_e(chr(10).join(rows))}</pre>")
+        parts.append(_skew_part(f"Rank skew, {_group_label(group)}", group.skews))
     return "".join(parts)
+
+
+def _skew_part(heading: str, skews) -> str:
+    """The worst operation's rank skew: its sentence and its ranks, as the text says them."""
+    sentence = skew_sentence(skews)
+    if sentence is None:
+        return ""
+    rows = "\n".join(skew_rows(skews))
+    return f"<h3>{_e(heading)}</h3><p>{_e(sentence)}</p>" + (
+        f"<pre>{_e(rows)}</pre>" if rows else ""
+    )
 
 
 def _ranks_cell(group) -> str:

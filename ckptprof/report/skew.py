@@ -13,11 +13,12 @@ that began last held the others. Every view (text, JSON, HTML) reads :class:`Ske
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ckptprof.phases import Attr, Phase
-from ckptprof.report.load import TraceOperation
+from ckptprof.report.load import ResultsRun, TraceOperation
 
 #: ranks done this close to the last one (or within 2% of the skew) ended together
 TOGETHER_S = 0.05
@@ -89,18 +90,22 @@ def skew(kind: str, times: Sequence[RankTimes], label: str = "") -> Skew | None:
     return Skew(kind, label, ranks, first.rank, last.rank, arrival, waited.rank, ready_skew, line)
 
 
-def operation_times(op: TraceOperation) -> RankTimes | None:
-    """A traced rank's times: its root's start and wall time; the state in place before
-    its first step (that phase comes last)."""
-    rank = op.attr(Attr.RANK)
-    if op.start is None or not isinstance(rank, int) or isinstance(rank, bool):
+def _times(rank, start, wall_s, phases, kind: str, host) -> RankTimes | None:
+    """A rank's times from its start and wall time; the state in place before its first
+    step (that phase comes last)."""
+    if start is None or not isinstance(rank, int) or isinstance(rank, bool):
         return None
-    start = op.start.timestamp()
-    end = start + op.wall_s
-    step = op.phases.get(Phase.FIRST_STEP.value)
-    ready = end - step.busy_s if step is not None and op.kind == "restore" else end
-    host = op.resource.get("host.name")
+    end = start + wall_s
+    step = phases.get(Phase.FIRST_STEP.value)
+    ready = end - step.busy_s if step is not None and kind == "restore" else end
     return RankTimes(rank, start, max(ready, start), end, str(host) if host else None)
+
+
+def operation_times(op: TraceOperation) -> RankTimes | None:
+    """A traced rank's times (its root span)."""
+    start = op.start.timestamp() if op.start is not None else None
+    host = op.resource.get("host.name")
+    return _times(op.attr(Attr.RANK), start, op.wall_s, op.phases, op.kind, host)
 
 
 def skews(kind: str, instances: Iterable[Sequence[TraceOperation]]) -> list[Skew]:
@@ -108,14 +113,32 @@ def skews(kind: str, instances: Iterable[Sequence[TraceOperation]]) -> list[Skew
     out = []
     for inst in instances:
         times = [t for t in map(operation_times, inst) if t is not None]
-        found = skew(kind, times, _label(inst[0]) if inst else "")
+        found = skew(kind, times, _label(inst[0].attr(Attr.STEP), inst[0].attr(Attr.REPEAT)))
         if found is not None:
             out.append(found)
     return out
 
 
-def _label(op: TraceOperation) -> str:
-    step, repeat = op.attr(Attr.STEP), op.attr(Attr.REPEAT)
+def results_skews(rank_runs: Iterable[ResultsRun]) -> list[Skew]:
+    """Each run's skew in a synthetic job's results (``rank_runs``: every rank's runs)."""
+    runs: dict[tuple, list[ResultsRun]] = defaultdict(list)
+    for run in rank_runs:
+        runs[(run.strategy, run.cache, run.concurrency, run.repeat)].append(run)
+    out = []
+    for (strategy, cache, concurrency, repeat), items in runs.items():
+        times = [_times(r.rank, r.start_s, r.wall_s, r.phases, "restore", r.host) for r in items]
+        label = " ".join(
+            filter(
+                None, (strategy, cache, concurrency and f"c={concurrency}", _label(None, repeat))
+            )
+        )
+        found = skew("restore", [t for t in times if t], label)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def _label(step, repeat) -> str:
     if step is not None:
         return f"step {step}"
     return f"repeat {repeat}" if repeat is not None else ""
@@ -159,6 +182,7 @@ __all__ = [
     "RankTimes",
     "Skew",
     "operation_times",
+    "results_skews",
     "skew",
     "skew_rows",
     "skew_sentence",

@@ -511,6 +511,7 @@ def render_sweep(sweep: Sweep, by: str = "phase") -> list[str]:
     else:
         lines.append(f"{INDENT}no runs recorded")
     lines += _job_lines(sweep.job)
+    lines += _skew_lines(sweep.skews)
     lines += _verify_lines(sweep.verify_coverage)
     lines += _hint_lines(sweep.hints)
     return lines
