@@ -66,11 +66,10 @@ class Skew:
 
 def skew(kind: str, times: Sequence[RankTimes], label: str = "") -> Skew | None:
     """The skew of one operation over its ranks' times; None for fewer than two ranks."""
-    by_rank = {t.rank: t for t in sorted(times, key=lambda t: t.start_s)}
-    if len(by_rank) < 2:
+    ordered = sorted({t.rank: t for t in times}.values(), key=lambda t: (t.start_s, t.rank))
+    if len(ordered) < 2:
         return None
-    ordered = sorted(by_rank.values(), key=lambda t: (t.start_s, t.rank))
-    first, last = ordered[0], max(ordered, key=lambda t: (t.start_s, t.rank))
+    first, last = ordered[0], ordered[-1]
     zero = first.start_s
     latest = max(t.ready_s for t in ordered)
     ready_skew = latest - min(t.ready_s for t in ordered)
@@ -145,8 +144,9 @@ def _label(step, repeat) -> str:
 
 
 def worst(found: Sequence[Skew]) -> Skew | None:
-    """The operation whose last rank arrived latest (what a reader asks about first)."""
-    return max(found, key=lambda s: s.arrival_skew_s, default=None)
+    """The most skewed operation: the larger of its arrival skew and the skew of its
+    ranks' parts done (ranks that began together and finished apart)."""
+    return max(found, key=lambda s: max(s.arrival_skew_s, s.ready_skew_s), default=None)
 
 
 def skew_sentence(found: Sequence[Skew]) -> str | None:
@@ -157,7 +157,7 @@ def skew_sentence(found: Sequence[Skew]) -> str | None:
     of = f" ({top.label})" if top.label else ""
     if len(found) > 1:
         median = statistics.median(s.arrival_skew_s for s in found)
-        of = f" ({top.label or 'one'}, the largest of {len(found)} {top.kind}s; median "
+        of = f" ({top.label or 'one'}, the most skewed of {len(found)} {top.kind}s; median "
         of += f"arrival skew {median:.2f} s)"
     return f"rank skew{of}: {top.line}"
 
