@@ -157,15 +157,45 @@ SHARED_GROUPS = {"seaweed": "s3", "s3_bucket": "s3", "s3_env": "s3", "fault_prox
                  "browser": "browser"}  # fmt: skip
 
 
+def _made_once(item) -> set[str]:
+    """The test module's own fixtures, wider than a test, that ``item`` uses (real jobs made
+    once for the module's tests): a worker that runs none of those tests never makes them."""
+    found = set()
+    for name in item.fixturenames:
+        for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+            module = getattr(fixturedef.func, "__module__", "")
+            if fixturedef.scope != "function" and module.rpartition(".")[2].startswith("test_"):
+                found.add(f"{module.rpartition('.')[2]}.{name}")
+    return found
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    """One xdist group per set of tests joined by what they share (a server, a browser, or
+    a module's fixture made once), so each is started or made on one worker only."""
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    keys_of = {}
     for item in items:
-        groups = {SHARED_GROUPS[f] for f in item.fixturenames if f in SHARED_GROUPS}
-        if groups and item.get_closest_marker("xdist_group") is None:
-            (group,) = groups  # a test needs one shared resource at most
-            item.add_marker(pytest.mark.xdist_group(group))
-        if groups:  # it needs a server or a browser started: not for the quick tier
+        servers = {SHARED_GROUPS[f] for f in item.fixturenames if f in SHARED_GROUPS}
+        assert len(servers) <= 1, f"{item.nodeid} needs two shared servers"  # one at most
+        keys_of[item] = sorted(servers) + sorted(_made_once(item))
+        if servers:  # it needs a server or a browser started: not for the quick tier
             item.add_marker(pytest.mark.slow)
+        for key in keys_of[item]:
+            parent[root(key)] = root(keys_of[item][0])
+    for item, keys in keys_of.items():
+        if keys and item.get_closest_marker("xdist_group") is None:
+            group = root(keys[0])
+            server = next(
+                (k for k in parent if root(k) == group and k in SHARED_GROUPS.values()), None
+            )
+            item.add_marker(pytest.mark.xdist_group(server or group))
 
 
 @pytest.fixture(autouse=True)
