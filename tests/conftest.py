@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ckptprof.synth.generate import generate
 from ckptprof.synth.plan import SynthSpec
@@ -20,6 +21,12 @@ pytest_plugins = ["tests.s3infra"]
 # Text is wrapped to the terminal: one width for every test, whatever runs them (a tty,
 # CI's pipe, an xdist worker), so a report's lines are the same everywhere.
 os.environ["COLUMNS"] = "100"
+
+# One compute thread per process: the suite runs one process per core (xdist), where a
+# second OpenMP thread only spins against the other worker's (the restore matrix took 13%
+# less CPU). Subprocesses inherit it; a test that needs it unset passes None to run_cli.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # real tensor names and counts of llama2-7b, widths shrunk: ~140 MB with Adam state
 SMALL_SCALE = 0.002
@@ -289,8 +296,9 @@ LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 def run_cli(
     *args: str, env: dict | None = None, timeout: float = 600, **popen
 ) -> subprocess.CompletedProcess:
-    """Run the real ``ckptprof`` command in a subprocess (``popen``: e.g. ``preexec_fn``)."""
-    full_env = {**os.environ, **(env or {})}
+    """Run the real ``ckptprof`` command in a subprocess (``popen``: e.g. ``preexec_fn``;
+    ``env``: variables to set, or to unset where None)."""
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     full_env.pop("CKPTPROF_DEBUG", None)
     return subprocess.run(
         [sys.executable, "-m", "ckptprof", *args],

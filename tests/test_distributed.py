@@ -85,8 +85,13 @@ def test_each_rank_reads_its_own_file_and_the_straggler_is_named(checkpoints, tm
     out = tmp_path / "out"
     delay = 1.5  # rank 1 sleeps this long inside its fetch
     done = job(
-        path, out, 2, "--cache", "cold,hot", env=rank_hooks(CKPTPROF_TEST_SLOW_RANK=f"1:{delay}")
-    )
+        path,
+        out,
+        2,
+        "--cache",
+        "cold,hot",
+        env={**rank_hooks(CKPTPROF_TEST_SLOW_RANK=f"1:{delay}"), "OMP_NUM_THREADS": None},
+    )  # fmt: skip (OMP_NUM_THREADS unset: the launcher is told it, not the user; below)
     assert done.returncode == 0, done.stderr
     doc = results(out)
     assert_one_job(doc, 2)
