@@ -45,19 +45,22 @@ class Setting:
 @dataclass(frozen=True)
 class Checked:
     case: str
-    base: Setting
+    bases: tuple[Setting, ...]
     target: Setting
     what: str  # "save" or "restore (time to state)"
     predicted_s: float
     measured_s: float
     binds: str
 
+    def base_label(self) -> str:
+        return " + ".join(base.label() for base in self.bases)
+
     @property
     def error(self) -> float:
         return (self.predicted_s - self.measured_s) / self.measured_s
 
     def to_dict(self) -> dict:
-        return {"case": self.case, "from": self.base.label(), "to": self.target.label(),
+        return {"case": self.case, "from": self.base_label(), "to": self.target.label(),
                 "what": self.what, "predicted_s": self.predicted_s, "binds": self.binds,
                 "measured_s": self.measured_s, "error": self.error}  # fmt: skip
 
@@ -102,13 +105,13 @@ def _measured_save_s(saves: Path) -> float:
     return json.loads((saves / "save.json").read_text())["summary"]["median_s"]
 
 
-def _plan(model: str, setting: Setting) -> JobPlan:
+def plan_for(model: str, setting: Setting) -> JobPlan:
     preset = get_preset(model).scaled(setting.scale)
     return JobPlan(model=model, params=preset.params, nodes=1, ranks_per_node=setting.ranks,
                    files_per_rank=max(1, (setting.files or 1) // setting.ranks))  # fmt: skip
 
 
-def _node_limits(save_out: Path, restore_out: Path) -> tuple[Limits, Limits]:
+def node_limits(save_out: Path, restore_out: Path) -> tuple[Limits, Limits]:
     """One node's disk or network, as its probes measured it: the limit every rank of a
     job on this machine shares."""
     read = json.loads((restore_out / "results.json").read_text())["ceiling"]
@@ -124,14 +127,17 @@ def _node_limits(save_out: Path, restore_out: Path) -> tuple[Limits, Limits]:
 
 def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: float,
           repeat: int = 2, echo: Callable[[str], None] = print) -> list[Checked]:  # fmt: skip
-    """Run each case; what it predicted and measured."""
-    base = Setting(scale)
+    """Run each case; what it predicted and measured. Each case's base is two scales (a
+    fixed part and a part per byte), and for many files two file counts more (a part per
+    file): what ``predict`` is given, measured the same way."""
+    small, large = Setting(scale), Setting(scale * 2)
     targets = {
         "ranks": [Setting(scale, ranks=2), Setting(scale, ranks=4)],
         "scale": [Setting(scale * 5)],
         "files": [Setting(scale, files=200)],
     }
-    bases = {"ranks": base, "scale": base, "files": Setting(scale, files=2)}
+    few = [Setting(scale, files=2), Setting(scale, files=20)]
+    bases = {"ranks": [small, large], "scale": [small, large], "files": [small, large, *few]}
     measured_at: dict[Setting, tuple[Path, Path]] = {}
 
     def at(setting: Setting) -> tuple[Path, Path]:
@@ -142,29 +148,30 @@ def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: flo
 
     out = []
     for case in cases:
-        save_out, restore_out = at(bases[case])
-        costs = measured([str(save_out), str(restore_out)]).costs
-        read_limits, write_limits = _node_limits(save_out, restore_out)
+        runs = [str(path) for setting in bases[case] for path in at(setting)]
+        costs, base = measured(runs).costs, tuple(bases[case])
+        read_limits, write_limits = node_limits(*at(small))
         for target in targets[case]:
-            plan = _plan(model, target)
+            plan = plan_for(model, target)
             restore = predict_restore(plan, costs, read_limits)
             save = predict_save(plan, costs, write_limits)
             t_save, t_restore = at(target)
             out += [
-                Checked(case, bases[case], target, "save", save.total_s,
+                Checked(case, base, target, "save", save.total_s,
                         _measured_save_s(t_save), save.limit_name),
-                Checked(case, bases[case], target, "restore (time to state)", restore.total_s,
+                Checked(case, base, target, "restore (time to state)", restore.total_s,
                         _measured_restore_s(t_restore), restore.limit_name),
             ]  # fmt: skip
     return out
 
 
 def render_check(rows: list[Checked]) -> str:
-    lines = [f"{'case':<6} {'from':<22} {'to':<22} {'what':<24} {'predicted':>9} "
+    width = max([len(r.base_label()) for r in rows] + [4])
+    lines = [f"{'case':<6} {'from':<{width}} {'to':<22} {'what':<24} {'predicted':>9} "
              f"{'measured':>9} {'error':>7}  binds"]  # fmt: skip
     for r in rows:
         lines.append(
-            f"{r.case:<6} {r.base.label():<22} {r.target.label():<22} {r.what:<24} "
+            f"{r.case:<6} {r.base_label():<{width}} {r.target.label():<22} {r.what:<24} "
             f"{r.predicted_s:>8.2f}s {r.measured_s:>8.2f}s {r.error:>+7.0%}  {r.binds}"
         )
     return "\n".join(lines) + "\n"
