@@ -11,7 +11,7 @@ import pytest
 from ckptprof.cli import main
 from ckptprof.errors import CkptprofError
 from ckptprof.predict.check import Setting, node_limits, plan_for
-from ckptprof.predict.fit import Point, fit
+from ckptprof.predict.fit import Point, fit, remainder
 from ckptprof.predict.measured import measured
 from ckptprof.predict.model import (
     Cost,
@@ -233,3 +233,17 @@ def test_a_fixed_cost_does_not_shrink_with_more_ranks():
     fetch = Cost(Given(1e-9, "t"), fixed_s=Given(0.5, "t"))
     estimate = predict_restore(plan(), Costs(fetch, None, 1 << 20), Limits())
     assert estimate.transfer_s == pytest.approx(0.5 + 0.3125)
+
+
+def test_the_rest_of_the_wall_time_is_what_the_phases_leave_term_by_term():
+    # wall 1 s + 2 s/GB; fetch 0.3 s + 1 s/GB + 5 ms a file; reshard 0.5 s
+    wall = Cost(Given(2e-9, "w"), fixed_s=Given(1.0, "w"))
+    fetch = Cost(Given(1e-9, "f"), fixed_s=Given(0.3, "f"), per_file_s=Given(0.005, "f"))
+    reshard = Cost(Given(0.0, "r"), fixed_s=Given(0.5, "r"))
+    other = remainder(wall, [fetch, reshard])
+    assert (other.fixed_s.value, other.per_byte_s.value, other.per_file_s.value) == pytest.approx(
+        (0.2, 1e-9, -0.005)  # negative: the files' cost overlapped the rest
+    )
+    for nbytes, files in ((10**8, 1), (10**9, 40)):
+        parts = sum(c.seconds(nbytes, files) for c in (fetch, reshard, other))
+        assert parts == pytest.approx(wall.seconds(nbytes, files))

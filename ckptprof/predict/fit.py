@@ -77,9 +77,26 @@ def fit(points: list[Point], source: str) -> Cost:
         if not negative or len(terms) == 1:
             break
         terms.remove(min(negative, key=solved.get))
-    given = {t: Given(max(0.0, solved.get(t, 0.0)), where) for t in terms}
+    given = {t: Given(max(0.0, solved[t]), where) for t in terms}
     return Cost(
         per_byte_s=given.get("per byte", Given(0.0, where)),
         fixed_s=given.get("fixed"),
         per_file_s=given.get("per file"),
     )
+
+
+def remainder(whole: Cost, parts: list[Cost]) -> Cost:
+    """What ``whole`` (a rank's wall time, fitted) holds beyond ``parts`` (its phases,
+    fitted), term by term: set-up and the gaps between phases, or, negative, the time the
+    phases overlapped."""
+
+    def left(term: str) -> Given | None:
+        found = [getattr(c, term) for c in (whole, *parts) if getattr(c, term) is not None]
+        if not found:
+            return None
+        value = (getattr(whole, term).value if getattr(whole, term) else 0.0) - sum(
+            getattr(p, term).value for p in parts if getattr(p, term) is not None
+        )
+        return Given(value, f"{whole.source}: the wall time less its phases")
+
+    return Cost(left("per_byte_s"), left("fixed_s"), left("per_file_s"))

@@ -128,11 +128,6 @@ class Cost:
         return fixed + per_file + nbytes * self.per_byte_s.value
 
     @property
-    def gbps(self) -> float:
-        """The rate of its part per byte (infinite where it has none)."""
-        return 1e-9 / self.per_byte_s.value if self.per_byte_s.value > 0 else math.inf
-
-    @property
     def source(self) -> str:
         return self.per_byte_s.source
 
@@ -194,8 +189,9 @@ class Estimate:
 
     @property
     def total_s(self) -> float:
-        """Transfer, then the CPU phases (serial: an upper bound where they overlap)."""
-        return self.transfer_s + sum(self.cpu.values())
+        """Transfer, then the CPU phases and the rest (which takes off what overlapped
+        where it was measured to; never less than the transfer)."""
+        return self.transfer_s + max(0.0, sum(self.cpu.values()))
 
     @property
     def limit_name(self) -> str:
@@ -233,7 +229,7 @@ def _cpu(costs: dict[str, Cost], rank_bytes: int, plan: JobPlan, limits: Limits)
     if limits.cores is not None:
         crowding = max(1.0, plan.ranks_per_node / limits.cores.value)
     return {
-        name: max(0.0, cost.seconds(rank_bytes, plan.files_per_rank)) * crowding
+        name: cost.seconds(rank_bytes, plan.files_per_rank) * crowding
         for name, cost in costs.items()
     }
 
