@@ -222,10 +222,15 @@ def test_file_counts_give_back_a_per_file_cost():
     assert cost.seconds(10**8, 200) == pytest.approx(seconds(10**8, 200))
 
 
-def test_a_negative_term_is_dropped_and_the_rest_refitted():
-    # noise that makes the larger size faster: no cost per byte, the mean as fixed
+def test_a_negative_term_is_dropped_and_the_rest_fitted_again():
+    # noise that makes the larger size faster: per byte alone (a larger job is not free),
+    # least squares through zero: (1e8 x 1.0 + 2e8 x 0.9) / (1e16 + 4e16) = 5.6e-9 s/B
     cost = fit([Point(10**8, 1, 1.0), Point(2 * 10**8, 1, 0.9)], "runs")
-    assert cost.per_byte_s.value == 0 and cost.fixed_s.value == pytest.approx(0.95)
+    assert cost.fixed_s is None and cost.per_byte_s.value == pytest.approx(5.6e-9)
+    # a negative part per file is dropped, the fixed part and the part per byte kept
+    points = [Point(10**8, 1, 1.0), Point(2 * 10**8, 1, 1.5), Point(10**8, 10, 0.9)]
+    cost = fit(points, "runs")
+    assert cost.per_file_s is None and cost.fixed_s.value > 0 and cost.per_byte_s.value > 0
 
 
 def test_a_fixed_cost_does_not_shrink_with_more_ranks():

@@ -51,7 +51,8 @@ def fit(points: list[Point], source: str) -> Cost:
     """The cost that ``points`` measured: per byte alone from one setting; from more,
     fixed plus per byte (where the bytes vary) plus per file (where the files vary), by
     least squares over each setting's median. A term that comes out negative is dropped
-    (a cost is not negative) and the rest fitted again."""
+    (a cost is not negative; a negative part per byte drops the fixed part instead) and
+    the rest fitted again."""
     settings: dict[tuple[int, int], list[float]] = defaultdict(list)
     for p in points:
         settings[(p.bytes, p.files)].append(p.seconds)
@@ -76,7 +77,10 @@ def fit(points: list[Point], source: str) -> Cost:
         negative = [t for t in terms if solved[t] < 0]
         if not negative or len(terms) == 1:
             break
-        terms.remove(min(negative, key=solved.get))
+        # a negative cost per byte: the runs cannot tell it from a fixed cost; per byte
+        # alone is the reading that does not make a larger job free
+        drop = "fixed" if "per byte" in negative and "fixed" in terms else None
+        terms.remove(drop or min(negative, key=solved.get))
     given = {t: Given(max(0.0, solved[t]), where) for t in terms}
     return Cost(
         per_byte_s=given.get("per byte", Given(0.0, where)),

@@ -108,9 +108,9 @@ def _restore_costs(docs: dict[Path, dict]) -> tuple[Cost, dict[str, Cost], int, 
         busy = {name: phases[name]["busy_s"] for name in ("fetch", *RESTORE_CPU) if name in phases}
         for name, seconds in busy.items():
             points[name].append(Point(nbytes, files, seconds))
-        points[REST].append(Point(nbytes, files, run["wall_s"]))
+        points["wall"].append(Point(nbytes, files, run["wall_s"]))
     costs = {name: fit(found, where) for name, found in points.items()}
-    costs[REST] = remainder(costs.pop(REST), list(costs.values()))
+    costs[REST] = remainder(costs.pop("wall"), list(costs.values()))
     doc = next(iter(docs.values()))
     part = int((doc.get("options") or {}).get("part_size") or DEFAULT_PART_SIZE)
     cpu = {name: costs[name] for name in (*RESTORE_CPU, REST) if name in costs}
@@ -135,10 +135,10 @@ def _save_costs(docs: dict[Path, dict]) -> tuple[Cost, dict[str, Cost], str]:
             for name in SAVE_CPU:
                 if name in phases:
                     points[name].append(Point(nbytes, files, phases[name]))
-            points[REST].append(Point(nbytes, files, save["wall_s"]))
+            points["wall"].append(Point(nbytes, files, save["wall_s"]))
     where = f"{_label(list(docs))} ({', '.join(sorted(strategies))})"
     costs = {name: fit(found, where) for name, found in points.items()}
-    costs[REST] = remainder(costs.pop(REST), list(costs.values()))
+    costs[REST] = remainder(costs.pop("wall"), list(costs.values()))
     doc = next(iter(docs.values()))
     location = str((doc.get("environment") or {}).get("storage.uri", ""))
     return costs["write"], {n: costs[n] for n in (*SAVE_CPU, REST) if n in costs}, location

@@ -92,8 +92,9 @@ def render_text(p: Prediction) -> str:
         lines.append(f"cost at {p.price_per_hour:g}/node-hour: one restore "
                      f"{p.restore.total_s * node_s:.2f}"
                      + (f", one save {p.save.total_s * node_s:.2f}" if p.save else ""))  # fmt: skip
-    lines.append("the CPU phases are added after the transfer (an upper bound where they "
-                 "overlap it); `ckptprof predict --help` says how each limit is found")  # fmt: skip
+    lines.append("the CPU phases and other are added after the transfer (other takes off what "
+                 "overlapped in the runs measured); `ckptprof predict --help` says how each "
+                 "limit is found")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
