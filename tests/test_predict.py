@@ -177,6 +177,8 @@ def test_check_predicts_then_measures_on_s3_and_reports_the_error(
     assert rows[0]["measured_s"] == pytest.approx(save["summary"]["median_s"])
     assert rows[1]["measured_s"] == pytest.approx(statistics.median(r["wall_s"] for r in runs))
     assert len(runs) == 1 and len(save["saves"]) == 1
+    # one save warmed the bucket up first, and no case reads it
+    assert (out / "warm-up" / "save.json").exists() and "warm-up" not in json.dumps(rows)
     # the prediction is the fit of the two bases' runs: predict given them says the same
     small = (out / f"save-x{TINY_SCALE:g}-r1-f0", out / f"restore-x{TINY_SCALE:g}-r1-f0")
     large = (out / f"save-x{TINY_SCALE * 2:g}-r1-f0", out / f"restore-x{TINY_SCALE * 2:g}-r1-f0")

@@ -2,12 +2,13 @@
 measured: more ranks from one rank, a larger scale from a smaller one, many small files
 from few large ones, on the storage given.
 
-Each case measures a base (``ckptprof synth save`` and ``synth restore``, run as a user
-would, in processes of their own), predicts the target from it alone, then measures the
-target the same way and prints both with the error. Restores run hot-cache-free where
-the storage allows (cold), 8 requests in flight, no first step: what is compared is the time
-to state and the save's time. The ranks of one machine share its disk or network: the
-node's limit is the base's own probed ceiling.
+After one save that warms the storage up, each case measures its bases (``ckptprof synth
+save`` and ``synth restore`` at two scales, and for many files at two file counts more,
+run as a user would, in processes of their own), predicts the target from them alone,
+then measures the target the same way and prints both with the error. Restores run
+hot-cache-free where the storage allows (cold), 8 requests in flight, no first step: what
+is compared is the time to state and the save's time. The ranks of one machine share its
+disk or network: the node's limit is the base's own probed ceiling.
 """
 
 from __future__ import annotations
@@ -91,6 +92,14 @@ def _measure(where: str, work: Path, setting: Setting, repeat: int, echo) -> tup
     return save_out, restore_out
 
 
+def _warm_up(where: str, work: Path, scale: float, echo) -> None:
+    """One save that no case uses: the first writes to a fresh folder or bucket can pay the
+    storage's own set-up, which the first base alone would otherwise carry."""
+    echo(f"warming up {where} (one save, not measured)")
+    _run(["synth", "save", f"{where.rstrip('/')}/warm-up", "--scale", str(scale), "--repeat",
+          "1", "--ceiling-gbps", "1", "--force", "--out", str(work / "warm-up")], echo)  # fmt: skip
+
+
 def _measured_restore_s(results: Path) -> float:
     """The job's time to state: per repeat, its slowest rank's; their median."""
     doc = json.loads((results / "results.json").read_text())
@@ -146,6 +155,7 @@ def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: flo
             measured_at[setting] = _measure(where, work, setting, repeat, echo)
         return measured_at[setting]
 
+    _warm_up(where, work, scale, echo)
     out = []
     for case in cases:
         runs = [str(path) for setting in bases[case] for path in at(setting)]

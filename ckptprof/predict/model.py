@@ -5,8 +5,8 @@ A save or a restore at scale moves each rank's bytes through a chain of limits: 
 rank's own client (measured here, on the target storage, at the concurrency used), the
 node's network, the storage's aggregate bandwidth and, on an object store, its request
 rate. The slowest link sets the transfer time; the CPU phases (verify, deserialize,
-reshard; serialize on a save, fused with its write) add their measured cost per byte of
-the slowest rank. Each rank's own costs are a fixed part plus a part per byte (plus one
+reshard; serialize on a save, fused with its write) add their cost for the slowest rank's
+bytes and files. Each rank's own costs are a fixed part plus a part per byte (plus one
 per file) where two measured sizes separated them (``ckptprof/predict/fit.py``); every
 number is measured, fitted, given, or a default that names its source.
 """
@@ -149,8 +149,8 @@ class Costs:
     read: Cost
     write: Cost | None
     part_size: int
-    cpu: dict[str, Cost] = field(default_factory=dict)  # restore: verify, deserialize, ...
-    save_cpu: dict[str, Cost] = field(default_factory=dict)  # save: commit, the rest
+    cpu: dict[str, Cost] = field(default_factory=dict)  # restore: verify ... reshard, other
+    save_cpu: dict[str, Cost] = field(default_factory=dict)  # save: commit, other
 
 
 @dataclass(frozen=True)
