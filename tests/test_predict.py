@@ -183,7 +183,7 @@ def test_check_predicts_then_measures_on_s3_and_reports_the_error(
     small = (out / f"save-x{TINY_SCALE:g}-r1-f0", out / f"restore-x{TINY_SCALE:g}-r1-f0")
     large = (out / f"save-x{TINY_SCALE * 2:g}-r1-f0", out / f"restore-x{TINY_SCALE * 2:g}-r1-f0")
     found = measured([str(p) for p in small + large])
-    assert found.object_store and found.costs.read.fixed_s.source.startswith("fitted: 2 settings")
+    assert found.object_store and found.costs.read.source.startswith("fitted: 2 settings")
     target_plan = plan_for("llama2-7b", Setting(TINY_SCALE * 5))
     read_limits, write_limits = node_limits(*small)
     assert rows[0]["predicted_s"] == pytest.approx(
