@@ -10,7 +10,11 @@ import pytest
 
 from ckptprof.cli import main
 from ckptprof.errors import CkptprofError
+from ckptprof.predict.check import Setting, node_limits, plan_for
+from ckptprof.predict.fit import Point, fit, remainder
+from ckptprof.predict.measured import measured
 from ckptprof.predict.model import (
+    Cost,
     Costs,
     Given,
     JobPlan,
@@ -29,9 +33,13 @@ def plan(**kw) -> JobPlan:
     return JobPlan(**{**base, **kw})
 
 
+def per_byte(gbps: float) -> Cost:
+    return Cost(Given(1 / (gbps * GB), "test"))
+
+
 def costs(read=1.0, write=0.5, part=1 << 20, cpu=None) -> Costs:
-    given = {k: Given(v, "test") for k, v in (cpu or {}).items()}
-    return Costs(Given(read, "test"), Given(write, "test"), part, given, {})
+    given = {k: Cost(Given(v, "test")) for k, v in (cpu or {}).items()}
+    return Costs(per_byte(read), per_byte(write), part, given, {})
 
 
 def test_bytes_per_rank_follow_the_sharding():
@@ -119,10 +127,12 @@ def test_predict_from_a_real_small_save_and_restore(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     measured = json.loads((restore_out / "results.json").read_text())
     fetch = [r["phases"]["fetch"] for r in measured["runs"]]
-    rates = sorted(f["bytes"] / f["busy_s"] / 1e9 for f in fetch)
     rank_bytes = doc["restore"]["rank_bytes"]
     client = next(b for b in doc["restore"]["bounds"] if b["limit"] == "a rank's client")
-    assert client["seconds"] == pytest.approx(rank_bytes / (sum(rates) / len(rates) * 1e9))
+    # one size measured: a cost per byte alone (its repeats' median), no fixed part
+    per_byte = statistics.median(f["busy_s"] for f in fetch) / fetch[0]["bytes"]
+    assert client["seconds"] == pytest.approx(rank_bytes * per_byte)
+    assert doc["costs"]["restore"]["fetch"]["fixed_s"] is None
     assert doc["plan"]["state_bytes"] == rank_bytes * 512
     assert (tmp_path / "p.png").stat().st_size > 10_000
     assert main(argv) == 0
@@ -144,29 +154,103 @@ def test_ranks_beyond_a_nodes_cores_wait_for_one():
     assert estimate.cpu["deserialize"] == pytest.approx(4 * 3.125)
 
 
-@pytest.mark.slow
-def test_check_predicts_then_measures_and_reports_the_error(tmp_path, capsys):
-    """The error printed is the prediction against the runs --check made itself."""
+def test_check_predicts_then_measures_on_s3_and_reports_the_error(
+    tmp_path, capsys, s3_bucket, s3_env
+):
+    """The error printed is the prediction against the runs --check made itself, on S3
+    (the loopback SeaweedFS); the prediction is fitted from its two base scales."""
+    s3_env()
     out = tmp_path / "check"
-    code = main(["predict", "--check", str(tmp_path / "storage"), "--cases", "scale",
+    code = main(["predict", "--check", f"s3://{s3_bucket.name}/chk", "--cases", "scale",
                  "--scale", str(TINY_SCALE), "--repeat", "1", "--out", str(out)])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     table = capsys.readouterr().out
     rows = json.loads((out / "check.json").read_text())
-    assert [(r["case"], r["what"]) for r in rows] == [
-        ("scale", "save"),
-        ("scale", "restore (time to state)"),
+    assert [(r["case"], r["what"], r["from"]) for r in rows] == [
+        ("scale", what, f"x{TINY_SCALE:g}, 1 rank + x{TINY_SCALE * 2:g}, 1 rank")
+        for what in ("save", "restore (time to state)")
     ]
     target = f"x{TINY_SCALE * 5:g}-r1-f0"
-    save = json.loads((out / f"save-{target}" / "save.json").read_text())["summary"]["median_s"]
+    save = json.loads((out / f"save-{target}" / "save.json").read_text())
     runs = json.loads((out / f"restore-{target}" / "results.json").read_text())["runs"]
-    assert rows[0]["measured_s"] == pytest.approx(save)
+    assert save["environment"]["storage.uri"].startswith("s3://")
+    assert rows[0]["measured_s"] == pytest.approx(save["summary"]["median_s"])
     assert rows[1]["measured_s"] == pytest.approx(statistics.median(r["wall_s"] for r in runs))
-    assert (
-        len(runs) == 1
-        and len(json.loads((out / f"save-{target}" / "save.json").read_text())["saves"]) == 1
+    assert len(runs) == 1 and len(save["saves"]) == 1
+    # one save warmed the bucket up first, and no case reads it
+    assert (out / "warm-up" / "save.json").exists() and "warm-up" not in json.dumps(rows)
+    # the prediction is the fit of the two bases' runs: predict given them says the same
+    small = (out / f"save-x{TINY_SCALE:g}-r1-f0", out / f"restore-x{TINY_SCALE:g}-r1-f0")
+    large = (out / f"save-x{TINY_SCALE * 2:g}-r1-f0", out / f"restore-x{TINY_SCALE * 2:g}-r1-f0")
+    found = measured([str(p) for p in small + large])
+    assert found.object_store and found.costs.read.source.startswith("fitted: 2 settings")
+    target_plan = plan_for("llama2-7b", Setting(TINY_SCALE * 5))
+    read_limits, write_limits = node_limits(*small)
+    assert rows[0]["predicted_s"] == pytest.approx(
+        predict_save(target_plan, found.costs, write_limits).total_s
+    )
+    assert rows[1]["predicted_s"] == pytest.approx(
+        predict_restore(target_plan, found.costs, read_limits).total_s
     )
     for row in rows:
         error = (row["predicted_s"] - row["measured_s"]) / row["measured_s"]
         assert row["error"] == pytest.approx(error)
         assert f"{error:+.0%}" in table and f"{row['measured_s']:.2f}s" in table
+
+
+def test_two_scales_give_back_a_fixed_and_a_per_byte_cost():
+    # 0.5 s fixed + 2 s/GB: 100 MB take 0.7 s, 300 MB 1.1 s (each twice)
+    points = [Point(n, 1, 0.5 + n * 2e-9) for n in (10**8, 3 * 10**8) for _ in range(2)]
+    cost = fit(points, "runs")
+    assert cost.fixed_s.value == pytest.approx(0.5)
+    assert cost.per_byte_s.value == pytest.approx(2e-9)
+    assert cost.per_file_s is None and cost.fixed_s.source.startswith("fitted: 2 settings")
+    # a tenfold job: 0.5 + 2 s, where per byte alone from 100 MB says 7 s
+    assert cost.seconds(10**9) == pytest.approx(2.5)
+    assert fit(points[:1], "one run").seconds(10**9) == pytest.approx(7.0)
+    assert fit(points[:1], "one run").per_byte_s.source == "measured: one run"
+
+
+def test_file_counts_give_back_a_per_file_cost():
+    # 0.2 s + 1 s/GB + 10 ms a file
+    def seconds(n, files):
+        return 0.2 + n * 1e-9 + files * 0.01
+
+    settings = [(10**8, 1), (2 * 10**8, 1), (10**8, 2), (10**8, 20)]
+    cost = fit([Point(n, f, seconds(n, f)) for n, f in settings], "runs")
+    assert (cost.fixed_s.value, cost.per_byte_s.value, cost.per_file_s.value) == pytest.approx(
+        (0.2, 1e-9, 0.01)
+    )
+    assert cost.seconds(10**8, 200) == pytest.approx(seconds(10**8, 200))
+
+
+def test_a_negative_term_is_dropped_and_the_rest_fitted_again():
+    # noise that makes the larger size faster: per byte alone (a larger job is not free),
+    # least squares through zero: (1e8 x 1.0 + 2e8 x 0.9) / (1e16 + 4e16) = 5.6e-9 s/B
+    cost = fit([Point(10**8, 1, 1.0), Point(2 * 10**8, 1, 0.9)], "runs")
+    assert cost.fixed_s is None and cost.per_byte_s.value == pytest.approx(5.6e-9)
+    # a negative part per file is dropped, the fixed part and the part per byte kept
+    points = [Point(10**8, 1, 1.0), Point(2 * 10**8, 1, 1.5), Point(10**8, 10, 0.9)]
+    cost = fit(points, "runs")
+    assert cost.per_file_s is None and cost.fixed_s.value > 0 and cost.per_byte_s.value > 0
+
+
+def test_a_fixed_cost_does_not_shrink_with_more_ranks():
+    # fetch 0.5 s + 1 s/GB: 32 ranks of 312.5 MB each take 0.8125 s
+    fetch = Cost(Given(1e-9, "t"), fixed_s=Given(0.5, "t"))
+    estimate = predict_restore(plan(), Costs(fetch, None, 1 << 20), Limits())
+    assert estimate.transfer_s == pytest.approx(0.5 + 0.3125)
+
+
+def test_the_rest_of_the_wall_time_is_what_the_phases_leave_term_by_term():
+    # wall 1 s + 2 s/GB; fetch 0.3 s + 1 s/GB + 5 ms a file; reshard 0.5 s
+    wall = Cost(Given(2e-9, "w"), fixed_s=Given(1.0, "w"))
+    fetch = Cost(Given(1e-9, "f"), fixed_s=Given(0.3, "f"), per_file_s=Given(0.005, "f"))
+    reshard = Cost(Given(0.0, "r"), fixed_s=Given(0.5, "r"))
+    other = remainder(wall, [fetch, reshard])
+    assert (other.fixed_s.value, other.per_byte_s.value, other.per_file_s.value) == pytest.approx(
+        (0.2, 1e-9, -0.005)  # negative: the files' cost overlapped the rest
+    )
+    for nbytes, files in ((10**8, 1), (10**9, 40)):
+        parts = sum(c.seconds(nbytes, files) for c in (fetch, reshard, other))
+        assert parts == pytest.approx(wall.seconds(nbytes, files))

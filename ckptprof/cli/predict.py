@@ -36,8 +36,12 @@ measure. Each rank's bytes follow from the model, the ranks and the sharding; th
 meet, in turn, the rank's own client (its measured fetch or write rate), the node's
 network, the storage's aggregate bandwidth and, on an object store, its request rate per
 prefix. The slowest of these is the transfer time; the CPU phases (verify, deserialize,
-reshard) add their measured cost per byte. The output names the limit that binds, how far
-the next one is, and the source of every number."""
+reshard; a save's commit) and the rest of a rank's wall time (other: set-up, the gaps
+between phases) are added after it. A rank's own costs are a fixed part plus a part per
+byte where the runs given measured two sizes (or more), plus a part per file where they
+measured two file counts; from one size, per byte alone. The output names the limit that
+binds, how far the next one is, and the source of every number (measured, fitted, given or
+assumed)."""
 
 EPILOG = f"""\
 defaults, each named in the output as assumed:
@@ -124,8 +128,8 @@ def add_parser(commands) -> None:
     )  # fmt: skip
     check = parser.add_argument_group(
         "checking the predictions here",
-        "--check DEST measures a base save and restore at DEST (a folder or s3://bucket/"
-        "prefix on the storage to check), predicts each target from it, measures the target "
+        "--check DEST measures base saves and restores at DEST (a folder or s3://bucket/"
+        "prefix on the storage to check), predicts each target from them, measures the target "
         "and prints both with the error",
     )
     check.add_argument(
@@ -133,7 +137,8 @@ def add_parser(commands) -> None:
     )
     check.add_argument(
         "--cases", type=choice_list(CASES), default=CASES,
-        help="ranks: 2 and 4 ranks from 1; scale: 5x the base scale; files: 200 files from 2",
+        help="ranks: 2 and 4 ranks from 1 rank at the base scale and twice it; scale: 5x the "
+        "base scale from the same two; files: 200 files from those and 2 and 20 files",
     )  # fmt: skip
     check.add_argument("--scale", type=real(ranges.SCALE), default=0.002, help="the base's scale")
     check.add_argument(
@@ -206,7 +211,7 @@ def run_prediction(args) -> int:
     found = measured(args.paths)
     limits = limits_for(args, found.object_store)
     restore = predict_restore(plan, found.costs, limits)
-    save = predict_save(plan, found.costs, limits) if found.costs.write_gbps else None
+    save = predict_save(plan, found.costs, limits) if found.costs.write else None
     every = interval(plan, save, restore, args.mtbi) if args.mtbi and save else None
     if args.mtbi and save is None:
         print("ckptprof: warning: --mtbi needs a save measured (save.json)", file=sys.stderr)

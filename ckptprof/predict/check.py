@@ -2,12 +2,13 @@
 measured: more ranks from one rank, a larger scale from a smaller one, many small files
 from few large ones, on the storage given.
 
-Each case measures a base (``ckptprof synth save`` and ``synth restore``, run as a user
-would, in processes of their own), predicts the target from it alone, then measures the
-target the same way and prints both with the error. Restores run hot-cache-free where
-the storage allows (cold), 8 requests in flight, no first step: what is compared is the time
-to state and the save's time. The ranks of one machine share its disk or network: the
-node's limit is the base's own probed ceiling.
+After one save that warms the storage up, each case measures its bases (``ckptprof synth
+save`` and ``synth restore`` at two scales, and for many files at two file counts more,
+run as a user would, in processes of their own), predicts the target from them alone,
+then measures the target the same way and prints both with the error. Restores run
+hot-cache-free where the storage allows (cold), 8 requests in flight, no first step: what
+is compared is the time to state and the save's time. The ranks of one machine share its
+disk or network: the node's limit is the base's own probed ceiling.
 """
 
 from __future__ import annotations
@@ -45,19 +46,22 @@ class Setting:
 @dataclass(frozen=True)
 class Checked:
     case: str
-    base: Setting
+    bases: tuple[Setting, ...]
     target: Setting
     what: str  # "save" or "restore (time to state)"
     predicted_s: float
     measured_s: float
     binds: str
 
+    def base_label(self) -> str:
+        return " + ".join(base.label() for base in self.bases)
+
     @property
     def error(self) -> float:
         return (self.predicted_s - self.measured_s) / self.measured_s
 
     def to_dict(self) -> dict:
-        return {"case": self.case, "from": self.base.label(), "to": self.target.label(),
+        return {"case": self.case, "from": self.base_label(), "to": self.target.label(),
                 "what": self.what, "predicted_s": self.predicted_s, "binds": self.binds,
                 "measured_s": self.measured_s, "error": self.error}  # fmt: skip
 
@@ -88,6 +92,14 @@ def _measure(where: str, work: Path, setting: Setting, repeat: int, echo) -> tup
     return save_out, restore_out
 
 
+def _warm_up(where: str, work: Path, scale: float, echo) -> None:
+    """One save that no case uses: the first writes to a fresh folder or bucket can pay the
+    storage's own set-up, which the first base alone would otherwise carry."""
+    echo(f"warming up {where} (one save, not measured)")
+    _run(["synth", "save", f"{where.rstrip('/')}/warm-up", "--scale", str(scale), "--repeat",
+          "1", "--ceiling-gbps", "1", "--force", "--out", str(work / "warm-up")], echo)  # fmt: skip
+
+
 def _measured_restore_s(results: Path) -> float:
     """The job's time to state: per repeat, its slowest rank's; their median."""
     doc = json.loads((results / "results.json").read_text())
@@ -102,13 +114,13 @@ def _measured_save_s(saves: Path) -> float:
     return json.loads((saves / "save.json").read_text())["summary"]["median_s"]
 
 
-def _plan(model: str, setting: Setting) -> JobPlan:
+def plan_for(model: str, setting: Setting) -> JobPlan:
     preset = get_preset(model).scaled(setting.scale)
     return JobPlan(model=model, params=preset.params, nodes=1, ranks_per_node=setting.ranks,
                    files_per_rank=max(1, (setting.files or 1) // setting.ranks))  # fmt: skip
 
 
-def _node_limits(save_out: Path, restore_out: Path) -> tuple[Limits, Limits]:
+def node_limits(save_out: Path, restore_out: Path) -> tuple[Limits, Limits]:
     """One node's disk or network, as its probes measured it: the limit every rank of a
     job on this machine shares."""
     read = json.loads((restore_out / "results.json").read_text())["ceiling"]
@@ -124,14 +136,17 @@ def _node_limits(save_out: Path, restore_out: Path) -> tuple[Limits, Limits]:
 
 def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: float,
           repeat: int = 2, echo: Callable[[str], None] = print) -> list[Checked]:  # fmt: skip
-    """Run each case; what it predicted and measured."""
-    base = Setting(scale)
+    """Run each case; what it predicted and measured. Each case's base is two scales (a
+    fixed part and a part per byte), and for many files two file counts more (a part per
+    file): what ``predict`` is given, measured the same way."""
+    small, large = Setting(scale), Setting(scale * 2)
     targets = {
         "ranks": [Setting(scale, ranks=2), Setting(scale, ranks=4)],
         "scale": [Setting(scale * 5)],
         "files": [Setting(scale, files=200)],
     }
-    bases = {"ranks": base, "scale": base, "files": Setting(scale, files=2)}
+    few = [Setting(scale, files=2), Setting(scale, files=20)]
+    bases = {"ranks": [small, large], "scale": [small, large], "files": [small, large, *few]}
     measured_at: dict[Setting, tuple[Path, Path]] = {}
 
     def at(setting: Setting) -> tuple[Path, Path]:
@@ -140,31 +155,33 @@ def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: flo
             measured_at[setting] = _measure(where, work, setting, repeat, echo)
         return measured_at[setting]
 
+    _warm_up(where, work, scale, echo)
     out = []
     for case in cases:
-        save_out, restore_out = at(bases[case])
-        costs = measured([str(save_out), str(restore_out)]).costs
-        read_limits, write_limits = _node_limits(save_out, restore_out)
+        runs = [str(path) for setting in bases[case] for path in at(setting)]
+        costs, base = measured(runs).costs, tuple(bases[case])
+        read_limits, write_limits = node_limits(*at(small))
         for target in targets[case]:
-            plan = _plan(model, target)
+            plan = plan_for(model, target)
             restore = predict_restore(plan, costs, read_limits)
             save = predict_save(plan, costs, write_limits)
             t_save, t_restore = at(target)
             out += [
-                Checked(case, bases[case], target, "save", save.total_s,
+                Checked(case, base, target, "save", save.total_s,
                         _measured_save_s(t_save), save.limit_name),
-                Checked(case, bases[case], target, "restore (time to state)", restore.total_s,
+                Checked(case, base, target, "restore (time to state)", restore.total_s,
                         _measured_restore_s(t_restore), restore.limit_name),
             ]  # fmt: skip
     return out
 
 
 def render_check(rows: list[Checked]) -> str:
-    lines = [f"{'case':<6} {'from':<22} {'to':<22} {'what':<24} {'predicted':>9} "
+    width = max([len(r.base_label()) for r in rows] + [4])
+    lines = [f"{'case':<6} {'from':<{width}} {'to':<22} {'what':<24} {'predicted':>9} "
              f"{'measured':>9} {'error':>7}  binds"]  # fmt: skip
     for r in rows:
         lines.append(
-            f"{r.case:<6} {r.base.label():<22} {r.target.label():<22} {r.what:<24} "
+            f"{r.case:<6} {r.base_label():<{width}} {r.target.label():<22} {r.what:<24} "
             f"{r.predicted_s:>8.2f}s {r.measured_s:>8.2f}s {r.error:>+7.0%}  {r.binds}"
         )
     return "\n".join(lines) + "\n"

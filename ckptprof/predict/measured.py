@@ -1,9 +1,11 @@
-"""What one node measured on the target storage, as rates and costs per byte.
+"""What one node measured on the target storage, as each phase's cost on one rank.
 
-Read from ``results.json`` (``synth restore``) and ``save.json`` (``synth save``): a
-rank's fetch and write rates at the concurrency it used, and the CPU phases' seconds per
-byte. The best setting measured is taken (cold where measured: a restore after a failure
-reads from the storage), its median over repeats; each number says where it came from.
+Read from ``results.json`` (``synth restore``) and ``save.json`` (``synth save``), as
+many as given: a rank's fetch and write at the concurrency it used, its CPU phases, and
+the rest of its wall time. Every run of the best restore setting measured (cold where
+measured: a restore after a failure reads from the storage) is a point; one size gives a
+cost per byte, two sizes or more a fixed part and a part per byte, two file counts a part
+per file (``ckptprof/predict/fit.py``). Each number says where it came from.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from pathlib import Path
 from statistics import median
 
 from ckptprof.errors import CkptprofError
-from ckptprof.predict.model import Costs, Given
+from ckptprof.predict.fit import Point, fit, remainder
+from ckptprof.predict.model import Cost, Costs
 from ckptprof.storage import is_object_store
+from ckptprof.storage.base import DEFAULT_PART_SIZE
 
 RESTORE_CPU = ("verify", "deserialize", "reshard")
 SAVE_CPU = ("commit",)
-DEFAULT_PART_SIZE = 16 << 20
+#: a rank's wall time outside the phases measured: set-up, listing, the gaps between them
+REST = "other"
 
 
 @dataclass(frozen=True)
@@ -28,8 +33,6 @@ class Measured:
     costs: Costs
     object_store: bool
     sources: tuple[str, ...]
-    restore_scale: float | None = None
-    save_scale: float | None = None
 
 
 def _files(paths: list[str]) -> tuple[list[Path], list[Path]]:
@@ -63,77 +66,97 @@ def _load(path: Path) -> dict:
     return doc
 
 
-def _restore_costs(path: Path, doc: dict) -> tuple[Given, dict[str, Given], int, str, float]:
-    runs = [r for r in doc.get("runs", []) if isinstance(r, dict) and r.get("phases")]
-    if not runs:
-        raise CkptprofError(f"{path}: no restore runs in it; run `ckptprof synth restore` again")
-    cold = [r for r in runs if r.get("cache") == "cold"] or runs
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for run in cold:
-        groups[(run.get("strategy"), run.get("cache"), run.get("concurrency"))].append(run)
+def _files_per_rank(doc: dict) -> int:
+    spec = doc.get("spec") or {}
+    return max(1, int(spec.get("files") or 0) // max(1, int(spec.get("ranks") or 1)))
 
-    def rate(run: dict) -> float:
-        fetch = run["phases"].get("fetch", {})
-        return fetch.get("bytes", 0) / fetch["busy_s"] / 1e9 if fetch.get("busy_s") else 0.0
 
-    key, group = max(groups.items(), key=lambda kv: median(rate(r) for r in kv[1]))
+def _label(paths: list[Path]) -> str:
+    return ", ".join(str(p) for p in paths)
+
+
+def _fetch_gbps(run: dict) -> float:
+    fetch = run["phases"].get("fetch", {})
+    return fetch.get("bytes", 0) / fetch["busy_s"] / 1e9 if fetch.get("busy_s") else 0.0
+
+
+def _restore_costs(docs: dict[Path, dict]) -> tuple[Cost, dict[str, Cost], int, str]:
+    """The fetch, CPU phases and the rest, over the runs of the best setting measured."""
+    runs: dict[tuple, list[tuple[dict, dict]]] = defaultdict(list)
+    for path, doc in docs.items():
+        found = [r for r in doc.get("runs", []) if isinstance(r, dict) and r.get("phases")]
+        if not found:
+            raise CkptprofError(
+                f"{path}: no restore runs in it; run `ckptprof synth restore` again"
+            )
+        cold = [r for r in found if r.get("cache") == "cold"] or found
+        for run in cold:
+            runs[(run.get("strategy"), run.get("cache"), run.get("concurrency"))].append((doc, run))
+    key, group = max(runs.items(), key=lambda kv: median(_fetch_gbps(r) for _, r in kv[1]))
+    if median(_fetch_gbps(r) for _, r in group) <= 0:
+        raise CkptprofError(
+            f"{_label(list(docs))}: its restores fetched no bytes; nothing to scale from"
+        )
     strategy, cache, concurrency = key
-    where = f"measured: {path} ({strategy}, {cache}, {concurrency} in flight, {len(group)} runs)"
-    read = Given(median(rate(r) for r in group), where)
-    if read.value <= 0:
-        raise CkptprofError(f"{path}: its restores fetched no bytes; nothing to scale from")
-    cpu = {}
-    for phase in RESTORE_CPU:
-        per_byte = [
-            r["phases"][phase]["busy_s"] / r["phases"]["fetch"]["bytes"]
-            for r in group
-            if phase in r["phases"] and r["phases"].get("fetch", {}).get("bytes")
-        ]
-        if per_byte:
-            cpu[phase] = Given(median(per_byte), where)
+    where = f"{_label(list(docs))} ({strategy}, {cache}, {concurrency} in flight)"
+    points: dict[str, list[Point]] = defaultdict(list)
+    for doc, run in group:
+        phases, files = run["phases"], _files_per_rank(doc)
+        nbytes = phases.get("fetch", {}).get("bytes") or 0
+        if not nbytes:
+            continue
+        busy = {name: phases[name]["busy_s"] for name in ("fetch", *RESTORE_CPU) if name in phases}
+        for name, seconds in busy.items():
+            points[name].append(Point(nbytes, files, seconds))
+        points["wall"].append(Point(nbytes, files, run["wall_s"]))
+    costs = {name: fit(found, where) for name, found in points.items()}
+    costs[REST] = remainder(costs.pop("wall"), list(costs.values()))
+    doc = next(iter(docs.values()))
     part = int((doc.get("options") or {}).get("part_size") or DEFAULT_PART_SIZE)
-    scale = float((doc.get("spec") or {}).get("scale") or 0) or None
-    return read, cpu, part, str(doc.get("location", "")), scale
+    cpu = {name: costs[name] for name in (*RESTORE_CPU, REST) if name in costs}
+    return costs["fetch"], cpu, part, str(doc.get("location", ""))
 
 
-def _save_costs(path: Path, doc: dict) -> tuple[Given, dict[str, Given], str, float | None]:
-    saves = [s for s in doc.get("saves", []) if isinstance(s, dict) and s.get("bytes")]
-    if not saves:
-        raise CkptprofError(f"{path}: no saves in it; run `ckptprof synth save` again")
-    options = doc.get("options") or {}
-    strategy = options.get("strategy", "?")
-    where = f"measured: {path} ({strategy}, {len(saves)} saves)"
-
-    def moving(save: dict) -> float:  # the write with its fsync; the commit apart
-        phases = save.get("phases") or {}
-        return sum(v for k, v in phases.items() if k != "commit") or save["wall_s"]
-
-    write = Given(median(s["bytes"] / moving(s) / 1e9 for s in saves), where)
-    cpu = {}
-    for phase in SAVE_CPU:
-        per_byte = [s["phases"][phase] / s["bytes"] for s in saves if phase in s.get("phases", {})]
-        if per_byte:
-            cpu[phase] = Given(median(per_byte), where)
+def _save_costs(docs: dict[Path, dict]) -> tuple[Cost, dict[str, Cost], str]:
+    """The write (with its serialize and fsync), the commit and the rest, over every save."""
+    points: dict[str, list[Point]] = defaultdict(list)
+    strategies = set()
+    for path, doc in docs.items():
+        saves = [s for s in doc.get("saves", []) if isinstance(s, dict) and s.get("bytes")]
+        if not saves:
+            raise CkptprofError(f"{path}: no saves in it; run `ckptprof synth save` again")
+        strategies.add(str((doc.get("options") or {}).get("strategy", "?")))
+        files = _files_per_rank(doc)
+        for save in saves:
+            phases = save.get("phases") or {}
+            nbytes = save["bytes"] // max(1, int(save.get("ranks") or 1))  # the job's: all ranks
+            moving = sum(v for k, v in phases.items() if k not in SAVE_CPU) or save["wall_s"]
+            points["write"].append(Point(nbytes, files, moving))
+            for name in SAVE_CPU:
+                if name in phases:
+                    points[name].append(Point(nbytes, files, phases[name]))
+            points["wall"].append(Point(nbytes, files, save["wall_s"]))
+    where = f"{_label(list(docs))} ({', '.join(sorted(strategies))})"
+    costs = {name: fit(found, where) for name, found in points.items()}
+    costs[REST] = remainder(costs.pop("wall"), list(costs.values()))
+    doc = next(iter(docs.values()))
     location = str((doc.get("environment") or {}).get("storage.uri", ""))
-    scale = float((doc.get("spec") or {}).get("scale") or 0) or None
-    return write, cpu, location, scale
+    return costs["write"], {n: costs[n] for n in (*SAVE_CPU, REST) if n in costs}, location
 
 
 def measured(paths: list[str]) -> Measured:
-    """The costs the results under ``paths`` measured (the first restore and save found)."""
+    """The costs the results under ``paths`` measured: every restore and every save."""
     results, saves = _files(paths)
-    read, cpu, part, location, restore_scale = None, {}, DEFAULT_PART_SIZE, "", None
-    if results:
-        read, cpu, part, location, restore_scale = _restore_costs(results[0], _load(results[0]))
-    write, save_cpu, save_scale = None, {}, None
-    if saves:
-        write, save_cpu, save_location, save_scale = _save_costs(saves[0], _load(saves[0]))
-        location = location or save_location
-    if read is None:
+    if not results:
         raise CkptprofError(
             f"{', '.join(paths)}: no restore measured (results.json); run `ckptprof synth "
             "restore` on the target storage too"
         )
+    read, cpu, part, location = _restore_costs({p: _load(p) for p in results})
+    write, save_cpu = None, {}
+    if saves:
+        write, save_cpu, save_location = _save_costs({p: _load(p) for p in saves})
+        location = location or save_location
     costs = Costs(read, write, part, cpu, save_cpu)
-    sources = tuple(str(p) for p in results[:1] + saves[:1])
-    return Measured(costs, is_object_store(location), sources, restore_scale, save_scale)
+    sources = tuple(str(p) for p in results + saves)
+    return Measured(costs, is_object_store(location), sources)

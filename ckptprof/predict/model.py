@@ -5,9 +5,10 @@ A save or a restore at scale moves each rank's bytes through a chain of limits: 
 rank's own client (measured here, on the target storage, at the concurrency used), the
 node's network, the storage's aggregate bandwidth and, on an object store, its request
 rate. The slowest link sets the transfer time; the CPU phases (verify, deserialize,
-reshard; serialize on a save, fused with its write) add their measured cost per byte of
-the slowest rank. Nothing here is fitted: every number is measured, given, or a default
-that names its source.
+reshard; serialize on a save, fused with its write) add their cost for the slowest rank's
+bytes and files. Each rank's own costs are a fixed part plus a part per byte (plus one
+per file) where two measured sizes separated them (``ckptprof/predict/fit.py``); every
+number is measured, fitted, given, or a default that names its source.
 """
 
 from __future__ import annotations
@@ -113,14 +114,43 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Costs:
-    """What one rank was measured to do on the target storage (per second, per byte)."""
+class Cost:
+    """One rank's seconds in one phase: a fixed part, a part per byte and one per file
+    (None: not separated by the runs measured)."""
 
-    read_gbps: Given  # one rank's fetch, at the concurrency it used
-    write_gbps: Given | None  # one rank's write (with its fsync)
+    per_byte_s: Given
+    fixed_s: Given | None = None
+    per_file_s: Given | None = None
+
+    def seconds(self, nbytes: int, files: int = 1) -> float:
+        fixed = self.fixed_s.value if self.fixed_s else 0.0
+        per_file = self.per_file_s.value * files if self.per_file_s else 0.0
+        return fixed + per_file + nbytes * self.per_byte_s.value
+
+    @property
+    def source(self) -> str:
+        return self.per_byte_s.source
+
+    def describe(self) -> str:
+        parts = [f"{self.per_byte_s.value * 1e9:.3g} s/GB"]
+        if self.fixed_s is not None:
+            parts.insert(0, f"{self.fixed_s.value:.3g} s")
+        if self.per_file_s is not None:
+            parts.append(f"{self.per_file_s.value * 1e3:.3g} ms/file")
+        return " + ".join(parts)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What one rank was measured to do on the target storage: its fetch and its write
+    (with its fsync) at the concurrency it used, its CPU phases, and the rest of its wall
+    time (set-up, listing, the gaps between phases)."""
+
+    read: Cost
+    write: Cost | None
     part_size: int
-    cpu_s_per_byte: dict[str, Given] = field(default_factory=dict)  # restore CPU phases
-    save_cpu_s_per_byte: dict[str, Given] = field(default_factory=dict)  # commit, stage
+    cpu: dict[str, Cost] = field(default_factory=dict)  # restore: verify ... reshard, other
+    save_cpu: dict[str, Cost] = field(default_factory=dict)  # save: commit, other
 
 
 @dataclass(frozen=True)
@@ -159,8 +189,9 @@ class Estimate:
 
     @property
     def total_s(self) -> float:
-        """Transfer, then the CPU phases (serial: an upper bound where they overlap)."""
-        return self.transfer_s + sum(self.cpu.values())
+        """Transfer, then the CPU phases and the rest (which takes off what overlapped
+        where it was measured to; never less than the transfer)."""
+        return self.transfer_s + max(0.0, sum(self.cpu.values()))
 
     @property
     def limit_name(self) -> str:
@@ -171,9 +202,9 @@ class Estimate:
         return self.binding.name
 
 
-def _bounds(rank_bytes, job_bytes, node_bytes, requests, client: Given, limits, rate):
+def _bounds(rank_bytes, job_bytes, node_bytes, requests, client: Cost, limits, rate, files):
     gb = 1e9
-    found = [Bound("a rank's client", rank_bytes / (client.value * gb), client.source)]
+    found = [Bound("a rank's client", client.seconds(rank_bytes, files), client.source)]
     if limits.node_gbps is not None:
         found.append(Bound("the node's network", node_bytes / (limits.node_gbps.value * gb),
                            limits.node_gbps.source))  # fmt: skip
@@ -191,26 +222,29 @@ def _requests(rank_bytes: int, ranks: int, plan: JobPlan, part_size: int) -> int
     return ranks * (math.ceil(rank_bytes / part_size) + plan.files_per_rank)
 
 
-def _cpu(per_byte: dict[str, Given], rank_bytes: int, plan: JobPlan, limits: Limits) -> dict:
+def _cpu(costs: dict[str, Cost], rank_bytes: int, plan: JobPlan, limits: Limits) -> dict:
     """Each CPU phase's seconds on the busiest rank; a node's ranks beyond its cores wait
     for one (the phases were measured by one rank with the machine to itself)."""
     crowding = 1.0
     if limits.cores is not None:
         crowding = max(1.0, plan.ranks_per_node / limits.cores.value)
-    return {name: rank_bytes * cost.value * crowding for name, cost in per_byte.items()}
+    return {
+        name: cost.seconds(rank_bytes, plan.files_per_rank) * crowding
+        for name, cost in costs.items()
+    }
 
 
 def predict_restore(plan: JobPlan, costs: Costs, limits: Limits) -> Estimate:
     rank_bytes, job_bytes = plan.restore_bytes()
     requests = _requests(rank_bytes, plan.world, plan, costs.part_size)
     bounds = _bounds(rank_bytes, job_bytes, rank_bytes * plan.ranks_per_node, requests,
-                     costs.read_gbps, limits, limits.get_rate)  # fmt: skip
-    cpu = _cpu(costs.cpu_s_per_byte, rank_bytes, plan, limits)
+                     costs.read, limits, limits.get_rate, plan.files_per_rank)  # fmt: skip
+    cpu = _cpu(costs.cpu, rank_bytes, plan, limits)
     return Estimate("restore", rank_bytes, job_bytes, requests, bounds, cpu)
 
 
 def predict_save(plan: JobPlan, costs: Costs, limits: Limits) -> Estimate:
-    if costs.write_gbps is None:
+    if costs.write is None:
         raise CkptprofError(
             "no save was measured: give a save.json (or its traces) from `ckptprof synth save` "
             "on the target storage"
@@ -219,9 +253,9 @@ def predict_save(plan: JobPlan, costs: Costs, limits: Limits) -> Estimate:
     writers = plan.writers()
     requests = _requests(math.ceil(job_bytes / writers), writers, plan, costs.part_size)
     node_bytes = rank_bytes * min(plan.ranks_per_node, writers)
-    bounds = _bounds(rank_bytes, job_bytes, node_bytes, requests, costs.write_gbps, limits,
-                     limits.put_rate)  # fmt: skip
-    cpu = _cpu(costs.save_cpu_s_per_byte, rank_bytes, plan, limits)
+    bounds = _bounds(rank_bytes, job_bytes, node_bytes, requests, costs.write, limits,
+                     limits.put_rate, plan.files_per_rank)  # fmt: skip
+    cpu = _cpu(costs.save_cpu, rank_bytes, plan, limits)
     return Estimate("save", rank_bytes, job_bytes, requests, bounds, cpu)
 
 

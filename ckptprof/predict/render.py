@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from ckptprof.predict.measured import Measured
 from ckptprof.predict.model import (
+    Cost,
     Estimate,
     Given,
     Interval,
@@ -33,6 +34,11 @@ def _given(name: str, given: Given | None) -> str:
     return f"  {name}: {given.value:g} ({given.source})" if given else f"  {name}: not given"
 
 
+def _costs(name: str, costs: dict[str, Cost]) -> list[str]:
+    """Each phase's fixed, per-byte and per-file parts on one rank, with their source."""
+    return [f"  {name} {phase}: {cost.describe()} ({cost.source})" for phase, cost in costs.items()]
+
+
 def _estimate_lines(estimate: Estimate, verb: str) -> list[str]:
     cpu = "".join(f" + {name} {s:.2f} s" for name, s in estimate.cpu.items())
     lines = [
@@ -54,7 +60,7 @@ def _estimate_lines(estimate: Estimate, verb: str) -> list[str]:
 
 
 def render_text(p: Prediction) -> str:
-    plan = p.plan
+    plan, costs = p.plan, p.measured.costs
     lines = [
         f"planned job: {plan.model} ({plan.params / 1e9:.1f} B parameters), {plan.nodes} nodes "
         f"x {plan.ranks_per_node} ranks = {plan.world} ranks, {plan.sharding}"
@@ -63,8 +69,8 @@ def render_text(p: Prediction) -> str:
         f"state: {fmt_bytes(plan.total_bytes)} (weights {fmt_bytes(plan.weight_bytes)}, "
         f"optimizer {fmt_bytes(plan.optimizer_bytes)}); {plan.files_per_rank} file(s) per rank",
         "assumptions (each number's source):",
-        _given("a rank's read GB/s", p.measured.costs.read_gbps),
-        _given("a rank's write GB/s", p.measured.costs.write_gbps),
+        *_costs("a rank's restore:", {"fetch": costs.read, **costs.cpu}),
+        *_costs("a rank's save:", {"write": costs.write, **costs.save_cpu} if costs.write else {}),
         _given("the storage's aggregate GB/s", p.limits.storage_gbps)
         + ("" if p.limits.storage_gbps else " (no aggregate limit: --storage-gbps)"),
         _given("the node's network GB/s", p.limits.node_gbps),
@@ -86,8 +92,9 @@ def render_text(p: Prediction) -> str:
         lines.append(f"cost at {p.price_per_hour:g}/node-hour: one restore "
                      f"{p.restore.total_s * node_s:.2f}"
                      + (f", one save {p.save.total_s * node_s:.2f}" if p.save else ""))  # fmt: skip
-    lines.append("the CPU phases are added after the transfer (an upper bound where they "
-                 "overlap it); `ckptprof predict --help` says how each limit is found")  # fmt: skip
+    lines.append("the CPU phases and other are added after the transfer (other takes off what "
+                 "overlapped in the runs measured); `ckptprof predict --help` says how each "
+                 "limit is found")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -106,6 +113,17 @@ def _estimate_json(estimate: Estimate) -> dict:
     }
 
 
+def _costs_json(costs: dict[str, Cost]) -> dict:
+    def given(g: Given | None) -> dict | None:
+        return None if g is None else {"value": g.value, "source": g.source}
+
+    return {
+        phase: {"fixed_s": given(c.fixed_s), "per_byte_s": given(c.per_byte_s),
+                "per_file_s": given(c.per_file_s)}
+        for phase, c in costs.items()
+    }  # fmt: skip
+
+
 def render_json(p: Prediction) -> dict:
     doc = {
         "plan": {
@@ -117,6 +135,12 @@ def render_json(p: Prediction) -> dict:
             "state_bytes": p.plan.total_bytes,
         },  # fmt: skip
         "measured": list(p.measured.sources),
+        "costs": {
+            "restore": _costs_json({"fetch": p.measured.costs.read, **p.measured.costs.cpu}),
+            "save": _costs_json({"write": p.measured.costs.write, **p.measured.costs.save_cpu})
+            if p.measured.costs.write
+            else None,
+        },
         "restore": _estimate_json(p.restore),
         "save": _estimate_json(p.save) if p.save else None,
     }
