@@ -67,3 +67,19 @@ def test_an_upward_import_and_a_cycle_are_caught(tmp_path):
     assert f"Contracts: 0 kept, {contract_count()} broken." in report, report
     assert "ckptprof.tracing._upward -> ckptprof.report.text" in report, report
     assert "ckptprof.storage._root -> ckptprof" in report, report
+
+
+def test_the_design_documents_the_layers_the_contract_states():
+    """docs/design.md §4's layer list is the contract's, line for line."""
+    import re
+
+    config = CONFIG.read_text()  # (tomllib is 3.11's; the list is one TOML array)
+    listed = config[
+        config.index("\nlayers = [") : config.index("\n]", config.index("\nlayers = ["))
+    ]
+    layers = re.findall(r'^\s*"([^"]+)",', listed, flags=re.M)
+    design = (ROOT / "docs" / "design.md").read_text()
+    section = design[design.index("## 4. The layering") : design.index("## 5.")]
+    block = section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n") + 4)]
+    documented = [re.match(r'"([^"]+)"', line.strip()).group(1) for line in block.splitlines()]
+    assert documented == layers
