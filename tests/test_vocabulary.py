@@ -162,3 +162,51 @@ def test_a_fused_or_lazy_fetch_is_not_held_against_the_ceiling():
     assert fetch_unbounded(fused) == "fused"
     assert fetch_unbounded({"deserialize": {"fused": "deserialize+reshard"}}) is None
     assert fetch_unbounded({"fetch": {"lazy": True}}) == "lazy"
+
+
+# ------------------------------------------------------------------ design.md §3's table
+DESIGN = ROOT / "docs" / "design.md"
+TABLE_HEAD = "| constant | key | note |\n| --- | --- | --- |\n"
+
+
+def _prose(text: str) -> str:
+    """A source comment as Markdown: ``x`` and :role:`x` to `x`, a table's pipes escaped."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text).replace("``", "`")
+    return text.replace("|", "\\|")
+
+
+def attribute_table() -> str:
+    """design.md §3's table, from ``Attr``'s source: each group (``# ---- title``), each
+    constant with its key and the comment on or above its line."""
+    source = (ROOT / VOCABULARY).read_text()
+    body = source[source.index("class Attr:") :]
+    body = body[: re.search(r"\n(?=\S)", body[1:]).start() + 1]  # to the class's end
+    rows, note = [], []
+    for line in body.splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith("# ----"):
+            rows.append(f"| **{_prose(stripped.removeprefix('# ----').strip())}** | | |")
+        elif stripped.startswith("#:"):
+            note.append(stripped.removeprefix("#:").strip())
+        elif found := re.match(r'([A-Z][A-Z0-9_]*) = "([^"]+)"(?:\s+#\s*(.*))?$', stripped):
+            name, key, inline = found.groups()
+            text = " ".join([*note, inline] if inline else note)
+            rows.append(f"| `{name}` | `{key}` | {_prose(text)} |".replace(" |  |", " |  |"))
+            note = []
+        elif not stripped.startswith("#"):
+            note = []
+    return TABLE_HEAD + "\n".join(rows) + "\n"
+
+
+def test_the_design_documents_every_attribute_as_the_source_states_it():
+    """Regenerate with ``python -m tests.test_vocabulary``."""
+    design = DESIGN.read_text()
+    start = design.index(TABLE_HEAD)
+    written = design[start : design.index("\n\n", start) + 1]
+    assert written == attribute_table(), "run: python -m tests.test_vocabulary"
+
+
+if __name__ == "__main__":  # rewrite design.md §3's table from the source
+    text = DESIGN.read_text()
+    start = text.index(TABLE_HEAD)
+    DESIGN.write_text(text[:start] + attribute_table() + text[text.index("\n\n", start) + 1 :])
