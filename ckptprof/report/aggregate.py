@@ -40,6 +40,7 @@ from ckptprof.report.load import (
     ResultsRun,
     TraceOperation,
 )
+from ckptprof.report.outside import named_outside
 from ckptprof.results_schema import fetch_unbounded, fraction_of_ceiling
 
 # (attribute, short label) that make two operations "the same configuration".
@@ -333,6 +334,7 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
                 ),
             )
             breakdown.synthetic = synthetic
+            breakdown.outside_named = named_outside([op.attributes for op in critical])
             if synthetic and kind == "restore":
                 breakdown.state_s = _spread(time_to_state(op) for op in critical)
         ordered = sorted(ops, key=lambda o: (o.start is None, o.start or 0))
