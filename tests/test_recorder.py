@@ -233,3 +233,26 @@ def test_time_outside_phases_goes_to_the_function_sampled_there():
         }
     )  # load was seen only inside the phase: never named
     assert attrs[Attr.OUTSIDE_S] == pytest.approx(0.44) == attrs[Attr.OUTSIDE_NAMED_S]
+
+
+def test_the_function_named_is_the_callers_code_not_ckptprofs_nor_plumbing():
+    """ckptprof's own frames on top are named as ckptprof, with the code that called
+    them, and the standard library's plumbing between (contextlib here) is skipped."""
+    import contextlib
+    from pathlib import Path
+
+    import ckptprof
+    from ckptprof.tracing.sampling import top_function
+
+    ours = {"top_function": top_function, "sys": __import__("sys")}
+    source = "def inside():\n    seen.append(top_function(sys._getframe()))\n"
+    exec(compile(source, str(Path(ckptprof.__file__).parent / "x.py"), "exec"), ours)
+    ours["seen"] = seen = []
+
+    def user_code():
+        with contextlib.ExitStack() as stack:
+            stack.callback(ours["inside"])  # runs in contextlib's __exit__
+
+    user_code()
+    (((name, file), _),) = seen
+    assert name == f"ckptprof, called from {user_code.__qualname__}" and file == __file__
