@@ -30,7 +30,6 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from ckptprof.phases import (
     FILE_SPAN,
-    PIECE_SPAN,
     PROGRESS_SPAN,
     RESTORE_SPAN,
     SAVE_SPAN,
@@ -38,7 +37,7 @@ from ckptprof.phases import (
     Phase,
     span_name,
 )
-from ckptprof.tracing.pieces import busy_pieces
+from ckptprof.tracing.pieces import emit_pieces
 from ckptprof.tracing.sampling import StackSampler, attribute
 
 log = logging.getLogger("ckptprof")
@@ -544,22 +543,9 @@ class Operation:
             root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         root.end(end_time=self._end_ns)
 
+    @_guest
     def _emit_pieces(self, parent, stats: PhaseStats) -> None:
-        """A phase that ran in pieces: one ``ckpt.piece`` per busy stretch
-        (:mod:`ckptprof.tracing.pieces`), so a UI's bars are the time it took."""
-        pieces, found = busy_pieces(stats.intervals)
-        if len(pieces) < 2:
-            return
-        parent.set_attribute(Attr.PIECES, len(pieces))
-        if found > len(pieces):
-            parent.set_attributes({Attr.PIECES_CAPPED: True, Attr.PIECES_INTERVALS: found})
-        ctx = trace.set_span_in_context(parent)
-        for piece in pieces:
-            attributes = {Attr.PIECE_OF: stats.phase, Attr.BUSY_S: round(piece.busy_ns / 1e9, 6)}
-            child = self._tracer.start_span(
-                PIECE_SPAN, context=ctx, start_time=piece.start_ns, attributes=attributes
-            )
-            child.end(end_time=piece.end_ns)
+        emit_pieces(self._tracer, parent, stats.phase, stats.intervals)
 
     def _emit_files(self, parent, stats: PhaseStats) -> None:
         ctx = trace.set_span_in_context(parent)
