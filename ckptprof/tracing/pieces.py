@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opentelemetry import trace
+
+from ckptprof.phases import PIECE_SPAN, Attr
+
 #: busy stretches closer than this are one piece: a gap this small is the phase left and
 #: entered again at once (the recorder's own bookkeeping between two blocks), not time
 #: spent elsewhere, which keeps its own gap however short
@@ -59,4 +63,24 @@ def busy_pieces(
     return [Piece(s, e, busy) for s, e, busy in stretches], found
 
 
-__all__ = ["JOIN_GAP_NS", "MAX_PIECES", "Piece", "busy_pieces"]
+def emit_pieces(
+    tracer: trace.Tracer, parent: trace.Span, phase: str, intervals: list[tuple[int, int]]
+) -> None:
+    """A ``ckpt.piece`` child of ``parent`` (the phase's span, open) per busy stretch of a
+    phase that ran in pieces, and ``ckpt.pieces`` on the parent; nothing for one stretch."""
+    pieces, found = busy_pieces(intervals)
+    if len(pieces) < 2:
+        return
+    parent.set_attribute(Attr.PIECES, len(pieces))
+    if found > len(pieces):
+        parent.set_attributes({Attr.PIECES_CAPPED: True, Attr.PIECES_INTERVALS: found})
+    context = trace.set_span_in_context(parent)
+    for piece in pieces:
+        attributes = {Attr.PIECE_OF: phase, Attr.BUSY_S: round(piece.busy_ns / 1e9, 6)}
+        child = tracer.start_span(
+            PIECE_SPAN, context=context, start_time=piece.start_ns, attributes=attributes
+        )
+        child.end(end_time=piece.end_ns)
+
+
+__all__ = ["JOIN_GAP_NS", "MAX_PIECES", "Piece", "busy_pieces", "emit_pieces"]
