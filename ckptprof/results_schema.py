@@ -48,6 +48,8 @@ _RUN = schema.record(
         "phases": schema.mapping(schema.text(), _PHASE),
         "retries": _COUNT,
         "errors": _COUNT,
+        "rank": schema.optional(_COUNT),  # a distributed job's rank (rank_runs)
+        "start_s": schema.optional(_SECONDS),  # when it began, seconds since the epoch
     },
     required=("wall_s",),
 )
@@ -86,6 +88,7 @@ RESULTS_SCHEMA = schema.record(
         "environment": schema.record({}),
         "ceiling": schema.optional(_CEILING),
         "runs": schema.items(_RUN),
+        "rank_runs": schema.items(_RUN),  # a distributed job: every rank's runs
         "summary": schema.items(_SUMMARY),
         "success_rate": schema.number(0, 1),
         "failures": schema.items(schema.record({"error": schema.text()})),

@@ -23,7 +23,7 @@ import os
 import re
 
 from ckptprof.errors import CkptprofError
-from ckptprof.storage import Storage, open_storage
+from ckptprof.storage import Storage, is_path, open_storage
 
 STATE_DIR_ENV = "CKPTPROF_STATE_DIR"
 BESIDE = "beside"
@@ -42,7 +42,7 @@ def default_state_root() -> str:
 
 def directory_key(directory: str) -> str:
     """A stable folder name for the records of ``directory`` (a path or ``s3://`` URI)."""
-    if "://" in directory:
+    if not is_path(directory):
         canonical = directory.rstrip("/")
     else:
         canonical = os.path.realpath(os.path.abspath(os.path.expanduser(directory)))

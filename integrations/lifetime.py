@@ -9,7 +9,8 @@ adapter's close), and its steps, timed from one step's end to the next less the 
 and restores inside them (those are their own spans), with the steps that ran while a
 background save was writing kept apart. :meth:`Lifetime.emit` writes them as one
 ``ckpt.run`` span at the end (and after every save, for a process that dies
-without closing).
+without closing), every one in the process's one trace: a backend shows one trace per
+process, its latest ``ckpt.run`` the longest.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Lifetime:
         self.background_steps = 0
         self.background_step_ns = 0
         self._clean: list[float] = []  # step seconds without a background save
+        self.trace_id: int | None = None  # every ckpt.run snapshot's: one trace per process
 
     def blocked(self, start_ns: int, end_ns: int) -> None:
         """A save or restore the loop waited for (not step time)."""
@@ -108,12 +110,15 @@ class Lifetime:
         """The ``ckpt.run`` span: from the process's start to now, with the ``job`` it
         belongs to (see :func:`job_identity`). Also written (not ``final``) after every
         save: a process killed later without closing (a Spot reclaim, SIGKILL) still
-        tells its life up to its last save."""
+        tells its life up to its last save. Every one joins the first one's trace."""
         global _previous_end_ns
         attributes = {**self.attributes(rank), Attr.RUN_FINAL: final}
         if job:
             attributes[Attr.RUN_JOB] = job
-        span = tracer.start_span(RUN_SPAN, attributes, start_ns=self.started_ns)
+        span = tracer.start_span(
+            RUN_SPAN, attributes, start_ns=self.started_ns, trace_id=self.trace_id
+        )
+        self.trace_id = self.trace_id or span.get_span_context().trace_id
         end = time.time_ns()
         if final:
             _previous_end_ns = end

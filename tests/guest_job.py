@@ -465,6 +465,7 @@ class DeepSpeed:
 
     def ddp_resume(self, directory: Path):
         engine = self.engine(directory)
+        held_back_before_the_load()
         engine.load_checkpoint(str(directory / "checkpoints"))
         self.steps(engine, 9)
         result = {"step": engine.global_steps, "weights": self.weights(engine)}
@@ -524,6 +525,20 @@ def lightning_copier():
 
 
 FRAMEWORKS = {"lightning": Lightning, "transformers": Transformers, "deepspeed": DeepSpeed}
+
+
+def held_back_before_the_load() -> None:
+    """``CKPTPROF_TEST_LATE_LOAD=RANK:SECONDS``: the ranks leave a barrier together, then
+    that rank begins its load that much later than the others (a rank arriving late at a
+    resume, as at scale)."""
+    rank, _, seconds = os.environ.get("CKPTPROF_TEST_LATE_LOAD", "").partition(":")
+    if not rank:
+        return
+    import torch.distributed as dist
+
+    dist.barrier()  # rank 0 prints its engine's settings after the last collective
+    if int(rank) == dist.get_rank():
+        time.sleep(float(seconds))
 
 
 def sigterm_after_failure(job, work: Path) -> None:

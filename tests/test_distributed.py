@@ -122,6 +122,9 @@ def test_each_rank_reads_its_own_file_and_the_straggler_is_named(checkpoints, tm
     text = " ".join(done.stdout.split())
     assert "job: 2 ranks on 1 node, one process each; RTO = the slowest rank's (rank 1" in text
     assert "rank 1 on node 0" in text and "is the straggler" in text
+    # rank skew from every rank's runs (they began together; rank 1 loaded last)
+    assert all(r["start_s"] > 0 for r in doc["rank_runs"])
+    assert "the job waited on rank 1 (the last loaded" in text
     assert done.stdout.count("results:") == 2  # one display for the job: rank 0's run lines
     assert "OMP_NUM_THREADS" not in done.stderr  # no launcher noise
 

@@ -14,6 +14,8 @@ import pytest
 from ckptprof.integrations import lifetime as lifetime_module
 from ckptprof.phases import Attr
 from ckptprof.report.goodput import build_goodput
+from ckptprof.tracing import CheckpointTracer, setup_telemetry
+from tests.conftest import read_spans
 
 S = 1_000_000_000  # ns in a second
 
@@ -137,3 +139,23 @@ def test_the_buckets_of_two_processes_worked_out_by_hand():
     assert goodput.downtimes_s == pytest.approx([10.0])
     assert goodput.wall_s == pytest.approx(200)
     assert goodput.goodput == pytest.approx((42.5 + 50) / 200)
+
+
+def test_a_process_run_written_at_each_save_stays_one_trace(tmp_path, monkeypatch):
+    """Each ``ckpt.run`` snapshot (at every save, then at the close) joins the process's
+    one trace, so a backend lists one trace per process; the next process (a new
+    Lifetime) is a trace of its own, and so is a span started after a snapshot."""
+    monkeypatch.setattr(lifetime_module, "_previous_end_ns", 0)  # the final one sets it
+    telemetry = setup_telemetry(tmp_path, run_id="job", otlp=False)
+    tracer = CheckpointTracer(telemetry.provider)
+    life = lifetime_module.Lifetime()
+    for final in (False, False, True):
+        life.emit(tracer, 0, final=final)
+    tracer.start_span("ckpt.after").end()
+    lifetime_module.Lifetime().emit(tracer, 0)
+    telemetry.shutdown()
+    spans = read_spans(telemetry.trace_file)
+    traces = [s["context"]["trace_id"] for s in spans]
+    assert [s["name"] for s in spans] == ["ckpt.run"] * 3 + ["ckpt.after", "ckpt.run"]
+    assert len(set(traces[:3])) == 1 and len({s["context"]["span_id"] for s in spans}) == 5
+    assert len(set(traces[2:])) == 3

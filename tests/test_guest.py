@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -53,10 +54,17 @@ EXPECTED_ERRORS = {
 
 
 def launch(
-    framework: str, scenarios: list[str], variant: str, root: Path, nproc: int = 1, fresh=True
+    framework: str,
+    scenarios: list[str],
+    variant: str,
+    root: Path,
+    nproc: int = 1,
+    fresh=True,
+    env: dict | None = None,
 ) -> subprocess.CompletedProcess:
     """Run the job once as ``variant``: in ``root/work`` (the same for every variant), with
-    its own current directory (trace files) and state location (ckptprof's records)."""
+    its own current directory (trace files) and state location (ckptprof's records);
+    ``env``: more variables (a test's fault, e.g. ``CKPTPROF_TEST_LATE_LOAD``)."""
     work, home = root / "work", root / variant
     if fresh and work.exists():
         shutil.rmtree(work)
@@ -67,7 +75,8 @@ def launch(
         launcher += ["--standalone", "--local-addr", "127.0.0.1"]  # its own free port
     command = [*launcher, str(JOB), framework, ",".join(scenarios), "--variant", variant]
     command += ["--work", str(work), "--out", str(home / f"{scenarios[0]}.json")]
-    env = {**os.environ, "CKPTPROF_STATE_DIR": str(home / "state"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "CKPTPROF_STATE_DIR": str(home / "state"), "OMP_NUM_THREADS": "1",
+           **(env or {})}  # fmt: skip
     return subprocess.run(command, cwd=home, env=env, capture_output=True, text=True, timeout=400)
 
 
@@ -121,12 +130,19 @@ def test_sigterm_after_a_failed_run_still_ends_the_process(framework, tmp_path):
         assert "survived SIGTERM" not in ended.stdout, variant
 
 
+#: a rank that begins its load late (tests/guest_job.py), where the job loads explicitly
+LATE_LOAD = {"deepspeed": {"CKPTPROF_TEST_LATE_LOAD": "1:3"}}  # rank 1, 3 s after rank 0
+
+
 @pytest.mark.parametrize("framework", sorted(SCENARIOS))
 def test_two_processes_behave_identically_and_tag_their_ranks(framework, tmp_path):
     runs = {}
     for variant in ("off", "interruptions"):
+        late = LATE_LOAD.get(framework) if variant == "interruptions" else None
         trained = observe(framework, ["ddp_train"], variant, tmp_path, nproc=2)
-        resumed = observe(framework, ["ddp_resume"], variant, tmp_path, nproc=2, fresh=False)
+        resumed = observe(
+            framework, ["ddp_resume"], variant, tmp_path, nproc=2, fresh=False, env=late
+        )
         runs[variant] = {**trained, **resumed}
     assert runs["off"]["ddp_resume"]["result"]["step"] == 9
     assert_same(runs["off"], runs["interruptions"], "interruptions")
@@ -137,4 +153,15 @@ def test_two_processes_behave_identically_and_tag_their_ranks(framework, tmp_pat
     traces = tmp_path / "interruptions" / "ckptprof-traces"
     spans = spans_in(traces)
     assert all(set(children(spans, r)) >= RESTORE_PHASES for r in found)
-    assert "slowest rank" in run_cli("report", str(traces)).stdout
+    text = run_cli("report", str(traces)).stdout
+    assert "slowest rank" in text
+    if framework in LATE_LOAD:  # the rank held back is named, from every rank's spans
+        late = re.search(
+            r"rank 1 began loading ([\d.]+) s after rank 0; the job waited on rank 1",
+            " ".join(text.split()),  # as one line, however the terminal wrapped it
+        )
+        assert late and float(late.group(1)) >= 2.5, text
+        report = json.loads(run_cli("report", str(traces), "--format", "json").stdout)
+        (skew,) = [s for g in report["groups"] if g["kind"] == "restore" for s in g["skews"]]
+        assert (skew["first_rank"], skew["last_rank"], skew["waited_on"]) == (0, 1, 1)
+        assert skew["arrival_skew_s"] >= 2.5, skew

@@ -15,7 +15,7 @@ from ckptprof.phases import Attr, Phase
 from ckptprof.report import aggregate, load, render_json, render_text, write_plot
 from ckptprof.report import hints as H
 from ckptprof.report.aggregate import Breakdown, PhaseRow, SweepRow
-from ckptprof.report.load import Ceiling
+from ckptprof.report.load import RecordedCeiling
 from ckptprof.tracing import CheckpointTracer, setup_telemetry
 from ckptprof.tracing import recorder as recorder_module
 from tests.conftest import run_cli
@@ -634,7 +634,7 @@ def sweep_row(concurrency, fraction, cache="cold") -> SweepRow:
     return SweepRow(b, None if fraction is None else fraction * 1.5, fraction)
 
 
-CEILING = Ceiling(read_gbps=1.5, request_latency_s=0.004, littles_law_inflight=6.2)
+CEILING = RecordedCeiling(read_gbps=1.5, request_latency_s=0.004, littles_law_inflight=6.2)
 
 
 def test_low_concurrency_hint_thresholds():

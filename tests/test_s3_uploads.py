@@ -133,7 +133,7 @@ def start_with_small_parts(site: str, location: str, tmp_path) -> None:
         open_storage(location).open_writer("model.pt", 8 * MiB, MiB)
     elif site == "ckptprof.synth.ceiling.probe_write":
         probe_write(open_storage(location), 64 * MiB, MiB, concurrency=2, fsync=False)
-    elif site == "ckptprof.synth.savers.save_parallel":
+    elif site == "ckptprof.synth.savers.parallel.Parallel.save":
         parallel_save(location, tmp_path, MiB)
     elif site == "ckptprof.synth.save.run_save":  # before the state is built or DEST claimed
         options = SaveOptions(repeat=1, strategy="parallel", part_size=MiB)
@@ -148,7 +148,7 @@ def start_with_small_parts(site: str, location: str, tmp_path) -> None:
 SITES = {
     "ckptprof.storage.s3.S3FileWriter.__init__": True,
     "ckptprof.synth.ceiling.probe_write": True,
-    "ckptprof.synth.savers.save_parallel": True,
+    "ckptprof.synth.savers.parallel.Parallel.save": True,
     "ckptprof.storage.s3.S3Storage.staging_file": False,
 }
 

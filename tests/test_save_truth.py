@@ -15,27 +15,41 @@ import pytest
 import torch
 
 from ckptprof.atomic import partial_path
+from ckptprof.errors import CkptprofError
 from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.phases import Attr
 from ckptprof.synth.generate import entry_of
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.plan import SynthSpec
+from ckptprof.synth.ranges import LAYOUTS
 from ckptprof.synth.save import SaveOptions, build_state, run_save
+from ckptprof.synth.savers import get_saver
+from ckptprof.synth.savers import registry as saver_registry
 from ckptprof.tracing import CheckpointTracer, setup_telemetry
 from tests.conftest import TINY_SCALE, spans_in
 from tests.test_synth import saved_state
 
-#: every strategy each layout saves with (DCP's parallel is refused: DCP lays out its files)
-SAVES = [
-    ("torch", "framework"),
-    ("torch", "parallel"),
-    ("safetensors", "framework"),
-    ("safetensors", "parallel"),
-    ("deepspeed", "framework"),
-    ("deepspeed", "parallel"),
-    ("dcp", "framework"),
-    ("dcp", "async"),
-]
+
+def accepted(layout: str, strategy: str, object_store: bool = False) -> bool:
+    try:
+        get_saver(strategy).check(layout, object_store)
+    except CkptprofError as refused:
+        assert "\n" not in str(refused) and f"--strategy {strategy}" in str(refused)
+        return False
+    return True
+
+
+#: every strategy each layout saves with on a local disk, from the savers' own rules (DCP's
+#: parallel is refused: DCP lays out its files)
+SAVES = [(lay, name) for lay in LAYOUTS for name in saver_registry.NAMES if accepted(lay, name)]
+
+
+def test_every_layout_has_a_default_writer_on_every_storage_and_each_saver_a_layout():
+    assert {name for _, name in SAVES} == set(saver_registry.NAMES)
+    for layout in LAYOUTS:
+        assert accepted(layout, saver_registry.default_strategy(layout))
+        if layout != "dcp":  # DCP writes through its own writer: local or mounted paths
+            assert accepted(layout, saver_registry.default_strategy(layout), object_store=True)
 
 
 def save_here(dest: Path, layout: str, strategy: str, traces: Path, **options):

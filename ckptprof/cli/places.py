@@ -15,6 +15,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from ckptprof.storage.registry import is_path
+
 #: a folder with less free space than this is full (room for what a run writes there is
 #: then checked by the command, against what it will write)
 MIN_FREE_BYTES = 4096
@@ -147,7 +149,7 @@ def location_problem(write: bool) -> Callable[[str], str | None]:
     if it is there (a missing one is the command's to explain: it names how to make it)."""
 
     def problem(text: str) -> str | None:
-        if "://" in text:
+        if not is_path(text):
             return None
         if write:
             return output_folder_problem(text)

@@ -22,6 +22,7 @@ from ckptprof.manifest import VERIFY_MODES
 from ckptprof.synth import ranges
 from ckptprof.synth.layouts import LAYOUT_NAMES
 from ckptprof.synth.presets import PRESETS
+from ckptprof.synth.savers import registry as saver_registry
 from ckptprof.synth.strategies import registry as strategy_registry
 
 SAVE_EXAMPLES = """examples:
@@ -107,7 +108,7 @@ def add_parser(commands) -> None:
     )
     add_spec_arguments(save)
     save.add_argument(
-        "--strategy", default=None, choices=ranges.SAVE_STRATEGIES,
+        "--strategy", default=None, choices=saver_registry.NAMES,
         help="framework: the layout's own writer, as a job calls it; parallel: ckptprof's "
         "writer, the same bytes in part-size writes, --concurrency at once (the one for "
         "S3: a multipart upload); async: DCP's async_save (the blocking part is the save). "
@@ -382,7 +383,6 @@ def run_save(args) -> int:
     from ckptprof.synth import distributed
     from ckptprof.synth.plan import SynthSpec
     from ckptprof.synth.save import SaveOptions, check, run_save, write_results
-    from ckptprof.synth.savers import default_strategy
     from ckptprof.synth.stragglers import PhaseBoard
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
@@ -396,7 +396,7 @@ def run_save(args) -> int:
     )  # fmt: skip
     options = SaveOptions(
         repeat=args.repeat, fsync=args.fsync, force=args.force,
-        strategy=args.strategy or default_strategy(args.layout),
+        strategy=args.strategy or saver_registry.default_strategy(args.layout),
         concurrency=args.concurrency, part_size=args.part_size, ceiling_gbps=args.ceiling_gbps,
         stall_after_s=stall_option(args.stall_after),
     )  # fmt: skip

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckptprof.phases import Attr
+from ckptprof.storage.registry import is_path
 
 log = logging.getLogger("ckptprof")
 
@@ -76,7 +77,7 @@ class InterruptionRecord:
 def write_record(location: str, record: InterruptionRecord) -> None:
     """Atomically write ``record`` into ``location`` (a folder or ``s3://bucket/prefix``)."""
     raw = record.to_json()
-    if location.startswith("s3://"):
+    if not is_path(location):
         from ckptprof.storage import open_storage
 
         open_storage(location).write_bytes(RECORD_NAME, raw)  # one PUT: atomic
@@ -96,7 +97,7 @@ def read_record(location: str, run_id: str | None = None) -> InterruptionRecord 
     the last two with a warning naming the file)."""
     where = f"{location.rstrip('/')}/{RECORD_NAME}"
     try:
-        if location.startswith("s3://"):
+        if not is_path(location):
             from ckptprof.storage import open_storage
 
             raw = open_storage(location).read_bytes(RECORD_NAME)
@@ -128,7 +129,7 @@ def consume_record(location: str) -> None:
     """Retire the record once a resume has linked to it, so the next resume does not:
     renamed to ``….done`` (on S3: copied there, then deleted)."""
     done = f"{RECORD_NAME}.{time.strftime('%Y%m%dT%H%M%S')}.done"
-    if location.startswith("s3://"):
+    if not is_path(location):
         from ckptprof.storage import open_storage
 
         try:

@@ -16,6 +16,7 @@ from statistics import median
 
 from ckptprof.errors import CkptprofError
 from ckptprof.predict.model import Costs, Given
+from ckptprof.storage import is_object_store
 
 RESTORE_CPU = ("verify", "deserialize", "reshard")
 SAVE_CPU = ("commit",)
@@ -135,4 +136,4 @@ def measured(paths: list[str]) -> Measured:
         )
     costs = Costs(read, write, part, cpu, save_cpu)
     sources = tuple(str(p) for p in results[:1] + saves[:1])
-    return Measured(costs, location.startswith("s3://"), sources, restore_scale, save_scale)
+    return Measured(costs, is_object_store(location), sources, restore_scale, save_scale)

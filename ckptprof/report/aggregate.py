@@ -41,6 +41,7 @@ from ckptprof.report.load import (
     TraceOperation,
 )
 from ckptprof.report.outside import named_outside
+from ckptprof.report.skew import results_skews, skews
 from ckptprof.results_schema import fetch_unbounded, fraction_of_ceiling
 
 # (attribute, short label) that make two operations "the same configuration".
@@ -353,6 +354,7 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
             memory=_memory(ops) if kind == "restore" else None,
             write_ceiling_gbps=_median(op.attr(Attr.SAVE_CEILING_GBPS) for op in good),
             written_bytes=_median_int(written_bytes(op) for op in good) if kind == "save" else None,
+            skews=skews(kind, instances),
         )
         group.hints = hint_rules.group_hints(group)
         group.verify_coverage = verify_coverage(config_map.get("verify"), breakdown)
@@ -489,6 +491,7 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
         options=results.options,
         reliability=results.reliability,
         job=results.job,
+        skews=results_skews(results.rank_runs),
     )
     sweep.hints = hint_rules.sweep_hints(sweep)
     sweep.verify_coverage = verify_coverage(

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckptprof.phases import Phase, fused_phases
-from ckptprof.report.load import Ceiling, CutShort
+from ckptprof.report.load import CutShort, RecordedCeiling
 from ckptprof.report.outside import NamedTime
 
 if TYPE_CHECKING:
     from ckptprof.report.checkpoint_cost import CheckpointInterval, SaveRestore
+    from ckptprof.report.skew import Skew
 
 # Sum of phases above wall by more than this fraction means the phases overlapped;
 # below it by more than this, time was spent outside every phase.
@@ -161,6 +162,8 @@ class OperationGroup:
     write_ceiling_gbps: float | None = None
     #: what the saves wrote (median bytes), to set against that ceiling
     written_bytes: int | None = None
+    #: each multi-rank operation's rank skew (report/skew.py)
+    skews: list[Skew] = field(default_factory=list)
 
     @property
     def of_write_ceiling(self) -> float | None:
@@ -225,7 +228,7 @@ class Sweep:
     created: str | None
     spec: dict[str, Any]
     environment: dict[str, Any]
-    ceiling: Ceiling | None
+    ceiling: RecordedCeiling | None
     rows: list[SweepRow]
     operations: list[OperationRow]
     options: dict[str, Any] = field(default_factory=dict)
@@ -233,6 +236,7 @@ class Sweep:
     hints: list[Hint] = field(default_factory=list)
     verify_coverage: VerifyCoverage | None = None
     job: dict[str, Any] = field(default_factory=dict)  # a distributed job's ranks
+    skews: list[Skew] = field(default_factory=list)  # each run's rank skew (report/skew.py)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from ckptprof.units import fmt_bytes
 
 if TYPE_CHECKING:
     from ckptprof.report.breakdown import Breakdown, OperationGroup, Sweep, SweepRow
-    from ckptprof.report.load import Ceiling
+    from ckptprof.report.load import RecordedCeiling
 
 MiB = 1024 * 1024
 
@@ -317,7 +317,7 @@ def breakdown_hints(b: Breakdown) -> list[Hint]:
 
 
 # --------------------------------------------------------------------- ceiling rules
-def low_concurrency(rows: Sequence[SweepRow], ceiling: Ceiling | None) -> Hint | None:
+def low_concurrency(rows: Sequence[SweepRow], ceiling: RecordedCeiling | None) -> Hint | None:
     """Rows (not hot) whose concurrency is under Little's Law's in-flight need and whose
     fetch is under LOW_CONCURRENCY_FRACTION of the ceiling."""
     if ceiling is None or not ceiling.littles_law_inflight or not ceiling.read_gbps:
@@ -355,7 +355,7 @@ def low_concurrency(rows: Sequence[SweepRow], ceiling: Ceiling | None) -> Hint |
     )
 
 
-def fetch_below_ceiling(rows: Sequence[SweepRow], ceiling: Ceiling | None) -> Hint | None:
+def fetch_below_ceiling(rows: Sequence[SweepRow], ceiling: RecordedCeiling | None) -> Hint | None:
     """Cold rows under FETCH_FAR_BELOW_FRACTION of the ceiling that low concurrency does
     not explain (hot runs read page cache, so the storage ceiling does not bound them)."""
     if ceiling is None or not ceiling.read_gbps:

@@ -22,6 +22,7 @@ from ckptprof.report.aggregate import Report, Sweep, phase_order
 from ckptprof.report.hints import Hint
 from ckptprof.report.interruptions import Story, render_stories
 from ckptprof.report.labels import source_labels
+from ckptprof.report.skew import skew_rows, skew_sentence
 from ckptprof.report.text import (
     ceiling_cell,
     env_highlights,
@@ -203,6 +204,7 @@ def _sweep_section(label: str, sweep: Sweep) -> str:
                 left=3,
             )
         )
+    parts.append(_skew_part("Rank skew", sweep.skews))
     env = sweep.environment
     if env:
         parts.append("<h3>Environment</h3>")
@@ -223,7 +225,6 @@ def _groups_section(report: Report) -> str:
         b = group.breakdown
         if b is None:
             continue
-        spread = group.ranks
         rows.append(
             [
                 group.kind,
@@ -235,15 +236,33 @@ def _groups_section(report: Report) -> str:
                     for p in b.phases
                 ),
                 outside_text(b, "RTO" if group.kind == "restore" else "save time") or "-",
-                "-"
-                if spread is None
-                else f"slowest rank {spread.slowest_rank} {fmt_s(spread.slowest_wall_s)} s",
+                _ranks_cell(group),
             ]
         )
     parts = ["<h2>Traced operations</h2>"]
     headers = ["kind", "configuration", "n", "wall s (min–max)", "phases", "outside", "ranks"]
     parts.append(_table(headers, rows, 2))
+    for group in report.groups:
+        parts.append(_skew_part(f"Rank skew, {_group_label(group)}", group.skews))
     return "".join(parts)
+
+
+def _skew_part(heading: str, skews) -> str:
+    """The worst operation's rank skew: its sentence and its ranks, as the text says them."""
+    sentence = skew_sentence(skews)
+    if sentence is None:
+        return ""
+    rows = "\n".join(skew_rows(skews))
+    return f"<h3>{_e(heading)}</h3><p>{_e(sentence)}</p>" + (
+        f"<pre>{_e(rows)}</pre>" if rows else ""
+    )
+
+
+def _ranks_cell(group) -> str:
+    """The slowest rank and, where ranks began apart, the skew's sentence."""
+    spread = group.ranks
+    slowest = spread and f"slowest rank {spread.slowest_rank} {fmt_s(spread.slowest_wall_s)} s"
+    return "; ".join(filter(None, (slowest, skew_sentence(group.skews)))) or "-"
 
 
 def _save_restore_section(report: Report) -> str:

@@ -97,8 +97,9 @@ class CutShort:
 
 
 @dataclass(frozen=True)
-class Ceiling:
-    """The runner's estimate of the best a fetch could do (docs/design.md §9)."""
+class RecordedCeiling:
+    """The runner's estimate of the best a fetch could do (docs/design.md §9), as read
+    back from its results (the measuring side is :class:`ckptprof.synth.ceiling.Ceiling`)."""
 
     read_gbps: float | None
     source: str | None = None
@@ -127,6 +128,9 @@ class ResultsRun:
     read_bytes: int | None = None
     first_step: str | None = None  # measured | estimated | user | skipped
     first_step_estimate_s: float | None = None
+    rank: int | None = None  # a distributed job's rank (``rank_runs``)
+    host: str | None = None
+    start_s: float | None = None  # when it began, seconds since the epoch
 
 
 @dataclass
@@ -138,7 +142,7 @@ class ResultsFile:
     created: str | None
     spec: dict[str, Any]
     environment: dict[str, Any]
-    ceiling: Ceiling | None
+    ceiling: RecordedCeiling | None
     runs: list[ResultsRun]
     summary: list[dict[str, Any]]
     options: dict[str, Any] = field(default_factory=dict)
@@ -146,6 +150,8 @@ class ResultsFile:
     reliability: dict[str, Any] = field(default_factory=dict)
     #: a distributed job's spread across its ranks (``job`` of results.json), as written
     job: dict[str, Any] = field(default_factory=dict)
+    #: every rank's runs of a distributed job (``runs`` holds each run's slowest rank)
+    rank_runs: list[ResultsRun] = field(default_factory=list)
 
 
 @dataclass
@@ -521,7 +527,7 @@ def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFi
     raw_ceiling = doc.get("ceiling")
     ceiling = None
     if isinstance(raw_ceiling, dict):
-        ceiling = Ceiling(
+        ceiling = RecordedCeiling(
             read_gbps=_num(raw_ceiling.get("read_gbps")),
             source=raw_ceiling.get("source"),
             request_latency_s=_num(raw_ceiling.get("request_latency_s")),
@@ -530,8 +536,30 @@ def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFi
             lower_bound_fetch_s=_num(raw_ceiling.get("lower_bound_fetch_s")),
             nbytes=_int(raw_ceiling.get("bytes")),
         )
+    summary = [s for s in doc.get("summary") or [] if isinstance(s, dict)]
+    if not summary:  # an older or hand-made file: the same medians the runner writes
+        summary = summarize(doc["runs"], ceiling.read_gbps if ceiling else None)
+    return ResultsFile(
+        path=path,
+        version=doc.get("ckptprof_version"),
+        created=doc.get("created"),
+        spec=dict(doc.get("spec") or {}),
+        environment=dict(doc.get("environment") or {}),
+        ceiling=ceiling,
+        runs=_results_runs(doc["runs"]),
+        summary=summary,
+        options=dict(doc.get("options") or {}) if isinstance(doc.get("options"), dict) else {},
+        reliability={
+            k: doc[k] for k in ("success_rate", "failures", "requests", "partial") if k in doc
+        },
+        job=dict(doc["job"]) if isinstance(doc.get("job"), dict) else {},
+        rank_runs=_results_runs(doc.get("rank_runs") or []),  # the schema checked it
+    )
+
+
+def _results_runs(entries: Iterable[Any]) -> list[ResultsRun]:
     runs = []
-    for entry in doc["runs"]:
+    for entry in entries:
         if not isinstance(entry, dict):
             continue
         runs.append(
@@ -550,26 +578,12 @@ def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFi
                 read_bytes=_int(entry.get("read_bytes")),
                 first_step=entry.get("first_step"),
                 first_step_estimate_s=_num(entry.get("first_step_estimate_s")),
+                rank=_int(entry.get("rank")),
+                host=entry.get("host") if isinstance(entry.get("host"), str) else None,
+                start_s=_num(entry.get("start_s")),
             )
         )
-    summary = [s for s in doc.get("summary") or [] if isinstance(s, dict)]
-    if not summary:  # an older or hand-made file: the same medians the runner writes
-        summary = summarize(doc["runs"], ceiling.read_gbps if ceiling else None)
-    return ResultsFile(
-        path=path,
-        version=doc.get("ckptprof_version"),
-        created=doc.get("created"),
-        spec=dict(doc.get("spec") or {}),
-        environment=dict(doc.get("environment") or {}),
-        ceiling=ceiling,
-        runs=runs,
-        summary=summary,
-        options=dict(doc.get("options") or {}) if isinstance(doc.get("options"), dict) else {},
-        reliability={
-            k: doc[k] for k in ("success_rate", "failures", "requests", "partial") if k in doc
-        },
-        job=dict(doc["job"]) if isinstance(doc.get("job"), dict) else {},
-    )
+    return runs
 
 
 def _read_results(path: Path) -> ResultsFile:

@@ -24,6 +24,7 @@ from ckptprof.report.cut_short import cut_short_lines
 from ckptprof.report.hints import Hint
 from ckptprof.report.load import ReportData
 from ckptprof.report.outside import outside_phrase
+from ckptprof.report.skew import skew_rows, skew_sentence
 from ckptprof.units import UNITS_NOTE, fmt_bytes, fmt_gbps, fmt_pct, fmt_s, terminal_width
 
 INDENT = "  "
@@ -259,6 +260,7 @@ def render_group(group: OperationGroup, by: str = "phase") -> list[str]:
         )
         text += "; the table shows the slowest)" if by != "run" else ")"
         lines += _wrap(text, INDENT)
+    lines += _skew_lines(group.skews)
     if group.reads is not None and (group.reads.ranks > 1 or group.reads.amplification > 1.05):
         r = group.reads
         lines += _wrap(
@@ -520,9 +522,18 @@ def render_sweep(sweep: Sweep, by: str = "phase") -> list[str]:
     else:
         lines.append(f"{INDENT}no runs recorded")
     lines += _job_lines(sweep.job)
+    lines += _skew_lines(sweep.skews)
     lines += _verify_lines(sweep.verify_coverage)
     lines += _hint_lines(sweep.hints)
     return lines
+
+
+def _skew_lines(skews) -> list[str]:
+    """When each rank began and was done (report/skew.py), the worst operation's."""
+    sentence = skew_sentence(skews)
+    if sentence is None:
+        return []
+    return _wrap(sentence, INDENT, INDENT * 3) + [INDENT * 2 + row for row in skew_rows(skews)]
 
 
 JOB_RANK_ROWS = 16  # ranks listed one per row; beyond, the slowest and fastest

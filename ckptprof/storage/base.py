@@ -108,6 +108,16 @@ class Storage(ABC):
     object_store: bool = False
     #: whether reads can be served from a local cache, so "hot" differs from "cold"
     has_local_cache: bool = False
+    #: files open by path (a local disk or a mount): the frameworks' own loaders read
+    #: them there, and O_DIRECT applies
+    files_by_path: bool = False
+    #: speaks the S3 API, so S3's own clients (s3torchconnector) can read it
+    s3_api: bool = False
+
+    @property
+    def mappable(self) -> bool:
+        """Whether files can be memory-mapped (by path, through the page cache)."""
+        return False
 
     def __init__(self, location: str) -> None:
         self.location = location

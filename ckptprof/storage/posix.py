@@ -51,12 +51,17 @@ MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})
 class PosixStorage(Storage):
     kind = "posix"
     has_local_cache = True
+    files_by_path = True
 
     def __init__(self, location: str, direct_io: bool = False) -> None:
         super().__init__(location)
         self.root = Path(location).expanduser()
         #: read with O_DIRECT (no page cache); switched off if the filesystem refuses it
         self.direct_io = direct_io
+
+    @property
+    def mappable(self) -> bool:
+        return not self.direct_io
 
     @property
     def uri(self) -> str:

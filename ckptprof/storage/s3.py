@@ -167,6 +167,7 @@ def safe_endpoint(url: str | None) -> str:
 class S3Storage(Storage):
     kind = "s3"
     object_store = True
+    s3_api = True
 
     def __init__(self, location: str, max_concurrency: int = 64) -> None:
         super().__init__(location)

@@ -27,5 +27,4 @@ STEP_SECONDS = schema.number(minimum=0, maximum=DAY_S)
 GBPS = schema.number(maximum=100_000, above=0)
 SECONDS = schema.number(maximum=7 * DAY_S, above=0)
 CACHES = ("cold", "hot")
-SAVE_STRATEGIES = ("framework", "parallel", "async")  # `synth save` (synth.savers)
 LAYOUTS = ("torch", "safetensors", "dcp", "deepspeed")  # each a module of synth.layouts

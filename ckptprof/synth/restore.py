@@ -253,14 +253,6 @@ class RestoreRunner:
     def memory_budget(self) -> int:
         return self.subject.memory_budget
 
-    @property
-    def model(self):
-        return self.first_step.model
-
-    @property
-    def optimizer(self):
-        return self.first_step.optimizer
-
     # ------------------------------------------------------------ setup
     def _where(self, path: str) -> str:
         return f"{self.storage.uri}/{path}"

@@ -54,6 +54,7 @@ class RunRecord:
     node: int | None = None
     host: str | None = None
     ranks: int = 1  # a job's record: how many ranks it stands for
+    start_s: float | None = None  # when its root began, seconds since the epoch (rank skew)
 
     def to_dict(self) -> dict:
         return dict(vars(self))

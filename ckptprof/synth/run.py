@@ -162,6 +162,7 @@ def run_record(
         rank=job.rank if job else None,
         node=job.node if job else None,
         host=job.host if job else None,
+        start_s=op.start_ns / 1e9,
     )
 
 

@@ -25,7 +25,7 @@ from ckptprof.errors import CkptprofError
 from ckptprof.manifest import Manifest, entry_for_segments
 from ckptprof.phases import Attr
 from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA_VERSION
-from ckptprof.storage import multipart, open_storage
+from ckptprof.storage import is_object_store, multipart, open_storage
 from ckptprof.storage.base import DEFAULT_PART_SIZE
 from ckptprof.synth.ceiling import WriteCeiling, probe_budget, probe_write, probe_write_bytes
 from ckptprof.synth.distributed import Job, job_context
@@ -102,7 +102,7 @@ class SaveResult:
 
 def check(location: str, spec: SynthSpec, options: SaveOptions, job: Job | None = None) -> None:
     """Refuse up front what this save cannot do (one line, with the fix)."""
-    check_strategy(options.strategy, spec.layout, location.startswith("s3://"))
+    check_strategy(options.strategy, spec.layout, is_object_store(location))
     if options.repeat < 1:
         raise CkptprofError(f"--repeat {options.repeat} must be at least 1.")
     if job is not None and spec.layout == "dcp":
@@ -115,7 +115,7 @@ def check(location: str, spec: SynthSpec, options: SaveOptions, job: Job | None 
             f"--ranks {spec.ranks}: under the launcher each of the {job.world} ranks writes "
             f"its own files; use --ranks {job.world} (or leave it out)."
         )
-    if location.startswith("s3://"):
+    if is_object_store(location):
         check_s3_parts(location, get_layout(spec.layout).plan(spec), options)
 
 

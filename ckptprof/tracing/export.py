@@ -529,7 +529,22 @@ class OsRandomIdGenerator(IdGenerator):
     The SDK's default generator calls ``random.getrandbits``: in a training job that
     seeds ``random`` (every Trainer does) and restores its state on resume, ids repeat
     across runs, and each span would also advance the job's own random stream.
+
+    :meth:`in_trace` puts the roots a thread starts into a given trace: a span written
+    again as it grows (a process's ``ckpt.run``) stays one trace in a backend.
     """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def in_trace(self, trace_id: int | None):
+        """Roots this thread starts inside the block join ``trace_id`` (None: a new one)."""
+        self._local.trace_id = trace_id
+        try:
+            yield
+        finally:
+            self._local.trace_id = None
 
     def generate_span_id(self) -> int:
         while True:
@@ -538,6 +553,9 @@ class OsRandomIdGenerator(IdGenerator):
                 return value
 
     def generate_trace_id(self) -> int:
+        forced = getattr(self._local, "trace_id", None)
+        if forced:
+            return forced
         while True:
             value = int.from_bytes(os.urandom(16), "big")
             if value:

@@ -643,16 +643,21 @@ class CheckpointTracer:
         start_ns: int | None = None,
         parent: Context | None = None,
         links: list[Link] | None = None,
+        trace_id: int | None = None,
     ) -> trace.Span:
         """A plain span with the root attributes (framework, run id): for the interruption
-        story (``ckpt.interruption``, ``ckpt.notice``, ``ckpt.emergency_save``)."""
-        return self._tracer.start_span(
-            name,
-            context=parent,
-            attributes=self._base(attributes),
-            start_time=start_ns,
-            links=links or None,
-        )
+        story (``ckpt.interruption``, ``ckpt.notice``, ``ckpt.emergency_save``) and the
+        process's ``ckpt.run`` (each of its snapshots in one ``trace_id``)."""
+        ids = getattr(self._tracer, "id_generator", None)
+        joined = ids.in_trace(trace_id) if trace_id and hasattr(ids, "in_trace") else None
+        with joined or contextlib.nullcontext():
+            return self._tracer.start_span(
+                name,
+                context=parent,
+                attributes=self._base(attributes),
+                start_time=start_ns,
+                links=links or None,
+            )
 
 
 def phase_or_nothing(op: Operation | None, phase: Phase | str):

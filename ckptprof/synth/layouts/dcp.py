@@ -40,13 +40,6 @@ def fqn(group: str, name: str) -> str:
     return f"model.{name}" if group == GROUP_MODEL else f"optim.state.{name}.{group}"
 
 
-def parse_fqn(key: str) -> tuple[str, str]:
-    if key.startswith("model."):
-        return GROUP_MODEL, key[len("model.") :]
-    name, group = key[len("optim.state.") :].rsplit(".", 1)
-    return group, name
-
-
 def read_metadata(raw: bytes) -> Metadata:
     """Unpickle ``.metadata`` (as DCP does; only restore checkpoints you trust)."""
     try:

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ckptprof.synth.fill import RandomFiller
-from ckptprof.synth.plan import Piece
 
 if TYPE_CHECKING:
     from ckptprof.io.buffers import HostBuffer
@@ -54,11 +53,7 @@ def load_fetched(buffer: HostBuffer) -> Any:
         )
 
 
-def fake_pieces(pieces: list[Piece] | tuple[Piece, ...]) -> dict[str, torch.Tensor]:
-    return {p.key: fake_tensor(p.piece_shape, p.dtype) for p in pieces}
-
-
-class _Window(io.RawIOBase):
+class _FileRange(io.RawIOBase):
     """A read-only view of ``[start, end)`` of an open file, for the zip readers."""
 
     def __init__(self, fd: int, start: int, end: int) -> None:
@@ -105,11 +100,11 @@ def write_torch_save(
         end = handle.tell()
     fd = os.open(path, os.O_RDWR)
     try:
-        window = _Window(fd, start, end)
+        window = _FileRange(fd, start, end)
         with zipfile.ZipFile(window) as archive:
             infos = archive.infolist()
             start_dir = archive.start_dir
-        reader = torch._C.PyTorchFileReader(_Window(fd, start, end))
+        reader = torch._C.PyTorchFileReader(_FileRange(fd, start, end))
         crcs = {}
         for info in infos:
             record = info.filename.split("/", 1)[1]

@@ -26,7 +26,7 @@ class Framework(Strategy):
         return {ANY: self.restore, "dcp": dcp.restore_framework}
 
     def check(self, storage) -> None:
-        if storage.kind != "posix":
+        if not storage.files_by_path:
             raise CkptprofError(
                 "--strategy framework reads files from a local or mounted path, as the "
                 "frameworks' loaders do; for s3:// use staged or pipelined (or --stage DIR)."

@@ -209,7 +209,7 @@ class FileMaps:
 
         self.fds: dict[str, int] = {}
         self.maps: dict[str, mmap.mmap] = {}
-        local = ctx.storage.kind == "posix" and not getattr(ctx.storage, "direct_io", False)
+        local = ctx.storage.mappable
         if not local or not ctx.state.on_host:  # a device's copies come from pinned buffers
             return
         for file in ctx.files:

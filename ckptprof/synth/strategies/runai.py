@@ -43,7 +43,7 @@ class RunAI(Strategy):
             raise CkptprofError(
                 f"--strategy runai needs the Run:ai Model Streamer: {INSTALL}"
             ) from None
-        if storage.kind != "posix":
+        if not storage.files_by_path:
             raise CkptprofError(
                 "--strategy runai is measured on a local or mounted path here; for s3:// use "
                 "staged or pipelined (or --stage DIR, then runai on the copy)."

@@ -65,7 +65,7 @@ class S3TorchConnector(Strategy):
             raise CkptprofError(
                 f"--strategy s3torchconnector needs AWS's s3torchconnector: {INSTALL}"
             ) from None
-        if storage.kind != "s3":
+        if not storage.s3_api:
             raise CkptprofError(
                 "--strategy s3torchconnector reads s3:// checkpoints; for a local or mounted "
                 "path use pipelined, staged, framework or runai."
