@@ -70,6 +70,9 @@ STRAGGLER_EVENT = "ckpt.straggler"
 #: an open save's or restore's in-progress record, a child of its root (which a process
 #: killed mid-operation never writes): what the report shows as cut short
 PROGRESS_SPAN = "ckpt.progress"
+#: one busy stretch of a phase that ran in pieces, a child of the phase's span (whose own
+#: span runs from its first start to its last end)
+PIECE_SPAN = "ckpt.piece"
 
 
 def _phase_value(phase: str | Phase) -> str:
@@ -92,6 +95,11 @@ class Attr:
     RESTORED_STEP = "ckpt.restored_step"  # the training step the checkpoint was saved at
     WALL_S = "ckpt.wall_s"  # the operation's wall time (the RTO of a restore)
     PHASE_SUM_S = "ckpt.phase_sum_s"  # the sum of its phases' BUSY_S (above WALL_S: overlap)
+    OUTSIDE_S = "ckpt.outside_s"  # the time no phase interval covers (tracing/sampling.py)
+    OUTSIDE_NAMED_S = "ckpt.outside.named_s"  # of it, sampled with a function on top
+    OUTSIDE_FUNCTIONS = "ckpt.outside.functions"  # the functions that took most: "f (file:line)"
+    OUTSIDE_FUNCTION_S = "ckpt.outside.function_s"  # their seconds, in that order
+    OUTSIDE_SAMPLE_EVERY_S = "ckpt.outside.sample_every_s"  # how often the stack was looked at
     RTO_ENDS_AT = "ckpt.rto.ends_at"  # what the RTO ends with where no first step ran
     FORMAT = "ckpt.format"
     LAYOUT = "ckpt.layout"
@@ -122,6 +130,11 @@ class Attr:
     FILE_LATENCY_MEDIAN_S = "ckpt.file.latency.median_s"
     FILE_LATENCY_MAX_S = "ckpt.file.latency.max_s"
     THROUGHPUT_GBPS = "ckpt.throughput_gbps"  # BYTES / BUSY_S, in GB/s
+    #: the phase ran in pieces: this many ``ckpt.piece`` children, one per busy stretch
+    PIECES = "ckpt.pieces"
+    PIECES_INTERVALS = "ckpt.pieces.intervals"  # the busy stretches there were
+    PIECES_CAPPED = "ckpt.pieces.capped"  # true: more than the cap, the closest joined
+    PIECE_OF = "ckpt.piece.of"  # a ``ckpt.piece``: the phase it is a stretch of
     EMULATED = "ckpt.emulated"  # the phase's time is an estimate, not a measurement
     EMULATION_REASON = "ckpt.emulation_reason"
     #: the phases that ran as this one interval, joined with "+", optionally a space and a

@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ckptprof import CheckpointTracer, Phase
 from ckptprof.phases import Attr
 from ckptprof.tracing import recorder as recorder_module
+from ckptprof.tracing.pieces import MAX_PIECES
 from tests.test_report import Clock  # the recorder's fake clock
 
 
@@ -161,3 +162,97 @@ def test_finish_is_idempotent_and_one_line_summary(memory):
     assert len([s for s in exporter.get_finished_spans() if s.name == "ckpt.restore"]) == 1
     line = first.one_line()
     assert line.startswith("ckptprof: RTO ") and "largest phase deserialize" in line
+
+
+def test_a_phase_that_ran_in_pieces_is_recorded_as_its_busy_pieces(memory, clock):
+    """fetch and deserialize taking turns, file after file: each phase's span runs from its
+    first start to its last end, and its ``ckpt.piece`` children are where it was busy."""
+    provider, exporter = memory
+    tracer = CheckpointTracer(provider)
+    with tracer.restore() as op:
+        for _ in range(3):
+            with op.phase(Phase.FETCH):
+                clock.advance(0.01)
+            with op.phase(Phase.DESERIALIZE):
+                clock.advance(0.02)
+        for index in range(100):  # 100 stretches of verify, each gap longer than the last
+            with op.phase(Phase.VERIFY):
+                clock.advance(0.001)
+            clock.advance(0.002 + index * 1e-5)
+    spans = exporter.get_finished_spans()
+    phases = {s.name: s for s in spans if s.parent and s.name != "ckpt.piece"}
+    pieces = {
+        name: [
+            s for s in spans if s.name == "ckpt.piece" and s.parent.span_id == span.context.span_id
+        ]
+        for name, span in phases.items()
+    }
+    fetch = phases["ckpt.fetch"]
+    assert (fetch.end_time - fetch.start_time) / 1e9 == pytest.approx(0.07)  # the extent
+    assert fetch.attributes[Attr.PIECES] == 3 and Attr.PIECES_CAPPED not in fetch.attributes
+    assert [(p.end_time - p.start_time) / 1e9 for p in pieces["ckpt.fetch"]] == pytest.approx(
+        [0.01] * 3
+    )
+    assert {p.attributes[Attr.PIECE_OF] for p in pieces["ckpt.deserialize"]} == {"deserialize"}
+    for name in ("ckpt.fetch", "ckpt.deserialize"):
+        drawn = sum(p.end_time - p.start_time for p in pieces[name]) / 1e9
+        assert drawn == pytest.approx(phases[name].attributes[Attr.BUSY_S])
+    # past the cap, the closest stretches are joined (and the span says so); the pieces'
+    # own busy time still adds up to the phase's
+    verify = phases["ckpt.verify"]
+    assert len(pieces["ckpt.verify"]) == verify.attributes[Attr.PIECES] == MAX_PIECES
+    assert verify.attributes[Attr.PIECES_CAPPED] is True
+    assert verify.attributes[Attr.PIECES_INTERVALS] == 100
+    busy = sum(p.attributes[Attr.BUSY_S] for p in pieces["ckpt.verify"])
+    assert busy == pytest.approx(verify.attributes[Attr.BUSY_S]) == pytest.approx(0.1)
+    widest = max(pieces["ckpt.verify"], key=lambda p: p.end_time - p.start_time)
+    assert widest.start_time == verify.start_time  # the first gaps, the shortest, were joined
+    assert "ckpt.list" not in phases and len(pieces) == 3  # a phase in one piece has none
+
+
+def test_time_outside_phases_goes_to_the_function_sampled_there():
+    """The samples' rule (tracing/sampling.py): the time between two samples is split,
+    the earlier one's function getting half a period at most; a phase's time is never
+    named; a gap the sampler could not look into goes to what it found after it."""
+    from ckptprof.tracing.sampling import attribute
+
+    ms = 1_000_000
+    setup, load = (("setup", "/job/train.py"), 10), (("load", "/fw/io.py"), 20)
+    collect = (("free_memory", "/fw/memory.py"), 34)
+    samples = [(0, 50 * ms, setup), (50 * ms, 100 * ms, setup), (100 * ms, 150 * ms, load)]
+    samples += [(150 * ms, 200 * ms, load), (200 * ms, 500 * ms, collect)]  # blind 300 ms
+    attrs = attribute(samples, [(120 * ms, 200 * ms)], 0, 520 * ms)  # a phase 120-200 ms
+    named = dict(zip(attrs[Attr.OUTSIDE_FUNCTIONS], attrs[Attr.OUTSIDE_FUNCTION_S], strict=True))
+    assert named == pytest.approx(
+        {
+            # 0-100 ms, then half a period (100-125 ms) less the phase from 120 ms
+            "setup (/job/train.py:10)": 0.12,
+            # the 300 ms the sampler could not look into, then the 20 ms after the last
+            # sample (half a period at most, as between two)
+            "free_memory (/fw/memory.py:34)": 0.32,
+        }
+    )  # load was seen only inside the phase: never named
+    assert attrs[Attr.OUTSIDE_S] == pytest.approx(0.44) == attrs[Attr.OUTSIDE_NAMED_S]
+
+
+def test_the_function_named_is_the_callers_code_not_ckptprofs_nor_plumbing():
+    """ckptprof's own frames on top are named as ckptprof, with the code that called
+    them, and the standard library's plumbing between (contextlib here) is skipped."""
+    import contextlib
+    from pathlib import Path
+
+    import ckptprof
+    from ckptprof.tracing.sampling import top_function
+
+    ours = {"top_function": top_function, "sys": __import__("sys")}
+    source = "def inside():\n    seen.append(top_function(sys._getframe()))\n"
+    exec(compile(source, str(Path(ckptprof.__file__).parent / "x.py"), "exec"), ours)
+    ours["seen"] = seen = []
+
+    def user_code():
+        with contextlib.ExitStack() as stack:
+            stack.callback(ours["inside"])  # runs in contextlib's __exit__
+
+    user_code()
+    (((name, file), _),) = seen
+    assert name == f"ckptprof, called from {user_code.__qualname__}" and file == __file__

@@ -99,7 +99,7 @@ def test_one_page_opens_offline_with_every_chart(runs, browser, tmp_path):
     assert hints.count() > 0
     for i in range(hints.count()):
         assert hints.nth(i).locator(".source").text_content() in sources
-    assert "its phases, then each file read" in page.locator(
+    assert "its phases, each drawn where it was busy, then each file read" in page.locator(
         'figure[data-chart="timeline"] figcaption').text_content()  # fmt: skip
     body = page.locator("body").text_content()
     assert "Interruptions" in body and "simulated notice" in body and "steps lost: 0" in body

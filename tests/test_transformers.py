@@ -6,17 +6,22 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import Trainer, TrainerCallback
 
+from ckptprof.cli import main
 from ckptprof.errors import VerifyError
 from ckptprof.integrations.transformers import CkptProfCallback, instrument, uninstrument
+from ckptprof.tracing.pieces import JOIN_GAP_NS
+from ckptprof.tracing.times import span_ns
 from tests.conftest import (
     RESTORE_PHASES,
     assert_memory_recorded,
@@ -317,11 +322,31 @@ def test_training_slower_after_the_resume_is_measured_and_named(tmp_path, caplog
     assert "slower after the resume" in report
 
 
-def test_resume_explicit_path_splits_deserialize_and_reshard(tmp_path):
+#: what a user's own create_optimizer takes in the resume below (outside every phase)
+SLOW_OPTIMIZER_S = 0.4
+
+
+def build_optimizer_slowly(trainer: Trainer):
+    """A user's ``create_optimizer`` (param groups built by hand, say) that takes
+    :data:`SLOW_OPTIMIZER_S`: inside the resume, outside every phase ckptprof times."""
+    time.sleep(SLOW_OPTIMIZER_S)
+    return Trainer.create_optimizer(trainer)
+
+
+def drawn_widths(page: str, phase: str) -> list[float]:
+    """The widths (SVG units) of the bars the HTML timeline draws for ``phase``."""
+    group = re.search(rf'<g id="phase-{phase}">(.*?)</g>', page, re.S)
+    assert group is not None, f"no {phase} bars in the timeline"
+    bars = re.findall(r"M ([\d.]+) [\d.]+\s+L [\d.]+ [\d.]+\s+L ([\d.]+)", group.group(1))
+    return [float(right) - float(left) for left, right in bars]
+
+
+def test_resume_splits_its_phases_names_the_time_outside_them_and_draws_pieces(tmp_path, capsys):
     trainer, _ = traced(tmp_path, 10)
     trainer.train()
     folder = tmp_path / "checkpoints" / "checkpoint-5"
     trainer, callback = traced(tmp_path, 7)
+    trainer.create_optimizer = types.MethodType(build_optimizer_slowly, trainer)
     trainer.train(resume_from_checkpoint=str(folder))
     assert trainer.state.global_step == 7
     summary = callback.last_restore
@@ -332,6 +357,48 @@ def test_resume_explicit_path_splits_deserialize_and_reshard(tmp_path):
     for rs, re_ in reshard.intervals:
         assert all(re_ <= ds or rs >= de for ds, de in deserialize.intervals)
     assert summary.wall_s >= summary.phase_sum_s
+    # every second named: the user's slow create_optimizer, by name, with its time
+    named = dict(
+        zip(summary.attributes["ckpt.outside.functions"],
+            summary.attributes["ckpt.outside.function_s"], strict=True)
+    )  # fmt: skip
+    (ours,) = [n for n in named if n.startswith("build_optimizer_slowly (")]
+    assert "test_transformers.py:" in ours
+    assert named[ours] == pytest.approx(SLOW_OPTIMIZER_S, abs=0.1)
+    # the report says it (--html prints the text report too, and writes the page)
+    page_path = tmp_path / "report.html"
+    assert main(["report", str(tmp_path / "traces"), "--html", str(page_path)]) == 0
+    said = re.search(r"outside any\s+phase: .*?([\d.]+) s in build_optimizer_slowly \(",
+                     " ".join(capsys.readouterr().out.split()))  # fmt: skip
+    assert said is not None and float(said.group(1)) == pytest.approx(SLOW_OPTIMIZER_S, abs=0.1)
+    page = page_path.read_text()
+    assert "s in build_optimizer_slowly (" in page
+    # the phases interleave (a file fetched, verified, deserialized, the next...): each is
+    # recorded as its busy pieces, whose durations add up to the table's busy time
+    spans = spans_in(tmp_path / "traces")
+    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
+    phases = {name[5:]: span for name, span in children(spans, restore).items()}
+    in_pieces = {}
+    for name, span in phases.items():
+        mine = [s for s in spans if s["parent_id"] == span["context"]["span_id"]
+                and s["name"] == "ckpt.piece"]  # fmt: skip
+        durations = [(span_ns(s["end_time"]) - span_ns(s["start_time"])) / 1e9 for s in mine]
+        if mine:
+            in_pieces[name] = durations
+            assert span["attributes"]["ckpt.pieces"] == len(mine) >= 2
+            # within rounding: 1 µs a timestamp, and the few µs between two stretches
+            # of the phase so close that they are one piece (tracing/pieces.py)
+            slack = len(mine) * (2e-6 + JOIN_GAP_NS / 1e9)
+            assert sum(durations) == pytest.approx(span["attributes"]["ckpt.busy_s"], abs=slack)
+    assert {"fetch", "verify", "deserialize"} <= set(in_pieces)
+    # the page's timeline draws those pieces, in proportion to busy time, not the extents
+    scale = (
+        sum(drawn_widths(page, "first_step")) / phases["first_step"]["attributes"]["ckpt.busy_s"]
+    )
+    for name, durations in in_pieces.items():
+        widths = drawn_widths(page, name)
+        assert len(widths) == len(durations), name
+        assert sum(widths) / scale == pytest.approx(sum(durations), abs=2e-4), name
 
 
 def test_sharded_safetensors_fetches_every_shard_and_the_index(tmp_path):

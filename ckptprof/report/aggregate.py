@@ -40,6 +40,7 @@ from ckptprof.report.load import (
     ResultsRun,
     TraceOperation,
 )
+from ckptprof.report.outside import named_outside
 from ckptprof.report.skew import results_skews, skews
 from ckptprof.results_schema import fetch_unbounded, fraction_of_ceiling
 
@@ -334,6 +335,7 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
                 ),
             )
             breakdown.synthetic = synthetic
+            breakdown.outside_named = named_outside([op.attributes for op in critical])
             if synthetic and kind == "restore":
                 breakdown.state_s = _spread(time_to_state(op) for op in critical)
         ordered = sorted(ops, key=lambda o: (o.start is None, o.start or 0))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptprof.phases import Phase, fused_phases
 from ckptprof.report.load import CutShort, RecordedCeiling
+from ckptprof.report.outside import NamedTime
 
 if TYPE_CHECKING:
     from ckptprof.report.checkpoint_cost import CheckpointInterval, SaveRestore
@@ -81,6 +82,9 @@ class Breakdown:
     synthetic: bool = False
     #: time to state (list -> reshard: the RTO less the first step), median, min, max
     state_s: tuple[float, float, float] | None = None
+    #: the functions the time outside every phase was spent in (traced operations whose
+    #: training thread was sampled; mean seconds per operation, the largest first)
+    outside_named: list[NamedTime] = field(default_factory=list)
 
     def phase(self, name: str | Phase) -> PhaseRow | None:
         key = name.value if isinstance(name, Phase) else name

@@ -26,6 +26,7 @@ from ckptprof.report.skew import skew_rows, skew_sentence
 from ckptprof.report.text import (
     ceiling_cell,
     env_highlights,
+    outside_text,
     phase_note,
     render_text,
     sweep_notes,
@@ -234,13 +235,13 @@ def _groups_section(report: Report) -> str:
                     " ".join(filter(None, (p.phase, fmt_s(p.busy_s), phase_note(b, p))))
                     for p in b.phases
                 ),
+                outside_text(b, "RTO" if group.kind == "restore" else "save time") or "-",
                 _ranks_cell(group),
             ]
         )
     parts = ["<h2>Traced operations</h2>"]
-    parts.append(
-        _table(["kind", "configuration", "n", "wall s (min–max)", "phases", "ranks"], rows, 2)
-    )
+    headers = ["kind", "configuration", "n", "wall s (min–max)", "phases", "outside", "ranks"]
+    parts.append(_table(headers, rows, 2))
     for group in report.groups:
         parts.append(_skew_part(f"Rank skew, {_group_label(group)}", group.skews))
     return "".join(parts)
@@ -339,7 +340,7 @@ def render_html(
         parts.append(_figure(concurrency, "median fetch GB/s, cold and hot", "concurrency"))
     if timeline is not None:
         parts.append(f"<h2>Timeline of one {_e(timeline.kind)}</h2>")
-        caption = "its phases" + (
+        caption = "its phases, each drawn where it was busy" + (
             ", then each file read"
             if timeline.files
             else " (each file read too with synth restore --per-file-spans)"

@@ -1,6 +1,7 @@
 """Traces as a Perfetto timeline (ui.perfetto.dev, or ``trace_processor``): each rank a
 process, each phase and each stream of file reads a thread, every save, restore, phase
-and file read a slice with its ``ckpt.*`` attributes as arguments.
+(each busy piece of a phase that ran in pieces) and file read a slice with its ``ckpt.*``
+attributes as arguments.
 
 Written with the ``perfetto`` package's own protobuf classes (``TrackEvent`` packets,
 native format, offline). A thread's slices must never overlap, so each track's slices are
@@ -29,8 +30,10 @@ def _tracks(lines: Sequence[Timeline]) -> dict[tuple[str, int], dict[str, list[S
         process["operation"].append(
             Slice(line.label(), line.start_ns, line.end_ns, 0, attrs, phase=line.kind)
         )
-        for phase in line.phases:
-            process[f"phase {phase.name}"].append(phase)
+        for phase in line.phases:  # where it was busy: a phase in pieces, a slice each
+            process[f"phase {phase.name}"] += [
+                Slice(phase.name, s, e, 0, phase.attributes) for s, e in phase.busy()
+            ]
         for item in line.files:
             process[f"{item.phase} reads"].append(item)
     return tracks

@@ -227,17 +227,20 @@ def ranks_figure(per_rank: list[dict]):
 
 
 def timeline_figure(line: Timeline):
-    """One operation in time: a row of phases, then one row per concurrent file read."""
+    """One operation in time: a row of phases, each drawn where it was busy (a phase that
+    ran in pieces as its pieces, not its first-to-last extent), then one row per
+    concurrent file read. Each phase's bars are the SVG group ``phase-<name>``."""
     lanes = line.lanes()
     fig = _figure(1.6 + 0.22 * (len(lanes) + 1))
     ax = fig.subplots()
     t0 = line.start_ns
     for phase in line.phases:
         ax.broken_barh(
-            [((phase.start_ns - t0) / 1e9, phase.seconds)],
+            [((s - t0) / 1e9, (e - s) / 1e9) for s, e in phase.busy()],
             (-0.4, 0.8),
             color=phase_color(phase.name),
             label=phase.name,
+            gid=f"phase-{phase.name}",
         )
     row_of = {lane: i + 1 for i, lane in enumerate(lanes)}
     for item in line.files:

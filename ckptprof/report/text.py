@@ -23,6 +23,7 @@ from ckptprof.report.breakdown import PhaseRow, SweepRow
 from ckptprof.report.cut_short import cut_short_lines
 from ckptprof.report.hints import Hint
 from ckptprof.report.load import ReportData
+from ckptprof.report.outside import outside_phrase
 from ckptprof.report.skew import skew_rows, skew_sentence
 from ckptprof.units import UNITS_NOTE, fmt_bytes, fmt_gbps, fmt_pct, fmt_s, terminal_width
 
@@ -116,9 +117,19 @@ def _overlap_lines(b: Breakdown, wall_word: str) -> list[str]:
     if b.overlapped:
         text += f": phases overlapped (by {fmt_s(b.phase_sum_s - b.wall_median_s)} s)"
     elif b.outside_phases_s:
-        share = b.outside_phases_s / b.wall_median_s
-        text += f": {fmt_s(b.outside_phases_s)} s ({share:.0%} of {wall_word}) outside any phase"
+        text += f": {outside_text(b, wall_word)}"
     return _wrap(text, INDENT, INDENT * 2)
+
+
+def outside_text(b: Breakdown, wall_word: str) -> str:
+    """ "0.596 s (54% of RTO) outside any phase: 0.310 s in foo (file:line), …", the
+    functions where the training thread was sampled; "" when no time is outside."""
+    if not b.outside_phases_s:
+        return ""
+    share = b.outside_phases_s / b.wall_median_s
+    text = f"{fmt_s(b.outside_phases_s)} s ({share:.0%} of {wall_word}) outside any phase"
+    named = outside_phrase(b.outside_named, b.outside_phases_s)
+    return f"{text}: {named}" if named else text
 
 
 def fused_label(r: PhaseRow) -> str:

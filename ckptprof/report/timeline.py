@@ -1,5 +1,6 @@
-"""One save or restore as a timeline: its phases and, where recorded, each file's read,
-packed into lanes (the fetch streams in flight at once). The HTML report draws it and
+"""One save or restore as a timeline: its phases (a phase that ran in pieces, as its busy
+stretches) and, where recorded, each file's read, packed into lanes (the fetch streams in
+flight at once). The HTML report draws it and
 ``ckptprof export --format perfetto`` writes it as tracks.
 """
 
@@ -11,7 +12,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptprof.phases import FILE_SPAN, NAMESPACE, PROGRESS_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr
+from ckptprof.phases import (
+    FILE_SPAN,
+    NAMESPACE,
+    PIECE_SPAN,
+    PROGRESS_SPAN,
+    RESTORE_SPAN,
+    SAVE_SPAN,
+    Attr,
+)
 from ckptprof.tracing.times import span_ns
 
 ROOTS = {RESTORE_SPAN: "restore", SAVE_SPAN: "save"}
@@ -27,10 +36,16 @@ class Slice:
     lane: int = 0
     attributes: dict[str, Any] = field(default_factory=dict)
     phase: str = ""  # a file's read: the phase it belongs to (fetch, verify, deserialize)
+    #: a phase that ran in pieces: its busy stretches (its ``ckpt.piece`` spans)
+    pieces: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def seconds(self) -> float:
         return (self.end_ns - self.start_ns) / 1e9
+
+    def busy(self) -> list[tuple[int, int]]:
+        """When it was busy: its pieces, else its whole extent (one stretch)."""
+        return sorted(self.pieces) or [(self.start_ns, self.end_ns)]
 
 
 @dataclass
@@ -128,27 +143,39 @@ def timelines(spans: Iterable[dict[str, Any]]) -> list[Timeline]:
             attributes=dict(root.get("attributes") or {}),
             resource=dict((root.get("resource") or {}).get("attributes") or {}),
         )
-        stack = [(span, None) for span in children.get(line.span_id, ())]
-        while stack:
-            span, phase = stack.pop()
-            s, e = span_ns(span.get("start_time")), span_ns(span.get("end_time"))
-            name = str(span.get("name", ""))
-            inner = phase if name == FILE_SPAN else name.removeprefix(NAMESPACE)
-            own_id = str((span.get("context") or {}).get("span_id"))
-            stack.extend((child, inner) for child in children.get(own_id, ()))
-            if s is None or e is None:
-                continue
-            attrs = dict(span.get("attributes") or {})
-            if name == FILE_SPAN:
-                path = str(attrs.get(Attr.PATH, "file"))
-                line.files.append(Slice(path, s, e, 0, attrs, phase=phase or "file"))
-            elif name.startswith(NAMESPACE) and name != PROGRESS_SPAN:
-                line.phases.append(Slice(inner, s, e, 0, attrs))
-        line.phases.sort(key=lambda p: p.start_ns)
-        _pack(line.files)
+        _fill(line, children)
         found.append(line)
     found.sort(key=lambda t: t.start_ns)
     return found
+
+
+def _fill(line: Timeline, children: dict[str, list[dict]]) -> None:
+    """``line``'s phases (each with its pieces) and file reads, from its root's children."""
+    pieces: dict[str, list[tuple[int, int]]] = defaultdict(list)  # by the phase's span id
+    by_id: dict[str, Slice] = {}
+    stack = [(span, None) for span in children.get(line.span_id, ())]
+    while stack:
+        span, phase = stack.pop()
+        s, e = span_ns(span.get("start_time")), span_ns(span.get("end_time"))
+        name = str(span.get("name", ""))
+        inner = phase if name in (FILE_SPAN, PIECE_SPAN) else name.removeprefix(NAMESPACE)
+        own_id = str((span.get("context") or {}).get("span_id"))
+        stack.extend((child, inner) for child in children.get(own_id, ()))
+        if s is None or e is None:
+            continue
+        attrs = dict(span.get("attributes") or {})
+        if name == FILE_SPAN:
+            path = str(attrs.get(Attr.PATH, "file"))
+            line.files.append(Slice(path, s, e, 0, attrs, phase=phase or "file"))
+        elif name == PIECE_SPAN:
+            pieces[str(span.get("parent_id"))].append((s, e))
+        elif name.startswith(NAMESPACE) and name != PROGRESS_SPAN:
+            by_id[own_id] = Slice(inner, s, e, 0, attrs)
+    for own_id, stretches in pieces.items():
+        if own_id in by_id:
+            by_id[own_id].pieces = sorted(stretches)
+    line.phases = sorted(by_id.values(), key=lambda p: p.start_ns)
+    _pack(line.files)
 
 
 def representative(found: list[Timeline]) -> Timeline | None:

@@ -20,6 +20,7 @@ import psutil
 from ckptprof import schema
 from ckptprof.errors import CkptprofError, StorageError, UnreachableError
 from ckptprof.manifest import GENERATING_NAME, MANIFEST_NAME, VERIFY_MODES, Manifest
+from ckptprof.phases import RESTORE_PHASES
 from ckptprof.preflight import OutputClaim, check_output_dir
 from ckptprof.storage import open_storage
 from ckptprof.storage.base import DEFAULT_PART_SIZE, ObjectInfo, Storage
@@ -44,6 +45,7 @@ from ckptprof.synth.strategies import registry as strategy_registry
 from ckptprof.synth.strategies.base import needed_files
 from ckptprof.synth.subject import RestoreSubject
 from ckptprof.synth.targets import TargetState, plan_targets
+from ckptprof.tracing.pieces import MAX_PIECES
 from ckptprof.tracing.recorder import CheckpointTracer
 from ckptprof.units import fmt_bytes, wrap
 
@@ -59,6 +61,8 @@ DEFAULT_BUDGET_CAP = 2 << 30
 RESULTS_BASE_BYTES = 64 << 10
 RESULTS_PER_RUN_BYTES = 4 << 10
 TRACE_PER_RUN_BYTES = 32 << 10
+#: a phase that ran in pieces: a ckpt.piece span each (~0.8 KB as written, measured)
+TRACE_PER_PIECE_BYTES = 1 << 10
 TRACE_PER_FILE_SPAN_BYTES = 2 << 10
 STAGE_HEADROOM_BYTES = 64 << 20
 
@@ -281,7 +285,7 @@ class RestoreRunner:
         if self.options.simulate_interruption:  # the emergency save lands in --out too
             results += self.manifest.total_bytes
         check_output_dir(out_dir, "--out", results)
-        per_run = TRACE_PER_RUN_BYTES
+        per_run = TRACE_PER_RUN_BYTES + len(RESTORE_PHASES) * MAX_PIECES * TRACE_PER_PIECE_BYTES
         if self.options.per_file_spans:
             per_run += len(self.paths) * TRACE_PER_FILE_SPAN_BYTES
         if trace_dir is not None:  # None: OpenTelemetry is off, no trace file

@@ -37,6 +37,8 @@ from ckptprof.phases import (
     Phase,
     span_name,
 )
+from ckptprof.tracing.pieces import emit_pieces
+from ckptprof.tracing.sampling import StackSampler, attribute
 
 log = logging.getLogger("ckptprof")
 # Functions that already logged an internal error: one warning per process, not per call.
@@ -208,6 +210,9 @@ class Operation:
         self._summary: OperationSummary | None = None
         self._span = self._start_root(links, parent)
         self._watched = False
+        #: the stack of the thread that began it, sampled by the watchdog (none for the
+        #: background half of a save: that thread goes on training)
+        self.sampler: StackSampler | None = None
         if stall_after_s:
             self._watch(stall_after_s)
 
@@ -215,6 +220,8 @@ class Operation:
     def _watch(self, stall_after_s: float) -> None:
         from ckptprof.tracing.watchdog import watchdog
 
+        if not self._attributes.get(Attr.SAVE_BACKGROUND):
+            self.sampler = StackSampler(threading.get_ident(), self._start_ns)
         watchdog().watch(self, stall_after_s)
         self._watched = True
 
@@ -483,10 +490,20 @@ class Operation:
             latest = max((e for s in self._phases.values() for _, e in s.intervals), default=now)
             phases = {n: s for n, s in self._phases.items() if s.intervals}
         self._end_ns = max(now, latest)
+        if self.sampler is not None:
+            self._name_outside(list(phases.values()))
         wall_s = (self._end_ns - self._start_ns) / 1e9
         self._summary = OperationSummary(self.kind, wall_s, phases, dict(self._attributes))
         self._emit(self._summary, error)
         return self._summary
+
+    @_guest
+    def _name_outside(self, phases: list[PhaseStats]) -> None:
+        """The time outside every phase, given to the functions sampled there."""
+        samples = self.sampler.close()
+        intervals = [i for stats in phases for i in stats.intervals]
+        every = self.sampler.sample_every_s
+        self._attributes.update(attribute(samples, intervals, self._start_ns, self._end_ns, every))
 
     @_guest
     def _unwatch(self) -> None:
@@ -514,6 +531,7 @@ class Operation:
             )
             for name, at_ns, attributes in stats.events:
                 span.add_event(name, attributes, timestamp=at_ns)
+            self._emit_pieces(span, stats)
             if self._per_file_spans:
                 self._emit_files(span, stats)
             span.end(end_time=stats.end_ns)
@@ -524,6 +542,10 @@ class Operation:
             root.record_exception(error)
             root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         root.end(end_time=self._end_ns)
+
+    @_guest
+    def _emit_pieces(self, parent, stats: PhaseStats) -> None:
+        emit_pieces(self._tracer, parent, stats.phase, stats.intervals)
 
     def _emit_files(self, parent, stats: PhaseStats) -> None:
         ctx = trace.set_span_in_context(parent)

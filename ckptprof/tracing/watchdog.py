@@ -1,8 +1,11 @@
 """A stalled save or restore named while it is stalled, without ever stopping it.
 
 Every open :class:`~ckptprof.tracing.recorder.Operation` is watched by one daemon thread
-per process, which wakes at most once a second (and only while an operation is open: it
-leaves with the last one, so a job's threads are as they were). Progress is a phase
+per process, which checks at most once a second (and only while an operation is open: it
+leaves with the last one, so a job's threads are as they were); between checks it
+samples the stack of the thread that began each operation every
+:data:`~ckptprof.tracing.sampling.SAMPLE_EVERY_S` (what :mod:`ckptprof.tracing.sampling`
+names the time outside every phase with). Progress is a phase
 beginning or ending, a phase recording bytes or files, the I/O core moving bytes, or a
 file a framework's writer fills growing on disk (:mod:`ckptprof.activity`). When none of
 it happens for ``stall_after`` seconds, one warning names the rank, host, phase, the file
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 
 from ckptprof import activity
 from ckptprof.phases import STALL_EVENT, Attr
+from ckptprof.tracing.sampling import SAMPLE_EVERY_S, sample_all
 from ckptprof.units import fmt_bytes
 
 log = logging.getLogger("ckptprof")
@@ -130,12 +134,22 @@ class Watchdog:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self, stop: threading.Event) -> None:
+        checked = time.monotonic()
         while True:
             with self._lock:
                 watched = list(self._watched.items())
-            tick = min([1.0] + [w.stall_after_s / 4 for _, w in watched])
-            if stop.wait(max(tick, 0.05)):
+            tick = max(min([1.0] + [w.stall_after_s / 4 for _, w in watched]), 0.05)
+            samplers = [op.sampler for op, _ in watched if getattr(op, "sampler", None)]
+            if stop.wait(min(tick, SAMPLE_EVERY_S) if samplers else tick):
                 return
+            try:
+                if samplers:
+                    sample_all(samplers)
+            except Exception as exc:  # noqa: BLE001 - a guest never breaks the job
+                log.debug("ckptprof: stack sample failed: %s", exc)
+            if time.monotonic() - checked < tick * 0.9:
+                continue
+            checked = time.monotonic()
             for op, watch in watched:
                 try:
                     self._check(op, watch)
