@@ -107,7 +107,9 @@ def test_a_device_restore_maps_no_file(tmp_path):
     big = tmp_path / "optimizer.pt"
     with open(big, "wb") as handle:
         handle.truncate(FileMaps.MIN_BYTES)
-    storage = SimpleNamespace(kind="posix", uri=str(tmp_path), direct_io=False)
+    from ckptprof.storage import PosixStorage
+
+    storage = PosixStorage(str(tmp_path))
     files = [SimpleNamespace(path="optimizer.pt")]
 
     def ctx(on_host: bool):
