@@ -84,15 +84,14 @@ def test_each_rank_reads_its_own_file_and_the_straggler_is_named(checkpoints, tm
     path = checkpoints("torch", 2)
     out = tmp_path / "out"
     delay = 1.5  # rank 1 sleeps this long inside its fetch
-    done = job(
-        path,
-        out,
-        2,
-        "--cache",
-        "cold,hot",
-        env={**rank_hooks(CKPTPROF_TEST_SLOW_RANK=f"1:{delay}"), "OMP_NUM_THREADS": None},
-    )  # fmt: skip (OMP_NUM_THREADS unset: the launcher is told it, not the user; below)
+    temporary = tmp_path / "tmp"  # the machine's temporary folder, for this job
+    temporary.mkdir()
+    # OMP_NUM_THREADS unset, as a user's would be: the launcher's warning is ours to spare
+    hooks = rank_hooks(CKPTPROF_TEST_SLOW_RANK=f"1:{delay}")
+    env = {**hooks, "OMP_NUM_THREADS": None, "TMPDIR": str(temporary)}
+    done = job(path, out, 2, "--cache", "cold,hot", env=env)
     assert done.returncode == 0, done.stderr
+    assert list(temporary.iterdir()) == []  # the launcher's files (torchelastic_*) removed
     doc = results(out)
     assert_one_job(doc, 2)
     size = sizes(path)

@@ -198,9 +198,12 @@ def test_what_save_cannot_do_is_one_line(tmp_path):
     assert_one_line_error(parallel_dcp, "--strategy parallel", "DCP's own writer")
     async_torch = save_cli(tmp_path / "a", tmp_path / "out", "--strategy", "async")
     assert_one_line_error(async_torch, "--strategy async", "--layout dcp")
+    here = tmp_path / "cwd"  # where the default --out (ckptprof-save) would go
+    here.mkdir()
     s3 = run_cli("synth", "save", "s3://bucket/ckpt", "--scale", str(TINY_SCALE),
-                 "--strategy", "framework")  # fmt: skip
+                 "--strategy", "framework", cwd=here)  # fmt: skip
     assert_one_line_error(s3, "--strategy framework", "--strategy parallel")
+    assert list(here.iterdir()) == []  # refused before its --out was made
     ranks_dcp = save_cli(tmp_path / "a", tmp_path / "out", "--nproc-per-node", "2", layout="dcp")
     assert_one_line_error(ranks_dcp, "--layout dcp", "one process")  # before any rank starts
     assert not (tmp_path / "a").exists()  # refused before anything was written

@@ -406,6 +406,7 @@ def run_save(args) -> int:
         return distributed.launch(args.nproc_per_node, argv, what="save")
     job = distributed.join() if launched else None
     lead = job is None or job.rank == 0
+    check(args.dest, spec, options, job)  # refused: nothing made, --out included
     finished = False
     claim = None
     if lead:  # a second save into this --out is refused before it measures anything

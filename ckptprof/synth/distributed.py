@@ -154,12 +154,23 @@ def launch(nproc: int, argv: list[str], what: str = "restore") -> int:
     """Run ``ckptprof ARGV`` as ``nproc`` ranks on this machine through
     torch.distributed.run (a standalone rendezvous on 127.0.0.1); a failed rank is one
     line naming it and its exit code."""
+    import tempfile
+
+    # the launcher's own files (each rank's error file) in a folder removed after the run,
+    # never a torchelastic_* folder left in the machine's temporary folder per launch
+    with tempfile.TemporaryDirectory(prefix="ckptprof-launch-") as logs:
+        return _launch(nproc, argv, what, logs)
+
+
+def _launch(nproc: int, argv: list[str], what: str, logs: str) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     args = parse_args(
         [
             "--standalone",
+            "--log-dir",
+            logs,
             "--nproc-per-node",
             str(nproc),
             "--max-restarts",
