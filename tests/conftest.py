@@ -205,6 +205,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(server or group))
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """A worker per core and one more: the suite's jobs wait a part of their time (sleeps
+    held on purpose, launchers, servers starting; 1.63 of 2 cores were busy with one per
+    core), and each test process has one compute thread (above)."""
+    return (os.cpu_count() or 1) + 1
+
+
 @pytest.fixture(autouse=True)
 def state_dir(tmp_path, monkeypatch) -> Path:
     """ckptprof's records (manifests, interruption records) for this test only, never in
