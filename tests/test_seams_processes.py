@@ -54,13 +54,15 @@ def gate(monkeypatch, phase: Phase, nth: int, action: Callable[[], None]):
     """Run ``action`` once, when ``phase`` first begins in the ``nth`` operation that
     enters it (1: the first save or restore); yields the operations seen so far."""
     running = Operation.running
-    seen: list[int] = []
+    seen: list[Operation] = []  # held, not their ids: a finished one's id can be reused
 
     @contextlib.contextmanager
     def gated(self, name):
         with running(self, name):
-            if str(getattr(name, "value", name)) == phase.value and id(self) not in seen:
-                seen.append(id(self))
+            if str(getattr(name, "value", name)) == phase.value and not any(
+                op is self for op in seen
+            ):
+                seen.append(self)
                 if len(seen) == nth:
                     action()
             yield
