@@ -162,10 +162,11 @@ class RestoreRunner:
         self.storage: Storage = open_storage(
             location, max(options.concurrency), direct_io=options.direct_io
         )
-        for name in options.strategies:
-            get_strategy(name).check(self.storage)
+        # the place and its manifest first: a typo is refused before a strategy loads torch
         self.manifest = self._read_manifest()
         self.spec = SynthSpec.from_dict(self.manifest.spec, f"{self._where(MANIFEST_NAME)}: spec")
+        for name in options.strategies:
+            get_strategy(name).check(self.storage)
         self.layout = get_layout(self.spec.layout)
         for name in options.strategies:
             get_strategy(name).check_layout(self.layout)
