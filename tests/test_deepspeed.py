@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptprof.tracing.times import span_ns
 from tests.conftest import (
     RESTORE_PHASES,
     assert_memory_recorded,
@@ -102,7 +103,12 @@ def test_save_then_load_in_a_fresh_process(tmp_path, stage):
     assert ours_in(tmp_path / "checkpoints") == []
 
 
-def test_two_processes_tag_ranks(tmp_path):
+def test_two_ranks_checkpoint_resumed_by_two_then_by_one_through_a_universal_checkpoint(
+    tmp_path,
+):
+    """One 2-rank training (a launch of two DeepSpeed processes), resumed first by two
+    ranks, whose restores carry their ranks, then by one, through a universal checkpoint.
+    The 2-rank resume saves nothing (no step 10), so both resumes load global_step5."""
     ok(run(tmp_path, "train", "--steps", "5", nproc=2))
     ok(run(tmp_path, "resume", "--steps", "6", nproc=2))
     found = restores(tmp_path)
@@ -114,16 +120,15 @@ def test_two_processes_tag_ranks(tmp_path):
     assert set(folder_record(folder, 1)["files"]) == {"zero_pp_rank_1_mp_rank_00_optim_states.pt"}
     assert "slowest rank" in run_cli("report", str(tmp_path / "traces")).stdout
 
-
-def test_two_ranks_to_one_through_a_universal_checkpoint(tmp_path):
-    ok(run(tmp_path, "train", "--steps", "5", nproc=2))
     refused = run(tmp_path, "resume", "--steps", "6")
     assert refused.returncode != 0
     assert "saved by 2 data-parallel ranks and this job has 1" in refused.stderr
     assert "ZeRORuntimeException" in refused.stderr  # DeepSpeed's own reason
     ok(run(tmp_path, "resume", "--steps", "6", "--universal", "convert"))
     spans = spans_in(tmp_path / "traces")
-    restore = [s for s in spans if s["name"] == "ckpt.restore"][-1]
+    restore = max(
+        (s for s in spans if s["name"] == "ckpt.restore"), key=lambda s: span_ns(s["start_time"])
+    )  # the last
     attrs = restore["attributes"]
     assert attrs["ckpt.universal"] is True and attrs["ckpt.saved_world_size"] == 2
     assert attrs["ckpt.path"].endswith("global_step5_universal")
