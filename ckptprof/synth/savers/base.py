@@ -5,6 +5,7 @@ it can write (its layouts, whether it writes to an object store), read by the on
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -45,7 +46,7 @@ class Written:
     background_s: float | None = None
 
 
-class Saver:
+class Saver(ABC):
     """One way to write a save, timed phase by phase on the save's operation."""
 
     name: ClassVar[str]
@@ -71,8 +72,9 @@ class Saver:
     def layout_refusal(self, layout: str) -> str:
         return f"--strategy {self.name} does not write --layout {layout}."
 
+    @abstractmethod
     def save(self, ctx: SaveContext) -> Written:
-        raise NotImplementedError
+        """Write ``ctx.tensors`` to ``ctx.storage``, each phase timed on ``ctx.op``."""
 
 
 class named:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -81,7 +82,7 @@ class RunContext:
 Handler = Callable[[RunContext], None]
 
 
-class Strategy:
+class Strategy(ABC):
     """One way of restoring. Subclasses name the formats they restore (:meth:`handlers`)
     and what they hold in memory besides the state (:meth:`memory_held`)."""
 
@@ -89,9 +90,9 @@ class Strategy:
     #: what it holds is its --memory-budget (the advice for too little memory differs)
     bounded_by_budget: ClassVar[bool] = False
 
+    @abstractmethod
     def handlers(self) -> dict[str, Handler]:
         """Layout format → the function restoring it (:data:`ANY` for the rest)."""
-        raise NotImplementedError
 
     def handler(self, layout: Layout) -> Handler:
         table = self.handlers()
@@ -114,7 +115,7 @@ class Strategy:
                 synchronize(ctx.state.tensors[0].device)
         ctx.op.set_attributes({Attr.STRATEGY: self.name})
 
-    def check(self, storage: Storage) -> None:
+    def check(self, storage: Storage) -> None:  # noqa: B027 - most strategies run anywhere
         """Refuse up front where this strategy cannot run (one line, with the fix)."""
 
     def check_layout(self, layout: Layout) -> None:
