@@ -130,8 +130,37 @@ def test_the_same_job_behaves_identically_with_and_without_ckptprof(framework, t
 LATE_LOAD = {"deepspeed": {"CKPTPROF_TEST_LATE_LOAD": "1:3"}}  # rank 1, 3 s after rank 0
 
 
+def assert_each_hf_rank_read_its_share(root: Path, traces: Path, found: list[dict], monkeypatch):
+    """The Trainer's two ranks: each reads the shared files and its own RNG state, rank 1
+    records only the file it wrote, and the report says both read the whole checkpoint."""
+    from tests.conftest import folder_record, ours_in
+
+    monkeypatch.setenv("CKPTPROF_STATE_DIR", str(root / "interruptions" / "state"))
+    folder = root / "work" / "ddp" / "checkpoints" / "checkpoint-7"  # the last: training's end
+    assert {r["attributes"]["ckpt.path"] for r in found} == {str(folder)}
+    assert folder_record(folder, 0) is not None
+    assert set(folder_record(folder, 1)["files"]) == {"rng_state_1.pth"}
+    assert ours_in(folder.parent) == []
+    spans = spans_in(traces)
+    shared = ["model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"]
+    for restore in found:
+        rank = restore["attributes"]["ckpt.rank"]
+        fetched = children(spans, restore)["ckpt.fetch"]["attributes"]["ckpt.bytes"]
+        assert fetched == sum(
+            (folder / n).stat().st_size for n in [*shared, f"rng_state_{rank}.pth"]
+        )
+        held = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+        assert restore["attributes"]["ckpt.checkpoint_bytes"] == held
+        assert restore["attributes"]["ckpt.memory.training_rss_bytes"] > 0  # at the save
+    report = " ".join(run_cli("report", str(traces)).stdout.split())
+    assert (
+        "read by 2 ranks:" in report and "each of the 2 ranks read the whole checkpoint" in report
+    )
+    assert "while training (at the save)" in report
+
+
 @pytest.mark.parametrize("framework", sorted(SCENARIOS))
-def test_two_processes_behave_identically_and_tag_their_ranks(framework, tmp_path):
+def test_two_processes_behave_identically_and_tag_their_ranks(framework, tmp_path, monkeypatch):
     runs = {}
     for variant in ("off", "interruptions"):
         late = LATE_LOAD.get(framework) if variant == "interruptions" else None
@@ -151,6 +180,8 @@ def test_two_processes_behave_identically_and_tag_their_ranks(framework, tmp_pat
     assert all(set(children(spans, r)) >= RESTORE_PHASES for r in found)
     text = run_cli("report", str(traces)).stdout
     assert "slowest rank" in text
+    if framework == "transformers":
+        assert_each_hf_rank_read_its_share(tmp_path, traces, found, monkeypatch)
     if framework in LATE_LOAD:  # the rank held back is named, from every rank's spans
         late = re.search(
             r"rank 1 began loading ([\d.]+) s after rank 0; the job waited on rank 1",

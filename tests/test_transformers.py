@@ -575,36 +575,6 @@ def test_unreachable_collector_does_not_hurt_training(tmp_path, monkeypatch, cap
     assert len([r for r in caplog.records if "could not export" in r.message]) == 1
 
 
-def test_two_processes_tag_ranks(tmp_path):
-    first = run_example(tmp_path, "--phase", "train", nproc=2)
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = run_example(tmp_path, "--phase", "resume", nproc=2)
-    assert second.returncode == 0, second.stderr[-3000:]
-    found = restores(tmp_path)
-    assert sorted(r["attributes"]["ckpt.rank"] for r in found) == [0, 1]
-    assert {r["attributes"]["ckpt.world_size"] for r in found} == {2}
-    assert len({r["attributes"]["ckpt.run_id"] for r in found}) == 1
-    folder = tmp_path / "checkpoints" / "checkpoint-10"
-    assert folder_record(folder, 0) is not None
-    assert set(folder_record(folder, 1)["files"]) == {"rng_state_1.pth"}
-    assert ours_in(tmp_path / "checkpoints") == []
-    spans = spans_in(tmp_path / "traces")
-    for restore in found:
-        rank = restore["attributes"]["ckpt.rank"]
-        fetched = children(spans, restore)["ckpt.fetch"]["attributes"]["ckpt.bytes"]
-        expected = [*READ_AT_RESUME[:-1], f"rng_state_{rank}.pth", "trainer_state.json"]
-        assert fetched == sum((folder / n).stat().st_size for n in expected)
-        held = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-        assert restore["attributes"]["ckpt.checkpoint_bytes"] == held
-        assert restore["attributes"]["ckpt.memory.training_rss_bytes"] > 0  # at the save
-    report = run_cli("report", str(tmp_path / "traces")).stdout
-    assert "slowest rank" in report
-    assert (
-        "read by 2 ranks:" in report and "each of the 2 ranks read the whole checkpoint" in report
-    )
-    assert "while training (at the save)" in report
-
-
 # ---------------------------------------------------------------------- interruptions
 def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     """A real SIGTERM to a real training process, then a resume in a new process."""
