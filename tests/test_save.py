@@ -205,7 +205,12 @@ def test_what_save_cannot_do_is_one_line(tmp_path):
     assert_one_line_error(s3, "--strategy framework", "--strategy parallel")
     assert list(here.iterdir()) == []  # refused before its --out was made
     ranks_dcp = save_cli(tmp_path / "a", tmp_path / "out", "--nproc-per-node", "2", layout="dcp")
-    assert_one_line_error(ranks_dcp, "--layout dcp", "one process")  # before any rank starts
+    line = assert_one_line_error(ranks_dcp, "--layout dcp", "one process")
+    assert "rank 1 of 2" not in line  # before any rank starts (once, after both ranks had)
+    mismatched = save_cli(tmp_path / "a", tmp_path / "out", "--nproc-per-node", "2", "--ranks",
+                          "3")  # fmt: skip
+    assert_one_line_error(mismatched, "--ranks 3", "use --ranks 2")
+    assert "rank 1 of 2" not in mismatched.stderr
     assert not (tmp_path / "a").exists()  # refused before anything was written
 
 

@@ -401,12 +401,13 @@ def run_save(args) -> int:
         stall_after_s=stall_option(args.stall_after),
     )  # fmt: skip
     if args.nproc_per_node and not launched:
-        check(args.dest, spec, options)  # a bad option is one line here, not one per rank
+        # a bad option is one line here, before any rank starts, not one per rank
+        check(args.dest, spec, options, args.nproc_per_node)
         argv = without_nproc(args.argv) + ["--ranks", str(ranks)]
         return distributed.launch(args.nproc_per_node, argv, what="save")
     job = distributed.join() if launched else None
     lead = job is None or job.rank == 0
-    check(args.dest, spec, options, job)  # refused: nothing made, --out included
+    check(args.dest, spec, options, job and job.world)  # refused: nothing made, --out included
     finished = False
     claim = None
     if lead:  # a second save into this --out is refused before it measures anything

@@ -100,20 +100,21 @@ class SaveResult:
         return self.median_gbps / gbps if gbps else None
 
 
-def check(location: str, spec: SynthSpec, options: SaveOptions, job: Job | None = None) -> None:
-    """Refuse up front what this save cannot do (one line, with the fix)."""
+def check(location: str, spec: SynthSpec, options: SaveOptions, world: int | None = None) -> None:
+    """Refuse up front what this save cannot do (one line, with the fix); ``world``: the
+    processes of a launched job (None: one process), known before any rank starts."""
     check_strategy(options.strategy, spec.layout, is_object_store(location))
     if options.repeat < 1:
         raise CkptprofError(f"--repeat {options.repeat} must be at least 1.")
-    if job is not None and spec.layout == "dcp":
+    if world is not None and spec.layout == "dcp":
         raise CkptprofError(
             "--layout dcp: a DCP save by several ranks needs sharded tensors (DTensor); "
             "save torch, safetensors or deepspeed across ranks, or DCP from one process."
         )
-    if job is not None and spec.ranks != job.world:
+    if world is not None and spec.ranks != world:
         raise CkptprofError(
-            f"--ranks {spec.ranks}: under the launcher each of the {job.world} ranks writes "
-            f"its own files; use --ranks {job.world} (or leave it out)."
+            f"--ranks {spec.ranks}: under the launcher each of the {world} ranks writes "
+            f"its own files; use --ranks {world} (or leave it out)."
         )
     if is_object_store(location):
         check_s3_parts(location, get_layout(spec.layout).plan(spec), options)
