@@ -6,9 +6,11 @@ span says how much memory it took. A sampler thread reads this process's residen
 the largest sample inside its intervals (``ckpt.memory.peak_rss_bytes``), the root the
 largest of all, plus the kernel's own high-water mark where ckptprof may reset it (its
 own process: ``reset_peak=True``; never in a training job, whose numbers it would
-disturb). With CUDA in use, the device's allocated bytes are sampled the same way
-(``ckpt.memory.device_peak_bytes``); its peak counter is reset only where ckptprof owns
-the process, too.
+disturb). With CUDA in use, the device's allocated and reserved bytes are sampled the
+same way (``ckpt.memory.device_peak_bytes``, ``ckpt.memory.device_reserved_peak_bytes``:
+the caching allocator keeps freed blocks, so reserved is what the device lost to the
+restore), on the device the restore runs on; its peak counters are reset only where
+ckptprof owns the process, too.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ SAMPLE_S = 0.005
 PEAK_RSS = Attr.MEMORY_PEAK_RSS_BYTES
 START_RSS = Attr.MEMORY_START_RSS_BYTES
 DEVICE_PEAK = Attr.MEMORY_DEVICE_PEAK_BYTES
+DEVICE_RESERVED_PEAK = Attr.MEMORY_DEVICE_RESERVED_PEAK_BYTES
 #: on a restore: the resident memory of the process that saved, while it trained
 TRAINING_RSS = Attr.MEMORY_TRAINING_RSS_BYTES
 
@@ -77,6 +80,7 @@ class MemoryWatch:
         self.times = array("q")
         self.rss = array("q")
         self.device = array("q")
+        self.reserved = array("q")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reset = reset_peak
@@ -86,6 +90,7 @@ class MemoryWatch:
         self.start_rss = 0
         self.kernel_peak: int | None = None
         self.device_peak: int | None = None
+        self.device_reserved_peak: int | None = None
         self._device_index = 0
 
     def start(self) -> MemoryWatch:
@@ -111,6 +116,7 @@ class MemoryWatch:
             import torch
 
             self.device.append(int(torch.cuda.memory_allocated(self._device_index)))
+            self.reserved.append(int(torch.cuda.memory_reserved(self._device_index)))
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -131,12 +137,16 @@ class MemoryWatch:
         if self._cuda:
             import torch
 
-            sampled = max(self.device)
-            self.device_peak = (
-                max(sampled, int(torch.cuda.max_memory_allocated(self._device_index)))
-                if self._reset
-                else sampled
-            )
+            index = self._device_index
+            self.device_peak = max(self.device)
+            self.device_reserved_peak = max(self.reserved)
+            if self._reset:  # the counters saw what fell between two samples
+                self.device_peak = max(
+                    self.device_peak, int(torch.cuda.max_memory_allocated(index))
+                )
+                self.device_reserved_peak = max(
+                    self.device_reserved_peak, int(torch.cuda.max_memory_reserved(index))
+                )
 
     @property
     def peak(self) -> int:
@@ -158,6 +168,7 @@ class MemoryWatch:
         attrs = {PEAK_RSS: self.peak, START_RSS: self.start_rss}
         if self.device_peak is not None:
             attrs[DEVICE_PEAK] = self.device_peak
+            attrs[DEVICE_RESERVED_PEAK] = self.device_reserved_peak
         op.set_attributes(attrs)
         for name, stats in op.phase_stats().items():
             peak = self.peak_within(stats.intervals)
@@ -167,6 +178,7 @@ class MemoryWatch:
 
 __all__ = [
     "DEVICE_PEAK",
+    "DEVICE_RESERVED_PEAK",
     "MemoryWatch",
     "PEAK_RSS",
     "START_RSS",

@@ -278,6 +278,9 @@ class Attr:
     MEMORY_PEAK_RSS_BYTES = "ckpt.memory.peak_rss_bytes"
     MEMORY_START_RSS_BYTES = "ckpt.memory.start_rss_bytes"
     MEMORY_DEVICE_PEAK_BYTES = "ckpt.memory.device_peak_bytes"  # CUDA memory at the peak
+    #: what the caching allocator held from the driver at its peak: what another process
+    #: (or the next allocation) could not have, however little of it tensors used
+    MEMORY_DEVICE_RESERVED_PEAK_BYTES = "ckpt.memory.device_reserved_peak_bytes"
     #: on a restore: the resident memory of the process that saved, while it trained
     MEMORY_TRAINING_RSS_BYTES = "ckpt.memory.training_rss_bytes"
     MEMORY_WINDOW_BYTES = "ckpt.memory.window_bytes"  # the read window's buffers

@@ -190,3 +190,42 @@ def test_the_first_step_ends_on_the_devices_clock(tmp_path, monkeypatch):
         session.close()
     assert waited == [1]
     assert summary.phases["first_step"].busy_s >= 0.3
+
+
+def test_device_memory_is_read_on_the_restores_gpu_allocated_and_reserved(monkeypatch):
+    """A rank restoring onto GPU 1 had its memory read on GPU 0 (the sampler thread's
+    current device), and only what tensors held: the caching allocator's reserved bytes,
+    which no other allocation can have, went unreported. A device whose allocator holds
+    more than its tensors stands in for the GPU."""
+    import threading
+
+    from ckptprof.memory import MemoryWatch
+    from ckptprof.phases import Attr
+
+    asked = []
+
+    def reading(value):
+        def read(index):
+            asked.append((index, threading.current_thread().name))
+            return value
+
+        return read
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda index: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", reading(3 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", reading(5 << 30))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", reading(4 << 30))
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", reading(6 << 30))
+    watch = MemoryWatch(reset_peak=True, cuda=True, interval_s=0.001).start()
+    for _ in range(10_000):  # until the sampler thread has read once (10 s at most)
+        if any(thread == "ckptprof-memory" for _, thread in asked):
+            break
+        threading.Event().wait(0.001)
+    watch.stop()
+    assert any(thread == "ckptprof-memory" for _, thread in asked)
+    assert {index for index, _ in asked} == {1}  # every read on the restore's GPU
+    recorded = {}
+    watch.record(SimpleNamespace(set_attributes=recorded.update, phase_stats=dict))
+    assert recorded[Attr.MEMORY_DEVICE_PEAK_BYTES] == 4 << 30  # the counters' peaks
+    assert recorded[Attr.MEMORY_DEVICE_RESERVED_PEAK_BYTES] == 6 << 30

@@ -47,6 +47,7 @@ class RunRecord:
     first_step: str = STEP_SKIPPED
     first_step_estimate_s: float | None = None
     device_peak_bytes: int | None = None  # CUDA memory allocated at the peak (GPU state)
+    device_reserved_peak_bytes: int | None = None  # what the caching allocator held
     slowest_request_s: float = 0.0  # the longest single storage request of the run
     slowest_request: str = ""  # what it read
     # one rank of a distributed job (the slowest rank, in a job's record)

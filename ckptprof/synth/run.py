@@ -157,6 +157,7 @@ def run_record(
         first_step=first_step.mode,
         first_step_estimate_s=estimate[0] if estimate else None,
         device_peak_bytes=memory.device_peak,
+        device_reserved_peak_bytes=memory.device_reserved_peak,
         slowest_request_s=stats.slowest_s,
         slowest_request=stats.slowest,
         rank=job.rank if job else None,
