@@ -199,7 +199,7 @@ def run_save(
     location, probes, gathers the records (the job's save time: its slowest rank's) and
     writes the manifest. Interrupted (Ctrl-C, SIGTERM, a failure) after some saves of one
     process, ``keep_partial`` is given those saves; the location keeps no manifest."""
-    check(location, spec, options, job)
+    check(location, spec, options, job and job.world)
     layout = get_layout(spec.layout)
     plan = layout.plan(spec)
     mine = rank_plan(plan, job)
