@@ -83,3 +83,24 @@ def test_the_design_documents_the_layers_the_contract_states():
     block = section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n") + 4)]
     documented = [re.match(r'"([^"]+)"', line.strip()).group(1) for line in block.splitlines()]
     assert documented == layers
+
+
+def test_only_a_dcp_restore_or_save_loads_torch_distributed_checkpoint():
+    """torch.distributed.checkpoint takes ~0.8 s to import: every restore paid it before
+    its first read, because the strategies imported DCP's paths for their handler table.
+    Each strategy and saver of the registries loads without it now."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from ckptprof.synth.strategies import registry\n"
+        "from ckptprof.synth.savers import registry as savers\n"
+        "for name in registry.BUILTIN: registry.get_strategy(name)\n"
+        "for name in savers.NAMES:\n"
+        "    if name != 'async': savers.get_saver(name)\n"  # async is dcp.async_save's
+        "print(sorted(m for m in sys.modules if m.startswith('torch.distributed.checkpoint')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

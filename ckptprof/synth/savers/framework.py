@@ -13,7 +13,6 @@ from ckptprof.atomic import fsync_dir, partial_path
 from ckptprof.phases import Attr, Phase, fused_value
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.savers.base import SaveContext, Saver, Written, fsync_file, named
-from ckptprof.synth.savers.dcp import dcp_save
 
 
 class Framework(Saver):
@@ -22,7 +21,9 @@ class Framework(Saver):
     def save(self, ctx: SaveContext) -> Written:
         """Each file through the layout's own writer into a temporary name, then renamed."""
         """Each file through the layout's own writer into a temporary name, then renamed."""
-        if ctx.plan.spec.layout == "dcp":
+        if ctx.plan.spec.layout == "dcp":  # DCP's module only now: ~0.8 s to import
+            from ckptprof.synth.savers.dcp import dcp_save
+
             return dcp_save(ctx, asynchronous=False)
         layout = get_layout(ctx.plan.spec.layout)
         written: list[tuple[Path, Path]] = []

@@ -7,7 +7,6 @@ POSIX paths only."""
 from __future__ import annotations
 
 from ckptprof.errors import CkptprofError
-from ckptprof.synth.strategies import dcp
 from ckptprof.synth.strategies.base import (
     ANY,
     RunContext,
@@ -17,13 +16,14 @@ from ckptprof.synth.strategies.base import (
     verify_files,
     warm_files,
 )
+from ckptprof.synth.strategies.registry import dcp_handler
 
 
 class Framework(Strategy):
     name = "framework"
 
     def handlers(self):
-        return {ANY: self.restore, "dcp": dcp.restore_framework}
+        return {ANY: self.restore, "dcp": dcp_handler("restore_framework")}
 
     def check(self, storage) -> None:
         if not storage.files_by_path:

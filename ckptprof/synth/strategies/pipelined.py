@@ -22,7 +22,6 @@ from ckptprof.phases import Attr, Phase
 from ckptprof.synth.device import PinnedBuffer
 from ckptprof.synth.index import INDEX_BLOCK, SparseFile
 from ckptprof.synth.readplan import Read, Source, plan_copies, plan_reads, split_held
-from ckptprof.synth.strategies import dcp
 from ckptprof.synth.strategies.base import (
     ANY,
     RunContext,
@@ -30,6 +29,7 @@ from ckptprof.synth.strategies.base import (
     copy_into,
     finish_digests,
 )
+from ckptprof.synth.strategies.registry import dcp_handler
 from ckptprof.tracing.recorder import uncovered
 
 OBJECT_STORE_INDEX_BLOCK = 1 << 20
@@ -40,7 +40,7 @@ class Pipelined(Strategy):
     bounded_by_budget = True
 
     def handlers(self):
-        return {ANY: self.restore, "dcp": dcp.restore_pipelined}
+        return {ANY: self.restore, "dcp": dcp_handler("restore_pipelined")}
 
     def memory_held(self, read_bytes: int, memory_budget: int) -> int:
         return memory_budget

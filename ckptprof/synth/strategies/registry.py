@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ckptprof.errors import CkptprofError
 
 if TYPE_CHECKING:
-    from ckptprof.synth.strategies.base import Strategy
+    from ckptprof.synth.strategies.base import Handler, RunContext, Strategy
 
 _PREFIX = "ckptprof.synth.strategies"
 KNOWN: dict[str, dict[str, str | None]] = {
@@ -46,8 +46,28 @@ def get_strategy(name: str) -> Strategy:
     return getattr(importlib.import_module(module), cls)()
 
 
+def dcp_handler(name: str) -> Handler:
+    """DCP's own restore path ``name`` (:mod:`.dcp`), its module imported when a DCP
+    checkpoint is restored: torch.distributed.checkpoint takes ~0.8 s to import, which
+    no other layout needs (every restore paid it before its first read)."""
+
+    def restore(ctx: RunContext) -> None:
+        getattr(importlib.import_module(f"{_PREFIX}.dcp"), name)(ctx)
+
+    return restore
+
+
 def install_hint(name: str) -> str | None:
     return KNOWN[name]["install"]
 
 
-__all__ = ["BUILTIN", "DEFAULT", "KNOWN", "NAMES", "OPTIONAL", "get_strategy", "install_hint"]
+__all__ = [
+    "BUILTIN",
+    "DEFAULT",
+    "KNOWN",
+    "NAMES",
+    "OPTIONAL",
+    "dcp_handler",
+    "get_strategy",
+    "install_hint",
+]
