@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import defaultdict, deque
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
@@ -81,7 +82,9 @@ class LightningInstrumentor(Instrumentor):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self._save_start_ns: int | None = None
-        self._queued: dict[str, Any] = {}  # async saves: path -> span context of its save
+        # async saves: path -> the span contexts of its saves not yet written, in order
+        # (one path, e.g. last.ckpt, is queued again before a busy writer reaches it)
+        self._queued: dict[str, deque] = defaultdict(deque)
         self._first_batch: tuple[int, int] | None = None  # after a resume: up to its fetch
 
     @property
@@ -220,7 +223,7 @@ class LightningInstrumentor(Instrumentor):
             queued = self._background_layer()
             if queued:
                 op.set_phase_attributes(Phase.WRITE, **{Attr.WRITE_ASYNC: True})
-                self._queued[path] = op.span_context
+                self._queued[path].append(op.span_context)
             start = time.time_ns()
             try:
                 with routed(self.session, self.patcher):  # a sharded (DCP) save's phases
@@ -253,7 +256,9 @@ class LightningInstrumentor(Instrumentor):
     def _traced_background_write(self, original):
         def save_checkpoint(*args, **kwargs):
             path = str(argument(args, kwargs, "path", 1))
-            queued_by = self._queued.pop(path, None)
+            # the writer thread takes the saves in the order they were queued
+            waiting = self._queued.get(path)
+            queued_by = waiting.popleft() if waiting else None
             attrs = {Attr.FORMAT: "torch", Attr.PATH: path}
             op = self.session.begin_background_save(attrs, queued_by)
             try:

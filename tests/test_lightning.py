@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -234,10 +235,19 @@ def test_unreachable_collector_does_not_break_training(tmp_path, monkeypatch, ca
 
 
 def test_async_checkpoint_io_shows_blocking_and_background_time(tmp_path):
+    """Each background write is linked to the save that queued it. A writer slower than
+    the training (as on a busy machine) has last.ckpt queued twice before it writes the
+    first: the second save's link went to the first's write, and the second's to none."""
+    from lightning.fabric.plugins.io import TorchCheckpointIO
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
+    class SlowIO(TorchCheckpointIO):
+        def save_checkpoint(self, *args, **kwargs):
+            time.sleep(0.5)
+            return super().save_checkpoint(*args, **kwargs)
+
     callback = CkptProf(trace_dir=tmp_path / "t")
-    trainer = make_trainer(tmp_path, 10, callback, plugins=[AsyncCheckpointIO()])
+    trainer = make_trainer(tmp_path, 10, callback, plugins=[AsyncCheckpointIO(SlowIO())])
     trainer.fit(TinyModel(), data())
     spans = spans_in(tmp_path / "t")
     saves = [s for s in spans if s["name"] == "ckpt.save"]
