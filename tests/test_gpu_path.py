@@ -229,3 +229,56 @@ def test_device_memory_is_read_on_the_restores_gpu_allocated_and_reserved(monkey
     watch.record(SimpleNamespace(set_attributes=recorded.update, phase_stats=dict))
     assert recorded[Attr.MEMORY_DEVICE_PEAK_BYTES] == 4 << 30  # the counters' peaks
     assert recorded[Attr.MEMORY_DEVICE_RESERVED_PEAK_BYTES] == 6 << 30
+
+
+def test_pinned_buffers_are_made_before_the_runs_and_lent_to_each(tmp_path):
+    """Pinning host memory takes milliseconds per MB: the window pinned its buffers inside
+    the first run's fetch, and again in every run. The pool makes them before any run
+    (a page-aligned buffer stands in for the pinned one), lends them to each run's
+    window, and frees them at the end."""
+    from dataclasses import dataclass
+
+    from ckptprof.io.buffers import BufferPool, HostBuffer
+    from ckptprof.io.window import Window
+
+    @dataclass
+    class Request:
+        path: str
+        offset: int
+        length: int
+
+    made, closed = [], []
+
+    class Pinned(HostBuffer):
+        def __init__(self, size, name="pinned"):
+            super().__init__(size, name)
+            made.append(size)
+
+        def close(self):
+            if not self._closed:
+                closed.append(self.size)
+            super().close()
+
+    data = bytes(range(256)) * 64
+    storage = SimpleNamespace(
+        read_into=lambda path, offset, view: view.__setitem__(
+            slice(None), data[offset : offset + len(view)]
+        )
+    )
+    pool = BufferPool(Pinned)
+    pool.reserve(4, 1024)  # before any run: what the runner does when it prepares
+    assert made == [1024] * 4 and pool.reserved_bytes == 4096
+    for _ in range(3):  # three runs, none of which pins anything
+        landed = bytearray(len(data))
+
+        def land(request, view, landed=landed):
+            landed[request.offset : request.offset + request.length] = view
+
+        window = Window(storage, concurrency=2, budget=4096, buffer_type=Pinned, pool=pool)
+        window.run([Request("f", n * 1024, 1024) for n in range(16)], land=land)
+        assert bytes(landed) == data and closed == []  # lent, not closed
+    assert made == [1024] * 4 and pool.made_in_runs == 0
+    bigger = pool.take(2048)  # a request larger than reserved: made now, and counted
+    assert bigger.size == 2048 and pool.made_in_runs == 1
+    pool.close()
+    assert sorted(closed) == [1024] * 4 + [2048]

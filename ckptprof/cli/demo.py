@@ -11,13 +11,11 @@ from ckptprof.cli.options import (
     choice_list,
     directory,
     int_list,
-    real,
     size,
     whole,
 )
+from ckptprof.cli.synth import add_spec_arguments
 from ckptprof.synth import ranges
-from ckptprof.synth.layouts import LAYOUT_NAMES
-from ckptprof.synth.presets import PRESETS
 from ckptprof.synth.strategies import registry as strategy_registry
 
 DEMO_EXAMPLES = """examples:
@@ -44,19 +42,7 @@ def add_parser(commands) -> None:
         default="ckptprof-demo",
         help="working directory (default ./ckptprof-demo)",
     )
-    demo.add_argument(
-        "--model",
-        default="llama2-7b",
-        choices=tuple(PRESETS),
-        metavar="NAME",
-        help=f"model preset: {', '.join(PRESETS)} (default llama2-7b)",
-    )
-    demo.add_argument(
-        "--layout", default="torch", choices=LAYOUT_NAMES, help="file layout (default torch)"
-    )
-    demo.add_argument(
-        "--ranks", type=whole(ranges.RANKS), default=1, help="ranks that saved it (default 1)"
-    )
+    add_spec_arguments(demo, scale=0.01)
     demo.add_argument(
         "--world-size",
         type=whole(ranges.RANKS),
@@ -69,16 +55,7 @@ def add_parser(commands) -> None:
         default=None,
         help="restore only this rank of --world-size (default: every rank)",
     )
-    demo.add_argument(
-        "--scale", type=real(ranges.SCALE), default=0.01, help="fraction of full size (0.01)"
-    )
     demo.add_argument("--full", action="store_true", help="full size (--scale 1)")
-    demo.add_argument(
-        "--optimizer",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="include the Adam state (default: yes)",
-    )
     demo.add_argument(
         "--strategy",
         type=choice_list(strategy_registry.NAMES),
@@ -123,7 +100,11 @@ def run(args) -> int:
     ckpt = args.dir / "checkpoint"
     out = args.dir / "results"
     scale = 1.0 if args.full else args.scale
-    spec = SynthSpec(args.model, args.layout, scale, ranks=args.ranks, optimizer=args.optimizer)
+    spec = SynthSpec(
+        model=args.model, layout=args.layout, scale=scale, ranks=args.ranks,
+        optimizer=args.optimizer, master_weights=args.master_weights, files=args.files,
+        step=args.step, seed=args.seed,
+    )  # fmt: skip
     full = args.full
     options = RestoreOptions(
         strategies=args.strategy or (("pipelined",) if full else ("staged", "pipelined")),
@@ -156,8 +137,8 @@ def run(args) -> int:
 
 def _save(ckpt: Path, spec, out: Path, repeat: int) -> Path:
     """``synth save`` of the spec's state into ``ckpt``, timed; returns its trace folder."""
+    from ckptprof.synth.job import traced
     from ckptprof.synth.save import SaveOptions, run_save, write_results
-    from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
     strategy = "framework"
     print(
@@ -165,14 +146,8 @@ def _save(ckpt: Path, spec, out: Path, repeat: int) -> Path:
         f"own writer, fsync on, {repeat} saves"
     )
     traces = out / "traces"
-    telemetry = setup_telemetry(traces)
-    try:
-        tracer = CheckpointTracer(
-            telemetry.provider, framework="synthetic", run_id=telemetry.run_id
-        )
+    with traced(traces) as (_, tracer):
         options = SaveOptions(repeat=repeat, force=True, strategy=strategy)
         result = run_save(str(ckpt), spec, options, tracer)
         write_results(out, spec, options, result)
-    finally:
-        telemetry.shutdown()
     return traces

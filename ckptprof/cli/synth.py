@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 
 from ckptprof.cli.options import (
@@ -323,8 +324,9 @@ def add_parser(commands) -> None:
     res.set_defaults(func=run_restore)
 
 
-def add_spec_arguments(parser) -> None:
-    """What the checkpoint is: model, layout, ranks, scale, optimizer, files, step, seed."""
+def add_spec_arguments(parser, scale: float = 1.0) -> None:
+    """What the checkpoint is: model, layout, ranks, scale, optimizer, files, step, seed
+    (``synth generate``, ``synth save`` and the demo: one declaration of each)."""
     parser.add_argument(
         "--model",
         default="llama2-7b",
@@ -341,8 +343,9 @@ def add_spec_arguments(parser) -> None:
     parser.add_argument(
         "--scale",
         type=real(ranges.SCALE),
-        default=1.0,
-        help="0 < S <= 1: fraction of full-size bytes; names and layout unchanged",
+        default=scale,
+        help=f"0 < S <= 1: fraction of full-size bytes; names and layout unchanged "
+        f"(default {scale:g})",
     )
     parser.add_argument(
         "--optimizer",
@@ -379,12 +382,10 @@ def stall_after_s(option: float | bool | None) -> float | None:
 
 
 def run_save(args) -> int:
-    from ckptprof.preflight import OutputClaim
     from ckptprof.synth import distributed
+    from ckptprof.synth.job import joined
     from ckptprof.synth.plan import SynthSpec
-    from ckptprof.synth.save import SaveOptions, check, run_save, write_results
-    from ckptprof.synth.stragglers import PhaseBoard
-    from ckptprof.tracing import CheckpointTracer, setup_telemetry
+    from ckptprof.synth.save import SaveOptions, check
 
     launched = distributed.launched()
     world = int(os.environ["WORLD_SIZE"]) if launched else args.nproc_per_node
@@ -405,35 +406,33 @@ def run_save(args) -> int:
         check(args.dest, spec, options, args.nproc_per_node)
         argv = without_nproc(args.argv) + ["--ranks", str(ranks)]
         return distributed.launch(args.nproc_per_node, argv, what="save")
-    job = distributed.join() if launched else None
+    if not launched:
+        return _save(args, spec, options)
+    with joined(stall_after_s=stall_after_s(options.stall_after_s)) as job:
+        return _save(args, spec, options, job)
+
+
+def _save(args, spec, options, job=None) -> int:
+    """One process's part of ``synth save``: the whole save, or one rank's of a job."""
+    from ckptprof.preflight import OutputClaim
+    from ckptprof.synth.job import traced
+    from ckptprof.synth.save import check, run_save, write_results
+
     lead = job is None or job.rank == 0
     check(args.dest, spec, options, job and job.world)  # refused: nothing made, --out included
-    finished = False
-    claim = None
-    if lead:  # a second save into this --out is refused before it measures anything
-        args.out.mkdir(parents=True, exist_ok=True)
-        claim = OutputClaim(args.out, "--out")
-    board = PhaseBoard(job, stall_after_s(options.stall_after_s)).start() if job else None
-    telemetry = setup_telemetry(args.out / "traces")
-    try:
-        run_id = job.broadcast(telemetry.run_id) if job else telemetry.run_id
-        tracer = CheckpointTracer(
-            telemetry.provider, framework="synthetic", run_id=run_id,
-            stall_after_s=options.stall_after_s,
-        )  # fmt: skip
+    with contextlib.ExitStack() as held:
+        if lead:  # a second save into this --out is refused before it measures anything
+            args.out.mkdir(parents=True, exist_ok=True)
+            held.callback(OutputClaim(args.out, "--out").release)
+        telemetry, tracer = held.enter_context(
+            traced(args.out / "traces", job, stall_after_s=options.stall_after_s)
+        )
         echo = print if lead else (lambda *_: None)
         result = run_save(
             args.dest, spec, options, tracer, echo, job,
             keep_partial=lambda partial: write_results(args.out, spec, options, partial, True),
         )  # fmt: skip
-        finished = True
-    finally:
-        telemetry.shutdown()
-        if job is not None:
-            board.stop()
-            job.close(finished)
-        if claim is not None:
-            claim.release()
+        trace = telemetry.describe_trace()
     if not lead:
         return 0
     written = write_results(args.out, spec, options, result)
@@ -442,8 +441,7 @@ def run_save(args) -> int:
     print(
         f"save of {spec.model} {spec.scale_label()} ({spec.layout}, {options.strategy}) to "
         f"{args.dest}: median {result.median_s:.3f} s, {result.median_gbps:.2f} GB/s{share} "
-        f"over {len(result.records)} saves{who}; results: {written}; "
-        f"{telemetry.describe_trace()}"
+        f"over {len(result.records)} saves{who}; results: {written}; {trace}"
     )
     return 0
 
@@ -542,21 +540,15 @@ def run_restore(args) -> int:
         report = args.report
     else:
         from ckptprof.synth.device import resolve_device
-        from ckptprof.synth.stragglers import PhaseBoard
+        from ckptprof.synth.job import joined
 
-        job = distributed.join(resolve_device(options.device).type)
-        finished = False
-        board = PhaseBoard(job, stall_after_s(options.stall_after_s)).start()
-        try:
+        device_type = resolve_device(options.device).type
+        with joined(device_type, stall_after_s(options.stall_after_s)) as job:
             quiet = job.rank != 0  # one display for the whole job: rank 0's
             if quiet:
                 options.progress = False
             echo = (lambda *_: None) if quiet else print
             run_restore(args.dest, options, args.out, args.trace_dir, echo, job)
-            finished = True
-        finally:
-            board.stop()
-            job.close(finished)
         report = args.report and not quiet
     if report:
         from ckptprof.cli.report import print_report

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import mmap
+from collections.abc import Callable
+from typing import Any
 
 
 class HostBuffer:
@@ -51,6 +53,49 @@ class HostBuffer:
             self.close()
 
 
+class BufferPool:
+    """Window buffers made before any timing and lent to each run's window (its
+    ``buffer_type`` is :meth:`take`). Pinning host memory costs milliseconds per MB, once
+    for a job, which keeps its pinned buffers from one load to the next: a restore that
+    pinned them inside its fetch timed an allocation a job does not make."""
+
+    def __init__(self, make: Callable[[int, str], Any]) -> None:
+        self._make = make
+        self._all: list = []
+        self._free: list = []
+        #: buffers a run needed beyond what was reserved (made inside its timing)
+        self.made_in_runs = 0
+
+    def reserve(self, count: int, size: int, name: str = "ckptprof-window") -> None:
+        """Make ``count`` buffers of ``size`` bytes now (outside any timing)."""
+        for _ in range(count):
+            self._all.append(self._make(size, name))
+        self._free = list(self._all)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(b.size for b in self._all)
+
+    def take(self, size: int, name: str = "ckptprof-window") -> Any:
+        """A free buffer of at least ``size`` bytes; made now if none is."""
+        for index, buffer in enumerate(self._free):
+            if buffer.size >= size:
+                return self._free.pop(index)
+        self.made_in_runs += 1
+        buffer = self._make(size, name)
+        self._all.append(buffer)
+        return buffer
+
+    def restock(self) -> None:
+        """A run ended (its copies out of the buffers have landed): all are free again."""
+        self._free = list(self._all)
+
+    def close(self) -> None:
+        for buffer in self._all:
+            buffer.close()
+        self._all, self._free = [], []
+
+
 def view_reader(view: memoryview) -> io.BufferedReader:
     """A seekable file object over ``view``, without copying it (what loaders read)."""
     return io.BufferedReader(_ViewReader(view))
@@ -80,4 +125,4 @@ class _ViewReader(io.RawIOBase):
         return len(chunk)
 
 
-__all__ = ["HostBuffer", "view_reader"]
+__all__ = ["BufferPool", "HostBuffer", "view_reader"]

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import Any, Protocol
 
-from ckptprof.io.buffers import HostBuffer
+from ckptprof.io.buffers import BufferPool, HostBuffer
 from ckptprof.phases import Phase
 from ckptprof.progress import bar as progress_bar
 
@@ -109,10 +109,12 @@ class Window:
         desc: str = "fetch",
         buffer_type: Callable[[int, str], Any] = HostBuffer,
         clocks: FileClocks | None = None,
+        pool: BufferPool | None = None,
     ) -> None:
         self.storage, self.op, self.concurrency = storage, op, max(1, concurrency)
         self.budget, self.digests = budget, digests or {}
         self.progress, self.desc, self.buffer_type = progress, desc, buffer_type
+        self.pool = pool  # buffers lent for this run (made before it); None: its own
         self._own_clocks = clocks is None  # a caller's clocks span several runs: it records
         self.clocks = clocks or FileClocks()
         self.in_flight = self.concurrency
@@ -158,8 +160,9 @@ class Window:
         read = read or self._read
         slots = OrderedSlots(slots_n)
         free: queue.Queue = queue.Queue()
-        made = [0]  # window buffers made (lazily: a window whose requests land in place
-        # makes none)
+        made = [0]  # window buffers taken (lazily: a window whose requests land in place
+        # takes none)
+        buffers = self.pool or BufferPool(self.buffer_type)
         done: queue.Queue = queue.Queue()
         error: list[BaseException] = []
         bar = progress_bar(sum(r.length for r in live), f"{self.desc} x{self.concurrency}",
@@ -171,7 +174,7 @@ class Window:
             except queue.Empty:
                 made[0] += 1
                 self.window_bytes = made[0] * part
-                return self.buffer_type(part, "ckptprof-window")
+                return buffers.take(part, "ckptprof-window")
 
         def one(request, ticket: int) -> None:
             place = into(request)
@@ -271,8 +274,10 @@ class Window:
             done.put(None)
             consumer.join()
             bar.close()
-            while not free.empty():
-                free.get().close()
+            if self.pool is None:
+                buffers.close()
+            else:  # every buffer is back, its copy landed: the next run's again
+                buffers.restock()
             if self._own_clocks:
                 self.clocks.record(self.op)
         if failure:

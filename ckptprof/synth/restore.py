@@ -19,6 +19,7 @@ import psutil
 
 from ckptprof import schema
 from ckptprof.errors import CkptprofError, StorageError, UnreachableError
+from ckptprof.io.buffers import BufferPool
 from ckptprof.manifest import GENERATING_NAME, MANIFEST_NAME, VERIFY_MODES, Manifest
 from ckptprof.phases import RESTORE_PHASES
 from ckptprof.preflight import OutputClaim, check_output_dir
@@ -26,7 +27,7 @@ from ckptprof.storage import open_storage
 from ckptprof.storage.base import DEFAULT_PART_SIZE, ObjectInfo, Storage
 from ckptprof.synth import ceiling as ceiling_mod
 from ckptprof.synth import ranges
-from ckptprof.synth.device import check_device, resolve_device
+from ckptprof.synth.device import PinnedBuffer, check_device, resolve_device
 from ckptprof.synth.distributed import Job
 from ckptprof.synth.first_step import FirstStep
 from ckptprof.synth.layouts import get_layout
@@ -202,6 +203,7 @@ class RestoreRunner:
             state=state,
             files=tuple(needed_files(self.plan, state.targets)),
             memory_budget=options.memory_budget or default_budget(options.part_size, sharing),
+            buffers=BufferPool(PinnedBuffer) if device.type != "cpu" else None,
         )
         ensure_open_files(max(options.concurrency))
         check_listing(self.subject, self.storage.list())  # fail before any cache work or timing
@@ -349,6 +351,10 @@ class RestoreRunner:
             self.state.allocate()
         else:
             self.state.allocate(self.first_step.prepare())
+        if self.subject.buffers is not None:  # pinned once, as a job keeps them
+            part = self.options.part_size
+            slots = max(2, min(self.memory_budget // part, 2 * max(self.options.concurrency) + 2))
+            self.subject.buffers.reserve(slots, part)
         self.prepared = True
 
     def ceiling(self) -> ceiling_mod.Ceiling:
@@ -513,23 +519,28 @@ def run_restore(
 ) -> dict:
     """Probe the ceiling, run the sweep, write results.json/results.csv and traces. As one
     rank of a ``job``, rank 0 gathers every rank's runs and writes the results."""
-    from ckptprof.tracing.export import TRACE_DIR_ENV, setup_telemetry
+    from ckptprof.synth.job import traced
+    from ckptprof.tracing.export import TRACE_DIR_ENV
 
-    telemetry = setup_telemetry(trace_dir or os.environ.get(TRACE_DIR_ENV) or out_dir / "traces")
-    # a job's ranks share rank 0's run id: the report puts their spans of a run together
-    run_id = job.broadcast(telemetry.run_id) if job is not None else telemetry.run_id
-    tracer = CheckpointTracer(
-        telemetry.provider,
-        framework="synthetic",
-        run_id=run_id,
-        per_file_spans=options.per_file_spans,
-        stall_after_s=options.stall_after_s,
-    )
-    try:
+    trace_dir = trace_dir or os.environ.get(TRACE_DIR_ENV) or out_dir / "traces"
+    tracer_options = {
+        "per_file_spans": options.per_file_spans,
+        "stall_after_s": options.stall_after_s,
+    }
+    with traced(trace_dir, job, **tracer_options) as (telemetry, tracer):
         runner = RestoreRunner(location, options, tracer, job)
-    except BaseException:
-        telemetry.shutdown()
-        raise
+        try:
+            return _run(runner, options, out_dir, telemetry, tracer, echo, job)
+        finally:
+            runner.state.release()
+            if runner.subject.buffers is not None:
+                runner.subject.buffers.close()
+
+
+def _run(runner: RestoreRunner, options: RestoreOptions, out_dir: Path, telemetry, tracer,
+         echo, job: Job | None) -> dict:  # fmt: skip
+    """The restore's steps, in order: outputs claimed, memory checked, caches prepared, the
+    ceiling probed, an interruption simulated, the sweep, the results written."""
     claims: list[OutputClaim] = []
     try:
         trace_dir = telemetry.trace_file.parent if telemetry.trace_file else None
@@ -615,8 +626,6 @@ def run_restore(
     finally:
         for claim in claims:
             claim.release()
-        runner.state.release()
-        telemetry.shutdown()
 
 
 def _save_results(out_dir: Path, payload: dict, runs: list[RunRecord], telemetry):

@@ -96,6 +96,7 @@ def run_context(subject: RestoreSubject, options, op: Operation, concurrency: in
         progress=options.progress,
         threads=os.cpu_count() or 1,
         stage_dir=options.stage_dir,
+        buffers=subject.buffers,
     )
 
 

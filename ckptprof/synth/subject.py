@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from ckptprof.io.buffers import BufferPool
     from ckptprof.manifest import Manifest
     from ckptprof.storage.base import Storage
     from ckptprof.synth.layouts.base import Layout
@@ -34,6 +35,9 @@ class RestoreSubject:
     state: TargetState
     files: tuple[FilePlan, ...]  # what a restore reads: the ranks' data files, small files
     memory_budget: int  # the pipelined window
+    #: the pinned window's buffers for a state on a device, made before any run (None: a
+    #: state in host memory, whose window buffers cost nothing to make)
+    buffers: BufferPool | None = None
 
     @property
     def paths(self) -> list[str]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from ckptprof.errors import CkptprofError
+from ckptprof.io.buffers import BufferPool
 from ckptprof.io.requests import RequestPolicy
 from ckptprof.io.window import Window
 from ckptprof.manifest import check_digest, verify_buffers
@@ -61,6 +62,7 @@ class RunContext:
     progress: bool | None = None
     threads: int = 1
     stage_dir: Path | None = None
+    buffers: BufferPool | None = None  # the pinned window's, for a state on a device
 
     def where(self, path: str) -> str:
         return f"{self.storage.uri}/{path}"

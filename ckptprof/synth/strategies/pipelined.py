@@ -76,11 +76,13 @@ def _restore_ranges(ctx: RunContext, sources, indexed, maps: FileMaps, clocks) -
         if ctx.verify in ("full", "sample")
         else {}
     )
-    # for a device state, page-locked buffers: the copy out of them is a DMA
-    buffer_type = HostBuffer if on_host else PinnedBuffer
+    # for a device state, page-locked buffers, made before the run (the runner's pool):
+    # the copy out of them is a DMA
     window = Window(
         ctx.storage, ctx.op, ctx.concurrency, budget=ctx.memory_budget, digests=digests,
-        progress=ctx.progress, desc="restore", buffer_type=buffer_type, clocks=clocks,
+        progress=ctx.progress, desc="restore", clocks=clocks,
+        buffer_type=HostBuffer if on_host else PinnedBuffer,
+        pool=None if on_host else ctx.buffers,
     )  # fmt: skip
     placed = [0]  # bytes the reads put straight into the state
 
@@ -132,7 +134,7 @@ def _restore_ranges(ctx: RunContext, sources, indexed, maps: FileMaps, clocks) -
     ctx.op.set_attributes({
         Attr.MEMORY_WINDOW_BYTES: window.window_bytes,
         # what the copies came from: pinned buffers, unless a file was mapped (pageable)
-        Attr.MEMORY_WINDOW_PINNED: buffer_type is PinnedBuffer and not maps.maps,
+        Attr.MEMORY_WINDOW_PINNED: not on_host and not maps.maps,
     })  # fmt: skip
     ctx.op.set_phase_attributes(Phase.FETCH, **{Attr.CONCURRENCY: window.in_flight})
     if placed[0]:  # the reshard these reads did: bytes landed where the state needs them
