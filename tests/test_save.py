@@ -4,6 +4,7 @@ restore accepts, for every layout x strategy, on a local disk and on S3 (Seaweed
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,8 @@ def test_a_save_is_timed_phase_by_phase_and_restores_with_full_verify(layout, tm
     saved = save_cli(dest, out, "--repeat", "2", "--strategy", "framework", layout=layout)
     assert saved.returncode == 0, saved.stderr
     assert "median" in saved.stdout and "GB/s" in saved.stdout
+    named = saved.stdout.strip().splitlines()[-1].rsplit("traces: ", 1)[1]
+    assert Path(named).parent == out / "traces" and read_spans(Path(named))  # flushed, named
     total = manifest_total(dest)
     assert not (dest / GENERATING_NAME).exists()
     assert not list(dest.rglob("*.partial"))  # every file renamed into place

@@ -432,7 +432,7 @@ def _save(args, spec, options, job=None) -> int:
             args.dest, spec, options, tracer, echo, job,
             keep_partial=lambda partial: write_results(args.out, spec, options, partial, True),
         )  # fmt: skip
-        trace = telemetry.describe_trace()
+    trace = telemetry.describe_trace()  # shut down: the file holds every span (or it says)
     if not lead:
         return 0
     written = write_results(args.out, spec, options, result)
