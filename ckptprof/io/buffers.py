@@ -54,10 +54,11 @@ class HostBuffer:
 
 
 class BufferPool:
-    """Window buffers made before any timing and lent to each run's window (its
-    ``buffer_type`` is :meth:`take`). Pinning host memory costs milliseconds per MB, once
-    for a job, which keeps its pinned buffers from one load to the next: a restore that
-    pinned them inside its fetch timed an allocation a job does not make."""
+    """Window buffers made before any timing and lent to each run's window
+    (``Window(pool=…)``, which restocks it when the run's copies have landed). Pinning
+    host memory costs milliseconds per MB, once for a job, which keeps its pinned buffers
+    from one load to the next: a restore that pinned them inside its fetch timed an
+    allocation a job does not make."""
 
     def __init__(self, make: Callable[[int, str], Any]) -> None:
         self._make = make

@@ -20,7 +20,6 @@ class Framework(Saver):
 
     def save(self, ctx: SaveContext) -> Written:
         """Each file through the layout's own writer into a temporary name, then renamed."""
-        """Each file through the layout's own writer into a temporary name, then renamed."""
         if ctx.plan.spec.layout == "dcp":  # DCP's module only now: ~0.8 s to import
             from ckptprof.synth.savers.dcp import dcp_save
 
