@@ -177,7 +177,7 @@ def test_dcp_saved_by_four_restored_by_two_three_and_four(nproc, checkpoints, tm
 
 def test_two_nodes_share_a_c10d_rendezvous(checkpoints, tmp_path):
     """Two torchrun launches (the two "nodes") meet at one c10d endpoint on 127.0.0.1:
-    the multi-node command of the README, with one rank per node. The endpoint's store is
+    the multi-node command of docs/synthetic.md, with one rank per node. The endpoint's store is
     the test's, on a port the kernel gave it and held until the end: both nodes join it
     (``is_host=false``), so no port is picked, released and raced for by another process
     (the workers' own store is rank 0's agent's, also on a port of the kernel's choice)."""

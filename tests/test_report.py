@@ -950,7 +950,7 @@ def test_group_hints_for_reads_and_resume_memory():
 
 
 def test_the_gate_fails_on_a_phase_beyond_its_spread_while_the_rto_is_within_its_own(tmp_path):
-    """The README's example: the RTO moves less than its spread, fetch moves beyond its
+    """docs/reports.md's example: the RTO moves less than its spread, fetch moves beyond its
     own (and beyond the limit) → exit 1 naming the phase; the RTO is never named."""
     base_doc = results_doc()
     new_doc = json.loads(json.dumps(base_doc))

@@ -51,7 +51,7 @@ def build_parser() -> Parser:
             "restores them phase by phase (list, fetch, verify, deserialize, reshard, "
             "first_step) as OpenTelemetry spans, and reports the breakdown."
         ),
-        epilog=f"Set {DEBUG_ENV}=1 to see tracebacks. Docs: README.md",
+        epilog=f"Set {DEBUG_ENV}=1 to see tracebacks. Docs: README.md and docs/index.md",
     )
     parser.add_argument("--version", action="version", version=f"ckptprof {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

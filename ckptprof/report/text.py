@@ -468,7 +468,8 @@ def _sweep_table(sweep: Sweep) -> list[str]:
 
 
 def _reliability_line(rel: dict) -> str:
-    """Success rate and retries (the seed article's third metric), when there is news."""
+    """Success rate and retries (a restore's third measure, beside its time and
+    throughput), when there is news."""
     failures = rel.get("failures") or []
     requests = rel.get("requests") or {}
     retries, errors = requests.get("retries", 0), requests.get("errors", 0)
