@@ -10,6 +10,7 @@ so a copy without it fails rather than passes unchecked.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -104,3 +105,24 @@ def test_only_a_dcp_restore_or_save_loads_torch_distributed_checkpoint():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_every_package_of_the_tree_is_installed():
+    """pyproject.toml lists the packages a wheel holds; a package folder it leaves out is
+    missing from every non-editable install (an editable one finds it anyway, so nothing
+    else here would notice)."""
+    text = CONFIG.read_text()
+    listed = text[text.index("[tool.setuptools]") :]
+    listed = listed[listed.index("packages = [") :]
+    listed = listed[: listed.index("]")]
+    installed = set(re.findall(r'"([\w.]+)"', listed))
+    tree = {
+        ".".join(("ckptprof", "integrations", *init.parent.relative_to(top).parts))
+        if top.name == "integrations"
+        else ".".join(init.parent.relative_to(ROOT).parts)
+        for top in (ROOT / "ckptprof", ROOT / "integrations")
+        for init in top.rglob("__init__.py")
+    }
+    assert tree == installed, (
+        f"not installed: {sorted(tree - installed)}; gone: {sorted(installed - tree)}"
+    )
