@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from ckptprof.cli import main
-from ckptprof.report.compare import TTS, compare, render_json, render_text
+from ckptprof.report.compare import compare
+from ckptprof.report.compare_json import render_json
+from ckptprof.report.compare_text import render_text
+from ckptprof.report.comparison import TTS
 from tests.conftest import TINY_SCALE
 
 SETTING = "pipelined cold c=2"

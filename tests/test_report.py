@@ -14,8 +14,10 @@ from ckptprof.errors import CkptprofError
 from ckptprof.phases import Attr, Phase
 from ckptprof.report import aggregate, load, render_json, render_text, write_plot
 from ckptprof.report import hints as H
-from ckptprof.report.aggregate import Breakdown, PhaseRow, SweepRow
-from ckptprof.report.load import RecordedCeiling
+from ckptprof.report import hints_group as HG
+from ckptprof.report import hints_sweep as HS
+from ckptprof.report.breakdown import Breakdown, PhaseRow, SweepRow
+from ckptprof.report.records import RecordedCeiling
 from ckptprof.tracing import CheckpointTracer, setup_telemetry
 from ckptprof.tracing import recorder as recorder_module
 from tests.conftest import run_cli
@@ -638,22 +640,22 @@ CEILING = RecordedCeiling(read_gbps=1.5, request_latency_s=0.004, littles_law_in
 
 
 def test_low_concurrency_hint_thresholds():
-    assert H.low_concurrency([sweep_row(4, 0.60)], CEILING) is None  # at 60%
-    assert H.low_concurrency([sweep_row(8, 0.10)], CEILING) is None  # 8 > 6.2 in flight
-    assert H.low_concurrency([sweep_row(4, 0.30, "hot")], CEILING) is None
-    assert H.low_concurrency([sweep_row(4, 0.30)], None) is None
-    hint = H.low_concurrency([sweep_row(1, 0.2), sweep_row(4, 0.59), sweep_row(8, 0.9)], CEILING)
+    assert HS.low_concurrency([sweep_row(4, 0.60)], CEILING) is None  # at 60%
+    assert HS.low_concurrency([sweep_row(8, 0.10)], CEILING) is None  # 8 > 6.2 in flight
+    assert HS.low_concurrency([sweep_row(4, 0.30, "hot")], CEILING) is None
+    assert HS.low_concurrency([sweep_row(4, 0.30)], None) is None
+    hint = HS.low_concurrency([sweep_row(1, 0.2), sweep_row(4, 0.59), sweep_row(8, 0.9)], CEILING)
     assert hint is not None
     assert "c=1 cold: 20%, c=4 cold: 59%" in hint.message
     assert "use concurrency 7 or more" in hint.message
 
 
 def test_fetch_far_below_ceiling_hint_thresholds():
-    assert H.fetch_below_ceiling([sweep_row(16, 0.50)], CEILING) is None
-    assert H.fetch_below_ceiling([sweep_row(16, 0.40, "hot")], CEILING) is None
+    assert HS.fetch_below_ceiling([sweep_row(16, 0.50)], CEILING) is None
+    assert HS.fetch_below_ceiling([sweep_row(16, 0.40, "hot")], CEILING) is None
     # low concurrency explains it: that hint, not this one
-    assert H.fetch_below_ceiling([sweep_row(4, 0.40)], CEILING) is None
-    hint = H.fetch_below_ceiling([sweep_row(16, 0.49), sweep_row(32, 0.30)], CEILING)
+    assert HS.fetch_below_ceiling([sweep_row(4, 0.40)], CEILING) is None
+    hint = HS.fetch_below_ceiling([sweep_row(16, 0.49), sweep_row(32, 0.30)], CEILING)
     assert hint is not None and "only 30%" in hint.message and "concurrency 32" in hint.message
 
 
@@ -662,7 +664,7 @@ def test_merge_names_the_worst_cell_and_the_others():
         Breakdown(label, "restore", 1, 1.0, 1.0, 1.0, [PhaseRow("verify", v, v, None, None, None)])
         for label, v in (("cold c=1", 0.3), ("cold c=8", 0.5), ("hot c=8", 0.1))
     ]
-    merged = H.merge([h for b in rows for h in H.breakdown_hints(b)], total=3)
+    merged = HS.merge([h for b in rows for h in H.breakdown_hints(b)], total=3)
     assert len(merged) == 1
     assert merged[0].message.startswith("cold c=8: verify takes 50%")
     assert merged[0].message.endswith("(also cold c=1)")
@@ -708,7 +710,7 @@ def strategy_row(strategy, walls, peak=None, cache="cold", concurrency=8, **phas
 def test_better_strategy_names_the_gain_the_phases_and_the_memory():
     staged = strategy_row("staged", [9.0, 10.0, 11.0], 6.9e9, fetch=4.0, deserialize=5.0)
     pipelined = strategy_row("pipelined", [5.5, 6.0, 6.5], 3.7e9, fetch=5.5, deserialize=0.2)
-    hint = H.better_strategy([staged, pipelined])
+    hint = HS.better_strategy([staged, pipelined])
     assert hint is not None and hint.code == "strategy"
     assert hint.message.startswith("pipelined would cut this restore from 10.00 s (staged)")
     assert "to 6.00 s (cold c=8, 40% less)" in hint.message
@@ -719,11 +721,11 @@ def test_better_strategy_names_the_gain_the_phases_and_the_memory():
 
 def test_better_strategy_stays_silent_on_noise_small_gains_and_lone_strategies():
     overlapping = strategy_row("staged", [5.0, 10.0, 11.0])
-    assert H.better_strategy([overlapping, strategy_row("pipelined", [5.5, 6.0, 6.5])]) is None
+    assert HS.better_strategy([overlapping, strategy_row("pipelined", [5.5, 6.0, 6.5])]) is None
     small = strategy_row("staged", [6.6, 6.65, 6.7])  # 6.0 vs 6.65: under STRATEGY_GAIN
-    assert H.better_strategy([small, strategy_row("pipelined", [5.9, 6.0, 6.1])]) is None
+    assert HS.better_strategy([small, strategy_row("pipelined", [5.9, 6.0, 6.1])]) is None
     other_cell = strategy_row("pipelined", [1.0, 1.0, 1.0], cache="hot")
-    assert H.better_strategy([strategy_row("staged", [9.0, 10, 11]), other_cell]) is None
+    assert HS.better_strategy([strategy_row("staged", [9.0, 10, 11]), other_cell]) is None
 
 
 def test_job_hints_name_read_amplification_and_the_straggler():
@@ -733,16 +735,16 @@ def test_job_hints_name_read_amplification_and_the_straggler():
         "checkpoint_bytes": 10e9,
         "per_rank": [{**rank, "rank": r, "wall_s": w} for r, w in enumerate((2.0, 2.1, 2.0, 3.0))],
     }  # fmt: skip
-    hint = H.read_amplification(job)
+    hint = HS.read_amplification(job)
     assert hint is not None and "4 ranks read 2.0× the checkpoint (20.00 GB for 10.00 GB)" in (
         hint.message
     )
-    slow = H.straggler(job)
+    slow = HS.straggler(job)
     assert slow is not None and slow.message.startswith(
         "rank 3 on node 0 (node-a) is the straggler: 3.00 s against a median rank's 2.05 s"
     )
     even = {**job, "read_amplification": 1.1, "per_rank": job["per_rank"][:3]}
-    assert H.read_amplification(even) is None and H.straggler(even) is None
+    assert HS.read_amplification(even) is None and HS.straggler(even) is None
 
 
 # ---------------------------------------------------------------------- compare
@@ -762,7 +764,8 @@ def write_results(folder: Path, doc: dict) -> Path:
 
 
 def test_compare_ranks_like_settings_and_prices_them(tmp_path):
-    from ckptprof.report.compare import compare, render_text
+    from ckptprof.report.compare import compare
+    from ckptprof.report.compare_text import render_text
 
     base = write_results(tmp_path / "ext4", results_doc())
     fast = write_results(tmp_path / "fsx", slowed(results_doc(), 0.5, 0.4))
@@ -787,7 +790,8 @@ def test_a_fetch_above_its_ceiling_is_flagged_in_compare_and_in_the_html(tmp_pat
     """fsx's cold c=16 fetch (0.44 s for 1.2 GB: 2.7 GB/s) against its 1.5 GB/s probe:
     marked in the table, explained below it, and on the page's storage view."""
     pytest.importorskip("matplotlib")
-    from ckptprof.report.compare import compare, render_text
+    from ckptprof.report.compare import compare
+    from ckptprof.report.compare_text import render_text
     from ckptprof.report.html import render_html
 
     base = write_results(tmp_path / "ext4", results_doc())
@@ -934,19 +938,19 @@ def test_the_runner_writes_what_the_report_reads_with_one_summary_rule(checkpoin
 
 
 def test_group_hints_for_reads_and_resume_memory():
-    from ckptprof.report.aggregate import OperationGroup, Reads, ResumeMemory
+    from ckptprof.report.breakdown import OperationGroup, Reads, ResumeMemory
 
     def group(**kw):
         b = Breakdown("x", "restore", 1, 1.0, 1.0, 1.0, [])
         return OperationGroup("restore", {}, b, [], **kw)
 
-    every = H.ranks_read_everything(group(reads=Reads(4, 4 * 1000, 1000)))
+    every = HG.ranks_read_everything(group(reads=Reads(4, 4 * 1000, 1000)))
     assert every is not None and "each of the 4 ranks read the whole checkpoint" in every.message
-    assert H.ranks_read_everything(group(reads=Reads(4, 1100, 1000))) is None  # sharded reads
-    assert H.ranks_read_everything(group(reads=Reads(1, 2000, 1000))) is None
-    big = H.resume_memory(group(memory=ResumeMemory(3 * 10**9, 2 * 10**9)))
+    assert HG.ranks_read_everything(group(reads=Reads(4, 1100, 1000))) is None  # sharded reads
+    assert HG.ranks_read_everything(group(reads=Reads(1, 2000, 1000))) is None
+    big = HG.resume_memory(group(memory=ResumeMemory(3 * 10**9, 2 * 10**9)))
     assert big is not None and "1.50x the 2.00 GB the job held while training" in big.message
-    assert H.resume_memory(group(memory=ResumeMemory(2 * 10**9, 2 * 10**9))) is None
+    assert HG.resume_memory(group(memory=ResumeMemory(2 * 10**9, 2 * 10**9))) is None
 
 
 def test_the_gate_fails_on_a_phase_beyond_its_spread_while_the_rto_is_within_its_own(tmp_path):

@@ -124,7 +124,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def _cut_short_text(paths: list[str], labels: list[str] | None) -> str:
     """Each PATH's saves and restores cut short (not compared: they never ended)."""
     from ckptprof.report.cut_short import cut_short_lines
-    from ckptprof.report.load import cut_short_from_spans, read_trace_spans
+    from ckptprof.report.load import read_trace_spans
+    from ckptprof.report.traces import cut_short_from_spans
 
     blocks = []
     for n, path in enumerate(paths):
@@ -137,7 +138,9 @@ def _cut_short_text(paths: list[str], labels: list[str] | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ckptprof.errors import CkptprofError
-    from ckptprof.report.compare import compare, render_json, render_text
+    from ckptprof.report.compare import compare
+    from ckptprof.report.compare_json import render_json
+    from ckptprof.report.compare_text import render_text
 
     if args.label is not None and len(args.label) != len(args.paths):
         raise CkptprofError(

@@ -86,7 +86,7 @@ def _files(paths: list[str]) -> list[Path]:
 def _read(paths: list[str]) -> tuple[list[dict], list[dict]]:
     """(spans of trace files, OTLP/JSON requests of OTLP JSON-lines files); malformed
     lines are skipped with one warning, as ``ckptprof report`` does."""
-    from ckptprof.report.load import is_span, read_json_lines, skipped_lines_warning
+    from ckptprof.report.traces import is_span, read_json_lines, skipped_lines_warning
     from ckptprof.tracing.otlp_json import is_otlp_document
 
     reads = [
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         raise CkptprofError(f"-o {args.output}: folder {folder} does not exist — create it first")
     spans, requests = _read(args.paths)
     if args.otlp:
-        from ckptprof.tracing.export import otlp_timeout_s
+        from ckptprof.tracing.otel_settings import otlp_timeout_s
         from ckptprof.tracing.otlp_json import replay, requests_of
 
         sent, count = replay([*requests, *requests_of(spans)], otlp_timeout_s())

@@ -222,7 +222,7 @@ def run_goodput(args: argparse.Namespace) -> int:
     from ckptprof.errors import CkptprofError
     from ckptprof.report.cut_short import cut_short_json
     from ckptprof.report.goodput import build_goodputs, goodput_json, read_job_spans, render_goodput
-    from ckptprof.report.load import cut_short_from_spans
+    from ckptprof.report.traces import cut_short_from_spans
 
     spans = read_job_spans(args.paths)
     goodputs = build_goodputs(spans, args.price_per_hour)
@@ -269,7 +269,8 @@ def run_interruptions(args: argparse.Namespace) -> int:
     """``--interruptions``: each interruption's story, as text (or JSON), and the
     operations cut short."""
     from ckptprof.report.interruptions import build_stories, render_stories, render_stories_json
-    from ckptprof.report.load import cut_short_from_spans, read_trace_spans
+    from ckptprof.report.load import read_trace_spans
+    from ckptprof.report.traces import cut_short_from_spans
 
     # a results folder's stories are in the traces beside its results.json
     spans = read_trace_spans(args.paths, beside_results=True)

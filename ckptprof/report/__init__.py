@@ -2,8 +2,8 @@
 
 Pipeline, one module per step::
 
-    data = load(paths)          # load.py: files -> records
-    report = aggregate(data)    # aggregate.py: groups, medians (+ hints.py): breakdown.py's rows
+    data = load(paths)          # load.py (traces.py, json_files.py): files -> records.py
+    report = aggregate(data)    # aggregate.py: groups.py, sweep.py (+ hints*.py): breakdown.py
     print(render_text(report))  # text.py; render_json (json_out.py); write_plot (plot.py)
 """
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckptprof.phases import Phase, fused_phases
-from ckptprof.report.load import CutShort, RecordedCeiling
 from ckptprof.report.outside import NamedTime
+from ckptprof.report.records import CutShort, RecordedCeiling
 
 if TYPE_CHECKING:
     from ckptprof.report.checkpoint_cost import CheckpointInterval, SaveRestore

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ckptprof.phases import Attr, Phase
 
 if TYPE_CHECKING:
-    from ckptprof.report.load import ResultsFile, TraceOperation
+    from ckptprof.report.records import ResultsFile, TraceOperation
 
 
 @dataclass(frozen=True)

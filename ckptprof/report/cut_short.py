@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ckptprof.phases import Attr
-from ckptprof.report.load import CutShort
+from ckptprof.report.records import CutShort
 from ckptprof.units import fmt_bytes
 
 HEADING = "cut short (the process ended inside; as its last in-progress record tells):"

@@ -138,7 +138,8 @@ def _children(spans: Sequence[dict], root: dict) -> dict[str, dict]:
 def read_job_spans(paths: Iterable[str | os.PathLike], beside_results: bool = False) -> list[dict]:
     """Every span of the trace files the PATHs name, each noting its file (``SOURCE``),
     and each ``ckpt.run`` its job: its own ``ckpt.run.job``, else its file's folder."""
-    from ckptprof.report.load import read_json_lines, trace_files
+    from ckptprof.report.load import trace_files
+    from ckptprof.report.traces import read_json_lines
 
     spans = []
     for path in trace_files(paths, beside_results):

@@ -1,7 +1,9 @@
-"""Plain-sentence advice, given only where the numbers say so.
+"""Plain-sentence advice on one breakdown (the phases of a group of operations, or of
+a sweep's row), given only where the numbers say so.
 
-Each rule is a pure function over aggregated numbers (a :class:`Breakdown`, or a
-sweep's rows and ceiling) that returns a :class:`Hint` or ``None``; thresholds
+Each rule is a pure function over aggregated numbers (here a :class:`Breakdown`; a
+group's in :mod:`ckptprof.report.hints_group`, a sweep's rows and ceiling in
+:mod:`ckptprof.report.hints_sweep`) that returns a :class:`Hint` or ``None``; thresholds
 are the named constants below so a reader can see (and tests can pin) exactly
 when a hint fires. Every comparison is strict: a value *at* a threshold does not
 fire.
@@ -9,9 +11,7 @@ fire.
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ckptprof.phases import Phase
@@ -20,8 +20,7 @@ from ckptprof.results_schema import stalled
 from ckptprof.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from ckptprof.report.breakdown import Breakdown, OperationGroup, Sweep, SweepRow
-    from ckptprof.report.load import RecordedCeiling
+    from ckptprof.report.breakdown import Breakdown
 
 MiB = 1024 * 1024
 
@@ -33,12 +32,6 @@ RESHARD_SHARE_MAX = 0.40
 """reshard above this share of the RTO: the copies into the state are the restore."""
 FIRST_STEP_SHARE_MAX = 0.50
 """first_step above this share of the RTO: the step after the load is the restore."""
-READ_ALL_SHARE = 0.8
-"""ranks that together read more than this × ranks × the checkpoint each read all of it."""
-RESUME_MEMORY_RATIO = 1.25
-"""a resume peaking above this × the memory held while training is worth a hint."""
-SLOWER_AFTER_RESUME = 1.25
-"""median step after the resume above this many times the one before the save."""
 FIRST_BATCH_SHARE_MIN = 0.5
 """the first batch (or the step's compute) above this share of first_step is its cause."""
 NOISE_SPREAD = 0.25
@@ -48,16 +41,12 @@ LIST_SHARE_MAX = 0.10
 SMALL_FILES_MIN_COUNT = 256
 """More files than this, each smaller than SMALL_FILE_MAX_BYTES, is "many small files"."""
 SMALL_FILE_MAX_BYTES = 8 * MiB
-LOW_CONCURRENCY_FRACTION = 0.60
-"""fetch below this fraction of the ceiling, with fewer requests in flight than Little's Law
-needs, means the queue is too shallow for the latency."""
-FETCH_FAR_BELOW_FRACTION = 0.50
-"""fetch below this fraction of the ceiling although concurrency suffices."""
 COLD_RESIDENCY_MAX = 0.05
 """a "cold" run with more than this fraction of the checkpoint in page cache was not cold."""
 
 
-def _s(seconds: float) -> str:
+def seconds_text(seconds: float) -> str:
+    """Seconds for a sentence: three significant digits and the unit ("1.23 s")."""
     return f"{seconds:.3g} s"
 
 
@@ -71,8 +60,8 @@ def _share_rule(b: Breakdown, phase: Phase, limit: float, code: str, advice: str
         return None
     return Hint(
         code,
-        f"{phase.value} takes {row.share:.0%} of {_wall_word(b)} ({_s(row.busy_s)} of "
-        f"{_s(b.wall_median_s)}): {advice}",
+        f"{phase.value} takes {row.share:.0%} of {_wall_word(b)} ({seconds_text(row.busy_s)} of "
+        f"{seconds_text(b.wall_median_s)}): {advice}",
         row.share,
         b.label,
     )
@@ -182,7 +171,7 @@ def stalled_request(b: Breakdown) -> Hint | None:
         return None
     return Hint(
         "stall",
-        f"one fetch request waited {_s(longest)} ({longest / b.wall_median_s:.0%} of "
+        f"one fetch request waited {seconds_text(longest)} ({longest / b.wall_median_s:.0%} of "
         f"{_wall_word(b)}): the storage stalled rather than ran slowly; the trace's fetch "
         "span names the object (ckpt.fetch.slowest_request). Check the server and the "
         "network for pauses, and repeat the run before you trust this figure.",
@@ -216,7 +205,7 @@ def first_step_dominates(b: Breakdown) -> Hint | None:
     skipped = int(details.get("skipped_batches") or 0)
     busy = row.busy_s if row is not None else 0.0
     if batch is not None and busy > 0 and batch / busy >= FIRST_BATCH_SHARE_MIN:
-        part = f"the first batch took {_s(batch)} of it"
+        part = f"the first batch took {seconds_text(batch)} of it"
         if skipped:
             return _share_rule(
                 b,
@@ -244,7 +233,7 @@ def first_step_dominates(b: Breakdown) -> Hint | None:
             Phase.FIRST_STEP,
             FIRST_STEP_SHARE_MAX,
             "first-step-compute",
-            f"the step itself took {_s(compute)} of it: compilation (torch.compile, "
+            f"the step itself took {seconds_text(compute)} of it: compilation (torch.compile, "
             "CUDA graphs) and allocator warm-up; a compile cache (TORCHINDUCTOR_CACHE_DIR on "
             "shared storage) or a warm-up before the resume moves it off the RTO.",
         )
@@ -263,7 +252,7 @@ def _synthetic_first_step(b: Breakdown, given: bool) -> Hint | None:
     """A synthetic run's first step: a step on this machine's CPU (or the time the user
     gave), never a data fast-forward or a job's warm-up: the storage's part is the time
     to state."""
-    state = f" ({_s(b.state_s[0])})" if b.state_s else ""
+    state = f" ({seconds_text(b.state_s[0])})" if b.state_s else ""
     if given:
         advice = (
             f"the step time given with --first-step-s; the storage's part is the time to "
@@ -314,272 +303,3 @@ BREAKDOWN_RULES: tuple[Callable[[Breakdown], Hint | None], ...] = (
 def breakdown_hints(b: Breakdown) -> list[Hint]:
     """All per-breakdown rules that fire, in a fixed order."""
     return [h for rule in BREAKDOWN_RULES if (h := rule(b)) is not None]
-
-
-# --------------------------------------------------------------------- ceiling rules
-def low_concurrency(rows: Sequence[SweepRow], ceiling: RecordedCeiling | None) -> Hint | None:
-    """Rows (not hot) whose concurrency is under Little's Law's in-flight need and whose
-    fetch is under LOW_CONCURRENCY_FRACTION of the ceiling."""
-    if ceiling is None or not ceiling.littles_law_inflight or not ceiling.read_gbps:
-        return None
-    need = ceiling.littles_law_inflight
-    low = [
-        r
-        for r in rows
-        if r.breakdown.cache != "hot"
-        and r.breakdown.concurrency is not None
-        and r.breakdown.concurrency < need
-        and r.fraction_of_ceiling is not None
-        and r.fraction_of_ceiling < LOW_CONCURRENCY_FRACTION
-    ]
-    if not low:
-        return None
-    cells = ", ".join(
-        f"c={r.breakdown.concurrency}"
-        + (f" {r.breakdown.cache}" if r.breakdown.cache else "")
-        + f": {r.fraction_of_ceiling:.0%}"
-        for r in low
-    )
-    latency = (
-        f" with {ceiling.request_latency_s * 1000:.1f} ms per request"
-        if ceiling.request_latency_s
-        else ""
-    )
-    return Hint(
-        "low-concurrency",
-        f"fetch stayed under {LOW_CONCURRENCY_FRACTION:.0%} of the {ceiling.read_gbps:.2f} GB/s "
-        f"ceiling at low concurrency ({cells}); to reach it{latency}, Little's Law needs about "
-        f"{need:.1f} requests in flight: use concurrency {math.ceil(need)} or more.",
-        1.0 - min(r.fraction_of_ceiling or 0.0 for r in low),
-        ", ".join(r.breakdown.label for r in low),
-    )
-
-
-def fetch_below_ceiling(rows: Sequence[SweepRow], ceiling: RecordedCeiling | None) -> Hint | None:
-    """Cold rows under FETCH_FAR_BELOW_FRACTION of the ceiling that low concurrency does
-    not explain (hot runs read page cache, so the storage ceiling does not bound them)."""
-    if ceiling is None or not ceiling.read_gbps:
-        return None
-    need = ceiling.littles_law_inflight
-    far = [
-        r
-        for r in rows
-        if r.breakdown.cache != "hot"
-        and r.fraction_of_ceiling is not None
-        and r.fraction_of_ceiling < FETCH_FAR_BELOW_FRACTION
-        and not (need and r.breakdown.concurrency is not None and r.breakdown.concurrency < need)
-    ]
-    if not far:
-        return None
-    worst = min(far, key=lambda r: r.fraction_of_ceiling or 0.0)
-    conc = worst.breakdown.concurrency
-    return Hint(
-        "fetch-below-ceiling",
-        f"fetch reached only {worst.fraction_of_ceiling:.0%} of the {ceiling.read_gbps:.2f} GB/s "
-        f"ceiling"
-        + (f" at concurrency {conc}" if conc is not None else "")
-        + " although that is enough requests in flight: the limit is elsewhere (per-request "
-        "latency spikes, retries, small files, or client CPU).",
-        1.0 - (worst.fraction_of_ceiling or 0.0),
-        ", ".join(r.breakdown.label for r in far),
-    )
-
-
-# --------------------------------------------------------------------- entry points
-def merge(hints: Sequence[Hint], total: int) -> list[Hint]:
-    """One hint per code, worded for its most severe cell, naming the other cells.
-
-    Args:
-        hints: per-cell hints (``where`` names the cell).
-        total: how many cells were checked, to say "every row" instead of listing them.
-    """
-    by_code: dict[str, list[Hint]] = {}
-    for hint in hints:
-        by_code.setdefault(hint.code, []).append(hint)
-    merged = []
-    for same in by_code.values():
-        worst = max(same, key=lambda h: h.severity)
-        cells = list(dict.fromkeys(h.where for h in same if h.where))
-        message = worst.message
-        if len(same) > 1 and len(same) == total:
-            message = f"{message} (every row)"
-        elif len(same) > 1:
-            others = ", ".join(c for c in cells if c != worst.where)
-            message = f"{worst.where}: {message} (also {others})"
-        elif total > 1 and worst.where:
-            message = f"{worst.where}: {message}"
-        merged.append(Hint(worst.code, message, worst.severity, ", ".join(cells)))
-    return merged
-
-
-def slower_after_resume(group: OperationGroup) -> Hint | None:
-    """Training slower after the resume than before the save by SLOWER_AFTER_RESUME."""
-    ar = group.after_resume
-    if ar is None or ar.slowdown is None or ar.slowdown <= SLOWER_AFTER_RESUME:
-        return None
-    return Hint(
-        "slower-after-resume",
-        f"training ran {ar.slowdown:.2f}x slower after the resume (median step "
-        f"{_s(ar.step_median_s)} vs {_s(ar.before_save_step_median_s or 0.0)} before the save): "
-        "the RTO does not end at the first step. Look for a changed layout (a sharded or "
-        "resharded state, offload turned on), a lost compile cache, data now read cold, and "
-        "optimizer state loaded in another dtype or device.",
-        severity=min(1.0, ar.slowdown - 1.0),
-        where=group.breakdown.label if group.breakdown else "",
-    )
-
-
-def ranks_read_everything(group: OperationGroup) -> Hint | None:
-    """Every rank read (nearly) the whole checkpoint: READ_ALL_SHARE of ranks × its size."""
-    r = group.reads
-    if r is None or r.ranks < 2 or r.amplification < READ_ALL_SHARE * r.ranks:
-        return None
-    return Hint(
-        "every-rank-reads-everything",
-        f"each of the {r.ranks} ranks read the whole checkpoint ({fmt_bytes(r.read_bytes)} "
-        f"for {fmt_bytes(r.checkpoint_bytes)}, {r.amplification:.2f}x): storage serves it "
-        f"{r.ranks} times. Save it sharded (torch.distributed.checkpoint, FSDP's sharded "
-        "state dict) so each rank reads its slice, or read once and broadcast.",
-        severity=min(1.0, r.amplification / 10),
-        where=group.breakdown.label if group.breakdown else "",
-    )
-
-
-def resume_memory(group: OperationGroup) -> Hint | None:
-    """The resume's peak above RESUME_MEMORY_RATIO × the memory held while training."""
-    m = group.memory
-    if m is None or not m.training_rss_bytes:
-        return None
-    ratio = m.peak_rss_bytes / m.training_rss_bytes
-    if ratio <= RESUME_MEMORY_RATIO:
-        return None
-    return Hint(
-        "resume-memory",
-        f"the resume peaked at {fmt_bytes(m.peak_rss_bytes)} resident, {ratio:.2f}x the "
-        f"{fmt_bytes(m.training_rss_bytes)} the job held while training: the checkpoint is "
-        "materialised beside the model. torch.load(mmap=True), load_state_dict(assign=True) "
-        "or a model built on the meta device avoid the second copy; so does loading shard "
-        "by shard.",
-        severity=min(1.0, ratio - 1.0),
-        where=group.breakdown.label if group.breakdown else "",
-    )
-
-
-GROUP_RULES = (slower_after_resume, ranks_read_everything, resume_memory)
-
-
-def group_hints(group: OperationGroup) -> list[Hint]:
-    """Hints for one group of trace operations (no ceiling is known for traces)."""
-    found = breakdown_hints(group.breakdown) if group.breakdown is not None else []
-    return found + [h for rule in GROUP_RULES if (h := rule(group)) is not None]
-
-
-STRATEGY_GAIN = 0.10  # a change of strategy worth saying: at least this much faster
-
-
-def better_strategy(rows: Sequence[SweepRow]) -> Hint | None:
-    """Where strategies ran side by side: what the fastest would buy over the slowest, in
-    the setting where the gap is largest (cache state and concurrency alike), and only
-    where every repeat of one was faster than every repeat of the other."""
-    cells: dict[tuple, list] = {}
-    for r in rows:
-        b = r.breakdown
-        if b.strategy and b.repeats:
-            cells.setdefault((b.cache, b.concurrency), []).append(b)
-    best_gap, best = 0.0, None
-    for (cache, conc), found in cells.items():
-        if len(found) < 2:
-            continue
-        fast = min(found, key=lambda b: b.wall_median_s)
-        slow = max(found, key=lambda b: b.wall_median_s)
-        if fast.wall_max_s >= slow.wall_min_s:
-            continue  # the repeats overlap: noise, not a difference
-        gap = 1 - fast.wall_median_s / slow.wall_median_s if slow.wall_median_s else 0.0
-        if gap > best_gap:
-            best_gap, best = gap, (cache, conc, fast, slow)
-    if best is None or best_gap < STRATEGY_GAIN:
-        return None
-    cache, conc, fast, slow = best
-    where = " ".join(p for p in (str(cache or ""), f"c={conc}" if conc else "") if p)
-    # where the difference was measured: the phases that differ most, slowest first
-    deltas = []
-    for row in slow.phases:
-        other = fast.phase(row.phase)
-        saved = row.busy_s - (other.busy_s if other else 0.0)
-        if saved > 0.05 * slow.wall_median_s:
-            deltas.append((saved, row.phase, row.busy_s, other.busy_s if other else 0.0))
-    why = ", ".join(
-        f"{name} {a:.2f} s vs {b:.2f} s" for _, name, a, b in sorted(deltas, reverse=True)[:2]
-    )
-    memory = ""
-    if fast.peak_rss_bytes and slow.peak_rss_bytes:
-        memory = (
-            f"; peak memory {fast.peak_rss_bytes / 1e9:.2f} GB vs "
-            f"{slow.peak_rss_bytes / 1e9:.2f} GB"
-        )
-    return Hint(
-        "strategy",
-        f"{fast.strategy} would cut this restore from {slow.wall_median_s:.2f} s "
-        f"({slow.strategy}) to {fast.wall_median_s:.2f} s ({where}, {best_gap:.0%} less)"
-        + (f"; {slow.strategy} spends more in {why}" if why else "")
-        + memory
-        + ".",
-        severity=best_gap,
-        where=where,
-    )
-
-
-READ_AMPLIFICATION = 1.5  # ranks reading this many times the checkpoint: worth saying
-STRAGGLER = 1.25  # the slowest rank this much slower than the median rank
-STRAGGLER_MIN_S = 0.1
-
-
-def read_amplification(job: dict) -> Hint | None:
-    """Ranks reading whole files of which each needs a slice: a classic slow resume."""
-    amp = job.get("read_amplification")
-    if not isinstance(amp, (int, float)) or amp < READ_AMPLIFICATION:
-        return None
-    read, whole = job.get("read_bytes_all_ranks") or 0, job.get("checkpoint_bytes") or 0
-    return Hint(
-        "read-amplification",
-        f"the {job.get('world_size')} ranks read {amp:.1f}× the checkpoint "
-        f"({read / 1e9:.2f} GB for {whole / 1e9:.2f} GB): each reads more than the slice it "
-        "holds; --strategy pipelined reads only a rank's ranges, and a layout saved per rank "
-        "(torch, DeepSpeed) or DCP lets each rank read its own.",
-        severity=min(1.0, (amp - 1) / 4),
-    )
-
-
-def straggler(job: dict) -> Hint | None:
-    """One rank much slower than the others: the job waits for it."""
-    rows = [r for r in job.get("per_rank") or [] if isinstance(r.get("wall_s"), (int, float))]
-    if len(rows) < 2:
-        return None
-    slowest = max(rows, key=lambda r: (r["wall_s"], -r.get("rank", 0)))
-    typical = statistics.median(r["wall_s"] for r in rows)
-    gap = slowest["wall_s"] - typical
-    if typical <= 0 or slowest["wall_s"] < STRAGGLER * typical or gap < STRAGGLER_MIN_S:
-        return None
-    where = f" on node {slowest.get('node')} ({slowest.get('host')})" if slowest.get("host") else ""
-    return Hint(
-        "straggler",
-        f"rank {slowest.get('rank')}{where} is the straggler: {slowest['wall_s']:.2f} s against "
-        f"a median rank's {typical:.2f} s, and the job's RTO is its slowest rank's; compare its "
-        "fetch time and its node's storage path with the others'.",
-        severity=min(1.0, gap / slowest["wall_s"]),
-        where=f"rank {slowest.get('rank')}",
-    )
-
-
-def sweep_hints(sweep: Sweep) -> list[Hint]:
-    """Hints for a results sweep: ceiling rules first, then per-row rules merged."""
-    rows = sweep.rows
-    found = [
-        better_strategy(rows),
-        read_amplification(sweep.job),
-        straggler(sweep.job),
-        low_concurrency(rows, sweep.ceiling),
-        fetch_below_ceiling(rows, sweep.ceiling),
-    ]
-    per_row = [h for r in rows for h in breakdown_hints(r.breakdown)]
-    return [h for h in found if h is not None] + merge(per_row, len(rows))

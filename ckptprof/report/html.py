@@ -18,19 +18,15 @@ from ckptprof import __version__
 from ckptprof.atomic import atomic_open
 from ckptprof.errors import CkptprofError
 from ckptprof.report import plot
-from ckptprof.report.aggregate import Report, Sweep, phase_order
+from ckptprof.report.breakdown import Report, Sweep
 from ckptprof.report.hints import Hint
 from ckptprof.report.interruptions import Story, render_stories
 from ckptprof.report.labels import source_labels
+from ckptprof.report.medians import phase_order
 from ckptprof.report.skew import skew_rows, skew_sentence
-from ckptprof.report.text import (
-    ceiling_cell,
-    env_highlights,
-    outside_text,
-    phase_note,
-    render_text,
-    sweep_notes,
-)
+from ckptprof.report.text import render_text
+from ckptprof.report.text_group import outside_text, phase_note
+from ckptprof.report.text_sweep import ceiling_cell, env_highlights, sweep_notes
 from ckptprof.report.timeline import Timeline
 from ckptprof.units import fmt_bytes, fmt_gbps, fmt_s
 
@@ -111,13 +107,9 @@ def _group_label(group) -> str:
 
 def _storage_section(paths: Sequence[str]) -> str:
     """Several PATHs: the storages side by side (compare's storage table), first."""
-    from ckptprof.report.compare import (
-        STORAGE_COLUMNS,
-        ceiling_notes,
-        compare,
-        ranked_by,
-        storage_rows,
-    )
+    from ckptprof.report.compare import compare
+    from ckptprof.report.compare_storage import STORAGE_COLUMNS, ceiling_notes, storage_rows
+    from ckptprof.report.compare_text import ranked_by
 
     if len(paths) < 2:
         return ""

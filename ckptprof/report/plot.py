@@ -13,8 +13,9 @@ from pathlib import Path
 
 from ckptprof.atomic import atomic_open
 from ckptprof.errors import CkptprofError
-from ckptprof.report.aggregate import Breakdown, Report, phase_order
+from ckptprof.report.breakdown import Breakdown, Report
 from ckptprof.report.labels import source_labels
+from ckptprof.report.medians import phase_order
 from ckptprof.report.timeline import Timeline
 
 #: one colour per phase across save and restore (and the interruption's), none twice
@@ -334,7 +335,7 @@ def goodput_figure(goodput) -> object:
 def compare_figure(comparison) -> object | None:
     """``ckptprof compare --plot``: per setting, one bar per source (fastest first, the
     base marked), phases stacked, the repeats' min–max drawn."""
-    from ckptprof.report.aggregate import PhaseRow
+    from ckptprof.report.breakdown import PhaseRow
 
     bars: list[tuple[str, Breakdown]] = []
     base = comparison.sources[0]

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ckptprof.phases import Attr, Phase
-from ckptprof.report.load import ResultsRun, TraceOperation
+from ckptprof.report.records import ResultsRun, TraceOperation
 
 #: ranks done this close to the last one (or within 2% of the skew) ended together
 TOGETHER_S = 0.05

@@ -1,0 +1,57 @@
+"""``ckptprof compare --format json``: the comparison for scripts, with a schema_version."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from ckptprof.report.comparison import SAVE, Comparison
+
+SCHEMA_VERSION = 1
+
+
+def render_json(c: Comparison) -> str:
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "base": c.sources[0],
+        "sources": c.sources,
+        "by": c.by,
+        "ranked_by": c.metrics(),
+        "limit": c.limit,
+        "cost_per_hour": c.cost_per_hour,
+        "instances": c.instances,
+        "settings": {
+            setting: [
+                {
+                    "source": e.source,
+                    "kind": e.kind,
+                    "ranked_by": e.metric,
+                    "runs": len(e.values),
+                    "median_s": e.median,
+                    "min_s": min(e.values),
+                    "max_s": max(e.values),
+                    "rto_median_s": e.rto_median if e.kind != SAVE else None,
+                    "rto_min_s": min(e.walls) if e.kind != SAVE else None,
+                    "rto_max_s": max(e.walls) if e.kind != SAVE else None,
+                    "time_to_state_median_s": e.tts_median,
+                    "gbps": e.gbps,
+                    "of_ceiling": e.of_ceiling,
+                    "above_ceiling": e.above_ceiling,
+                    "writer": e.writer,
+                    "phases_median_s": {n: e.phase_median(n) for n in e.phases},
+                    "cost": c.cost(e.rto_median),
+                }
+                for e in sorted(entries, key=lambda e: e.median)
+            ]
+            for setting, entries in sorted(c.entries.items())
+        },
+        "different_writers": c.writers,
+        "findings": [asdict(f) for f in c.findings],
+        "regressions": [asdict(f) for f in c.regressions],
+        "gate_failure": c.gate_failure(),
+        "checkpoints": {s: c.checkpoints_of(s) for s in c.sources},
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+__all__ = ["SCHEMA_VERSION", "render_json"]
