@@ -7,6 +7,6 @@ frameworks are imported lazily by the modules that need them.
 from ckptprof._version import __version__
 from ckptprof.errors import CkptprofError
 from ckptprof.phases import Phase
-from ckptprof.tracing.recorder import CheckpointTracer
+from ckptprof.tracing.tracer import CheckpointTracer
 
 __all__ = ["CheckpointTracer", "CkptprofError", "Phase", "__version__"]

@@ -347,7 +347,7 @@ def test_trace_file_ignores_the_jobs_sampler(tmp_path, clean_otel_env):
 
 
 def test_export_warning_never_shows_url_secrets():
-    from ckptprof.tracing.export import _strip_url_secrets
+    from ckptprof.tracing.otlp_exporter import _strip_url_secrets
 
     text = "HTTPConnectionPool(host='h', port=1): url: /v1/traces?token=abc123 http://u:pw@h:1/x"
     cleaned = _strip_url_secrets(text)
@@ -446,7 +446,7 @@ def test_otel_traces_exporter_console_prints_the_spans(tmp_path, clean_otel_env,
 
 
 def test_the_otlp_request_timeout_is_the_sdks_own(clean_otel_env):
-    from ckptprof.tracing.export import otlp_timeout_s
+    from ckptprof.tracing.otel_settings import otlp_timeout_s
 
     assert otlp_timeout_s() == 10.0  # a busy backend gets the SDK's time
     clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "25")

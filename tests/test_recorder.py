@@ -139,9 +139,9 @@ def test_internal_error_is_swallowed_and_logged_once(memory, caplog):
         def start_span(self, *a, **k):
             raise RuntimeError("exporter bug")
 
-    from ckptprof.tracing import recorder
+    from ckptprof.tracing import guest
 
-    recorder._warned.clear()  # warn-once memory is per process
+    guest._warned.clear()  # warn-once memory is per process
     tracer = CheckpointTracer(provider)
     tracer._tracer = BrokenTracer()
     for _ in range(3):

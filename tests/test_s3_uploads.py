@@ -20,8 +20,9 @@ from ckptprof.storage import multipart, open_storage
 from ckptprof.synth.ceiling import WRITE_PROBE_NAME, probe_write
 from ckptprof.synth.generate import generate
 from ckptprof.synth.layouts import get_layout
+from ckptprof.synth.options import SaveOptions
 from ckptprof.synth.plan import SynthSpec
-from ckptprof.synth.save import SaveOptions, build_state, run_save
+from ckptprof.synth.save import build_state, run_save
 from ckptprof.synth.savers import SaveContext, save
 from ckptprof.tracing import CheckpointTracer, setup_telemetry
 from tests.conftest import TINY_SCALE
@@ -129,7 +130,7 @@ def parallel_save(location: str, tmp_path, part_size: int, *, files=None, drop=N
 
 def start_with_small_parts(site: str, location: str, tmp_path) -> None:
     """Start ``site``'s upload with 1 MiB parts (S3 refuses them only at the completion)."""
-    if site == "ckptprof.storage.s3.S3FileWriter.__init__":  # reached through open_writer
+    if site == "ckptprof.storage.s3_writer.S3FileWriter.__init__":  # reached through open_writer
         open_storage(location).open_writer("model.pt", 8 * MiB, MiB)
     elif site == "ckptprof.synth.ceiling.probe_write":
         probe_write(open_storage(location), 64 * MiB, MiB, concurrency=2, fsync=False)
@@ -146,7 +147,7 @@ def start_with_small_parts(site: str, location: str, tmp_path) -> None:
 #: each place an upload starts: True where it is given a part size, False where it picks
 #: its own (generate's upload_file: the rule's part size, checked below)
 SITES = {
-    "ckptprof.storage.s3.S3FileWriter.__init__": True,
+    "ckptprof.storage.s3_writer.S3FileWriter.__init__": True,
     "ckptprof.synth.ceiling.probe_write": True,
     "ckptprof.synth.savers.parallel.Parallel.save": True,
     "ckptprof.storage.s3.S3Storage.staging_file": False,

@@ -61,10 +61,10 @@ def test_an_unknown_exporter_is_said_once(tmp_path, monkeypatch, capsys):
     """`OTEL_TRACES_EXPORTER=bogus` sent the spans nowhere but the file without a word."""
     import logging
 
-    from ckptprof.tracing import export
+    from ckptprof.tracing import export, otel_settings
 
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "bogus")
-    monkeypatch.setattr(export, "_settings_warned", set())
+    monkeypatch.setattr(otel_settings, "_settings_warned", set())
     records = []
     handler = logging.Handler()
     handler.emit = records.append

@@ -1,16 +1,13 @@
-"""S3 and S3-compatible stores (MinIO, Ceph, SeaweedFS …) through boto3.
+"""S3 and S3-compatible stores (MinIO, Ceph, SeaweedFS …) as a :class:`Storage`:
+objects named under an ``s3://bucket/prefix`` location, read with ranged GETs straight
+into the caller's buffers, written whole or part by part.
 
-Configuration is boto3's own: credentials from the standard chain, the endpoint
-from ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``, the region from
-``AWS_REGION``/``AWS_DEFAULT_REGION``, retries from ``AWS_RETRY_MODE`` /
-``AWS_MAX_ATTEMPTS``; ckptprof sizes the connection pool to the concurrency and
-bounds every wait: connect and read timeouts (``CKPTPROF_S3_CONNECT_TIMEOUT``,
-``CKPTPROF_S3_READ_TIMEOUT``, seconds), so an endpoint that stops answering shows
-within seconds, names itself, and stops a sweep instead of stalling every run.
-Every attempt (request) and every failed one (5xx, throttling, timeouts, connection
-errors) is counted in :attr:`Storage.stats`, and every retry as it starts, whether
-or not the call finally succeeds. Nothing that identifies a credential is ever put
-in a span, log or result.
+The client is boto3's, set up in :mod:`ckptprof.storage.s3_client` (its timeouts bound
+every wait, so an endpoint that stops answering names itself and stops a sweep instead
+of stalling every run). Every attempt (request) and every failed one (5xx, throttling,
+timeouts, connection errors) is counted in :attr:`Storage.stats`, and every retry as it
+starts, whether or not the call finally succeeds. Nothing that identifies a credential
+is ever put in a span, log or result.
 """
 
 from __future__ import annotations
@@ -23,30 +20,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from ckptprof import activity
-from ckptprof.errors import CkptprofError, StorageError, UnreachableError
+from ckptprof.errors import CkptprofError, StorageError
 from ckptprof.storage import multipart
-from ckptprof.storage.base import DEFAULT_PART_SIZE, CacheState, ObjectInfo, Part, Storage
+from ckptprof.storage.base import DEFAULT_PART_SIZE, CacheState, ObjectInfo, Storage
+from ckptprof.storage.s3_client import new_client, safe_endpoint
+from ckptprof.storage.s3_errors import stalled, translate
+from ckptprof.storage.s3_writer import S3FileWriter
 
 log = logging.getLogger("ckptprof")
-
-CONNECT_TIMEOUT_ENV = "CKPTPROF_S3_CONNECT_TIMEOUT"
-READ_TIMEOUT_ENV = "CKPTPROF_S3_READ_TIMEOUT"
-DEFAULT_CONNECT_TIMEOUT_S = 5.0
-# longest silence while a request waits for its answer or its next bytes; a healthy
-# store under load answers a 16 MiB ranged GET well within it
-DEFAULT_READ_TIMEOUT_S = 20.0
-
-_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
-_DENIED = {
-    "403",
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "AllAccessDisabled",
-}
 
 
 def split_s3_uri(location: str) -> tuple[str, str]:
@@ -111,59 +94,6 @@ def _counted(exc: Exception) -> bool:
     return isinstance(exc, ClientError)
 
 
-def _stalled(exc: BaseException | None) -> bool:
-    """A timeout or a refused connection: the endpoint is not answering."""
-    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
-
-    # TimeoutError: a body read that timed out (socket.timeout)
-    stalls = (ReadTimeoutError, ConnectTimeoutError, EndpointConnectionError, TimeoutError)
-    return isinstance(exc, stalls)
-
-
-def timeout_from_env(name: str, default: float) -> float:
-    """A timeout in seconds from ``name``, or ``default``; a bad value is one clear error."""
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise CkptprofError(f"{name}={text!r}: expected a number of seconds above 0, e.g. 20.")
-    return value
-
-
-INSTANCE_CREDENTIALS_ENV = "CKPTPROF_S3_INSTANCE_CREDENTIALS"
-
-
-def _session(boto3):
-    """boto3's standard credential chain, minus the metadata-address providers.
-
-    The EC2 instance role (169.254.169.254) and ECS task role (169.254.170.2) are
-    found by calling a metadata address; ckptprof never does that on its own.
-    Set ``CKPTPROF_S3_INSTANCE_CREDENTIALS=1`` to allow them on EC2/ECS.
-    """
-    import botocore.session
-
-    core = botocore.session.get_session()
-    if os.environ.get(INSTANCE_CREDENTIALS_ENV) != "1":
-        resolver = core.get_component("credential_provider")
-        for name in ("iam-role", "container-role"):
-            with contextlib.suppress(Exception):
-                resolver.remove(name)
-    return boto3.session.Session(botocore_session=core)
-
-
-def safe_endpoint(url: str | None) -> str:
-    """An endpoint URL without user info or query string (nothing secret)."""
-    if not url:
-        return "aws default"
-    parts = urlsplit(url)
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{parts.hostname or ''}{port}"
-
-
 class S3Storage(Storage):
     kind = "s3"
     object_store = True
@@ -172,30 +102,10 @@ class S3Storage(Storage):
     def __init__(self, location: str, max_concurrency: int = 64) -> None:
         super().__init__(location)
         self.bucket, self.prefix = split_s3_uri(location)
-        try:
-            import boto3
-            from botocore.config import Config
-        except ImportError:
-            raise CkptprofError(
-                f"{location}: S3 needs boto3; pip install 'ckptprof[s3]'."
-            ) from None
-        self.connect_timeout_s = timeout_from_env(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S)
-        self.read_timeout_s = timeout_from_env(READ_TIMEOUT_ENV, DEFAULT_READ_TIMEOUT_S)
-        self._config = Config(
-            max_pool_connections=max(10, max_concurrency),
-            tcp_keepalive=True,
-            connect_timeout=self.connect_timeout_s,
-            read_timeout=self.read_timeout_s,
-        )
+        self.client, self._config = new_client(location, self.uri, max_concurrency)
+        self.connect_timeout_s = self._config.connect_timeout
+        self.read_timeout_s = self._config.read_timeout
         self._warned_stall = False
-        try:
-            self.client = _session(boto3).client("s3", config=self._config)
-        except Exception as exc:  # noqa: BLE001 - boto3 configuration mistakes
-            raise CkptprofError(
-                f"{self.uri}: cannot configure the S3 client ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:200]}); check AWS_PROFILE, AWS_ENDPOINT_URL, "
-                "AWS_RETRY_MODE and AWS_MAX_ATTEMPTS."
-            ) from None
         self.client.meta.events.register("request-created.s3", self._on_request)
         self.client.meta.events.register_first("needs-retry.s3", self._on_attempt)
 
@@ -215,7 +125,7 @@ class S3Storage(Storage):
             failed = http.status_code >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout")
         if failed:
             self.stats.count(errors=1)
-        if _stalled(caught_exception):
+        if stalled(caught_exception):
             self._warn_stall(caught_exception)
         return None  # never changes botocore's decision
 
@@ -246,50 +156,8 @@ class S3Storage(Storage):
         return safe_endpoint(self.client.meta.endpoint_url)
 
     def _translate(self, exc: Exception, path: str) -> Exception:
-        """boto errors → builtin exceptions naming the object (fsspec style)."""
-        from botocore.exceptions import (
-            ClientError,
-            ConnectTimeoutError,
-            EndpointConnectionError,
-            NoCredentialsError,
-        )
-
-        where = self._where(path)
-        if isinstance(exc, NoCredentialsError):
-            return CkptprofError(
-                f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-                f"or AWS_PROFILE (for an EC2/ECS role, set {INSTANCE_CREDENTIALS_ENV}=1)."
-            )
-        if isinstance(exc, EndpointConnectionError):
-            return UnreachableError(
-                f"{where}: cannot reach the S3 endpoint {self.endpoint}; check AWS_ENDPOINT_URL."
-            )
-        if _stalled(exc):
-            connecting = isinstance(exc, ConnectTimeoutError)
-            seconds = self.connect_timeout_s if connecting else self.read_timeout_s
-            env = CONNECT_TIMEOUT_ENV if connecting else READ_TIMEOUT_ENV
-            return UnreachableError(
-                f"{where}: the S3 endpoint {self.endpoint} did not answer within {seconds:g} s "
-                f"({type(exc).__name__}); check that it is up, or raise {env} (seconds) for a "
-                "slow one."
-            )
-        if isinstance(exc, ClientError):
-            error = exc.response.get("Error", {})
-            code = str(error.get("Code", ""))
-            attempts = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
-            if code == "NoSuchBucket":
-                return FileNotFoundError(f"s3://{self.bucket} (the bucket does not exist)")
-            if code in _NOT_FOUND:
-                return FileNotFoundError(where)
-            if code in _DENIED:
-                return PermissionError(f"{where} ({code}: access denied for these credentials)")
-            if code == "InvalidRange":
-                return EOFError(f"{where}: object is shorter than expected")
-            return StorageError(
-                f"{where}: {code or 'error'} {error.get('Message', '')} "
-                f"after {attempts + 1} attempts".strip()
-            )
-        return StorageError(f"{where}: {type(exc).__name__}: {exc}")
+        """What ``exc`` means for the object ``path``, as the exception naming it."""
+        return translate(exc, self._where(path), self.bucket, self.endpoint, self._config)
 
     # ------------------------------------------------------------ reading
     def list(self, prefix: str = "") -> list[ObjectInfo]:
@@ -393,7 +261,10 @@ class S3Storage(Storage):
     def open_writer(self, path: str, size: int, part_size: int) -> S3FileWriter:
         """Refuses a part size S3 would refuse for ``size`` bytes before the upload starts."""
         multipart.check_part_size(size, part_size, self._where(path))
-        return S3FileWriter(self, path, multipart=size > part_size)
+        return S3FileWriter(
+            self.client, self.bucket, self._key(path), self._where(path),
+            lambda exc: self._translate(exc, path), multipart=size > part_size,
+        )  # fmt: skip
 
     def write_bytes(self, path: str, data: bytes) -> None:
         try:
@@ -458,78 +329,3 @@ class S3Storage(Storage):
             }
         )
         return info
-
-
-class S3FileWriter:
-    """An object uploaded part by part (multipart upload, parts in flight at once); it
-    exists under its key only once the upload is completed (the commit). A file of one
-    part is one PUT at the commit."""
-
-    def __init__(self, storage: S3Storage, path: str, multipart: bool) -> None:
-        self.storage, self.path = storage, path
-        self.client, self.bucket, self.key = storage.client, storage.bucket, storage._key(path)
-        self.upload_id: str | None = None
-        self.etags: dict[int, str] = {}
-        self.single: bytes | None = None
-        if multipart:
-            try:
-                self.upload_id = self.client.create_multipart_upload(
-                    Bucket=self.bucket, Key=self.key
-                )["UploadId"]
-            except Exception as exc:  # noqa: BLE001
-                raise storage._translate(exc, path) from None
-
-    def write_part(self, part: Part) -> None:
-        body = b"".join(part.views)  # one part's copy: the HTTP body must be contiguous
-        if self.upload_id is None:
-            self.single = body
-            return
-        try:
-            with activity.request(self.storage._where(self.path), len(body)):
-                resp = self._upload(part.number, body)
-        except Exception as exc:  # noqa: BLE001
-            raise self.storage._translate(exc, self.path) from None
-        self.etags[part.number] = resp["ETag"]
-
-    def _upload(self, number: int, body: bytes) -> dict:
-        return self.client.upload_part(
-            Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
-            PartNumber=number, Body=body,
-        )  # fmt: skip
-
-    def sync(self) -> None:
-        """Nothing to force: a completed upload is durable (S3's guarantee)."""
-
-    def commit(self) -> None:
-        try:
-            if self.upload_id is None:
-                with activity.request(self.storage._where(self.path), len(self.single or b"")):
-                    self.client.put_object(
-                        Bucket=self.bucket, Key=self.key, Body=self.single or b""
-                    )
-                return
-            parts = [{"PartNumber": n, "ETag": e} for n, e in sorted(self.etags.items())]
-            self.client.complete_multipart_upload(
-                Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
-                MultipartUpload={"Parts": parts},
-            )  # fmt: skip
-            self.upload_id = None
-        except Exception as exc:  # noqa: BLE001
-            raise self.storage._translate(exc, self.path) from None
-
-    def abort(self) -> None:
-        """Drop the uploaded parts (best effort: what a server that is down keeps, a
-        ``--force`` save or generate aborts later, or a bucket lifecycle rule)."""
-        if self.upload_id is None:
-            return
-        try:
-            self.client.abort_multipart_upload(
-                Bucket=self.bucket, Key=self.key, UploadId=self.upload_id
-            )
-        except Exception as exc:  # noqa: BLE001 - the save's own error is the one to raise
-            log.warning(
-                "ckptprof: warning: could not abort an unfinished upload (%s); a --force save "
-                "or generate there aborts it.",
-                self.storage._translate(exc, self.path),
-            )
-        self.upload_id = None

@@ -4,7 +4,9 @@ The recorder needs only the OpenTelemetry API; the SDK (export) is imported on f
 use of :func:`setup_telemetry`, so ``import ckptprof`` stays light.
 """
 
-from ckptprof.tracing.recorder import CheckpointTracer, Operation, OperationSummary, PhaseStats
+from ckptprof.tracing.recorder import Operation
+from ckptprof.tracing.summary import OperationSummary, PhaseStats
+from ckptprof.tracing.tracer import CheckpointTracer
 
 __all__ = [
     "CheckpointTracer",

@@ -23,7 +23,8 @@ from typing import Any
 from torch.distributed.checkpoint import StorageReader
 
 from ckptprof.phases import Attr, Phase
-from ckptprof.tracing.recorder import phase_or_nothing, uncovered
+from ckptprof.tracing.recorder import phase_or_nothing
+from ckptprof.tracing.summary import uncovered
 
 log = logging.getLogger("ckptprof")
 

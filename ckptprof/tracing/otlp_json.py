@@ -171,7 +171,7 @@ def replay(documents: Iterable[dict[str, Any]], timeout_s: float) -> tuple[int, 
         CkptprofError: the endpoint refused a request (with its reason) or did not answer
             within ``timeout_s``; the endpoint is named without credentials or query.
     """
-    from ckptprof.tracing.export import backend_reason, safe_endpoint
+    from ckptprof.tracing.otlp_exporter import backend_reason, safe_endpoint
 
     url = _endpoint()
     where = safe_endpoint(url)

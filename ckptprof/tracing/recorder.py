@@ -1,11 +1,12 @@
-"""The one API every producer of checkpoint spans uses.
+"""Recording one save or restore: the :class:`Operation` every producer of checkpoint
+spans records through.
 
-The synthetic runner and the Lightning / Hugging Face / DeepSpeed adapters all
-record through :class:`CheckpointTracer`; none of them creates phase spans on
-its own. A phase may be entered many times and from several threads (fetch of
-file 2 while file 1 is deserialized): its span covers the real interval from
-first entry to last exit, and ``ckpt.busy_s`` holds the union of the time it
-was actually active, so overlapping phases are never shown as sequential.
+The synthetic runner and the Lightning / Hugging Face / DeepSpeed adapters all get
+their operations from :class:`~ckptprof.tracing.tracer.CheckpointTracer`; none of them
+creates phase spans on its own. A phase may be entered many times and from several
+threads (fetch of file 2 while file 1 is deserialized): its span covers the real
+interval from first entry to last exit, and ``ckpt.busy_s`` holds the union of the time
+it was actually active, so overlapping phases are never shown as sequential.
 
 The recorder is a guest: an internal error is logged once and swallowed, and an
 exception from the host code is recorded on the root span and re-raised as is.
@@ -14,169 +15,26 @@ exception from the host code is recorded on the root span and re-raised as is.
 from __future__ import annotations
 
 import contextlib
-import functools
-import logging
-import statistics
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from ckptprof.phases import (
-    FILE_SPAN,
-    PROGRESS_SPAN,
-    RESTORE_SPAN,
-    SAVE_SPAN,
-    Attr,
-    Phase,
-    span_name,
-)
-from ckptprof.tracing.pieces import emit_pieces
+from ckptprof.phases import PROGRESS_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr, Phase
+from ckptprof.tracing.guest import guest
+from ckptprof.tracing.phase_spans import emit_phase_span
 from ckptprof.tracing.sampling import StackSampler, attribute
-
-log = logging.getLogger("ckptprof")
-# Functions that already logged an internal error: one warning per process, not per call.
-_warned: set[str] = set()
-
-AttrValue = str | bool | int | float
-
-
-def _guest(fn):
-    """Log an internal failure once per function and carry on."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - profiling must never break the job
-            if fn.__qualname__ not in _warned:
-                _warned.add(fn.__qualname__)
-                log.warning("ckptprof: internal error in %s ignored: %r", fn.__qualname__, exc)
-            return None
-
-    return wrapper
-
-
-def _union_ns(intervals: list[tuple[int, int]]) -> int:
-    total, cur_start, cur_end = 0, None, None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
-
-
-def uncovered(start: int, end: int, intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The parts of ``[start, end)`` not covered by ``intervals`` (time inside a call that
-    was not spent in its timed parts: a loader's parsing between its reads)."""
-    out, cursor = [], start
-    for s, e in sorted(intervals):
-        if s > cursor:
-            out.append((cursor, s))
-        cursor = max(cursor, e)
-    if end > cursor:
-        out.append((cursor, end))
-    return out
-
-
-@dataclass
-class FileRecord:
-    path: str
-    nbytes: int
-    seconds: float
-    start_ns: int | None = None
-
-
-@dataclass
-class PhaseStats:
-    """What one phase did within one operation; becomes the phase span."""
-
-    phase: str
-    intervals: list[tuple[int, int]] = field(default_factory=list)
-    nbytes: int = 0
-    files: list[FileRecord] = field(default_factory=list)
-    attributes: dict[str, AttrValue] = field(default_factory=dict)
-    #: events on the phase's span, ``(name, time ns, attributes)`` (a stall, while open)
-    events: list[tuple[str, int, dict]] = field(default_factory=list)
-
-    @property
-    def start_ns(self) -> int:
-        return min(s for s, _ in self.intervals)
-
-    @property
-    def end_ns(self) -> int:
-        return max(e for _, e in self.intervals)
-
-    @property
-    def busy_s(self) -> float:
-        return _union_ns(self.intervals) / 1e9
-
-    def span_attributes(self) -> dict[str, AttrValue]:
-        attrs: dict[str, AttrValue] = {Attr.BUSY_S: round(self.busy_s, 6)}
-        if self.nbytes:
-            attrs[Attr.BYTES] = self.nbytes
-            if self.busy_s > 0:
-                attrs[Attr.THROUGHPUT_GBPS] = round(self.nbytes / self.busy_s / 1e9, 4)
-        if self.files:
-            lat = [f.seconds for f in self.files]
-            attrs[Attr.FILES] = len(self.files)
-            attrs[Attr.FILE_LATENCY_MIN_S] = round(min(lat), 6)
-            attrs[Attr.FILE_LATENCY_MEDIAN_S] = round(statistics.median(lat), 6)
-            attrs[Attr.FILE_LATENCY_MAX_S] = round(max(lat), 6)
-        attrs.update(self.attributes)
-        return attrs
-
-
-@dataclass
-class OperationSummary:
-    """A finished save/restore in numbers (what the one-line log summary prints)."""
-
-    kind: str
-    wall_s: float
-    phases: dict[str, PhaseStats]
-    attributes: dict[str, AttrValue]
-
-    @property
-    def phase_sum_s(self) -> float:
-        return sum(p.busy_s for p in self.phases.values())
-
-    def largest_phase(self) -> tuple[str, float] | None:
-        if not self.phases:
-            return None
-        name, stats = max(self.phases.items(), key=lambda kv: kv[1].busy_s)
-        return name, stats.busy_s
-
-    def metrics(self, prefix: str = "ckptprof") -> dict[str, float]:
-        """Seconds and bytes as flat scalars for a framework's logger (TensorBoard, W&B,
-        MLflow, CSV): ``ckptprof/restore_s`` (the RTO), ``ckptprof/restore/fetch_s`` …"""
-        out = {f"{prefix}/{self.kind}_s": round(self.wall_s, 6)}
-        for name, stats in self.phases.items():
-            out[f"{prefix}/{self.kind}/{name}_s"] = round(stats.busy_s, 6)
-        moved = "fetch" if self.kind == "restore" else "write"
-        if moved in self.phases and self.phases[moved].nbytes:
-            out[f"{prefix}/{self.kind}/{moved}_bytes"] = float(self.phases[moved].nbytes)
-        return out
-
-    def one_line(self) -> str:
-        label = "RTO" if self.kind == "restore" else "save"
-        parts = [f"ckptprof: {label} {self.wall_s:.3f}s"]
-        largest = self.largest_phase()
-        if largest:
-            share = largest[1] / self.wall_s * 100 if self.wall_s else 0.0
-            parts.append(f"largest phase {largest[0]} {largest[1]:.3f}s ({share:.0f}%)")
-        parts.append(" ".join(f"{n}={p.busy_s:.3f}s" for n, p in self.phases.items()))
-        return "; ".join(parts)
+from ckptprof.tracing.summary import (
+    AttrValue,
+    FileRecord,
+    OperationSummary,
+    PhaseStats,
+    uncovered,
+)
 
 
 class Operation:
@@ -216,7 +74,7 @@ class Operation:
         if stall_after_s:
             self._watch(stall_after_s)
 
-    @_guest
+    @guest
     def _watch(self, stall_after_s: float) -> None:
         from ckptprof.tracing.watchdog import watchdog
 
@@ -225,7 +83,7 @@ class Operation:
         watchdog().watch(self, stall_after_s)
         self._watched = True
 
-    @_guest
+    @guest
     def _start_root(self, links, parent):
         name = RESTORE_SPAN if self.kind == "restore" else SAVE_SPAN
         return self._tracer.start_span(
@@ -282,7 +140,7 @@ class Operation:
     def span_context(self):
         return self._span.get_span_context() if self._span is not None else None
 
-    @_guest
+    @guest
     def link_to(self, trace_id: str, span_id: str, **attributes: AttrValue) -> None:
         """Link this operation to another span by its hex ids (e.g. the save that wrote
         the checkpoint being restored), while it is still open."""
@@ -359,7 +217,7 @@ class Operation:
             begun = tuple(n for n, s in self._phases.items() if s.intervals or n in self._open)
             return tuple(self._open), begun
 
-    @_guest
+    @guest
     def record_progress(
         self,
         reason: str,
@@ -415,7 +273,7 @@ class Operation:
         with self._lock:
             return sum(s.nbytes for s in self._phases.values())
 
-    @_guest
+    @guest
     def add_stall_event(self, name: str, attributes: dict) -> None:
         """An event on the span of the phase open now (the latest begun), else the root's."""
         now = time.time_ns()
@@ -434,7 +292,7 @@ class Operation:
         with self._lock:
             stats.intervals.append((start_ns, end_ns))
 
-    @_guest
+    @guest
     def add_file(
         self,
         phase: Phase | str,
@@ -497,7 +355,7 @@ class Operation:
         self._emit(self._summary, error)
         return self._summary
 
-    @_guest
+    @guest
     def _name_outside(self, phases: list[PhaseStats]) -> None:
         """The time outside every phase, given to the functions sampled there."""
         samples = self.sampler.close()
@@ -505,7 +363,7 @@ class Operation:
         every = self.sampler.sample_every_s
         self._attributes.update(attribute(samples, intervals, self._start_ns, self._end_ns, every))
 
-    @_guest
+    @guest
     def _unwatch(self) -> None:
         from ckptprof.tracing.watchdog import watchdog
 
@@ -516,25 +374,14 @@ class Operation:
     def summary(self) -> OperationSummary | None:
         return self._summary
 
-    @_guest
+    @guest
     def _emit(self, summary: OperationSummary, error: BaseException | None) -> None:
         root = self._span
         if root is None:
             return
         ctx = trace.set_span_in_context(root)
         for stats in summary.phases.values():
-            span = self._tracer.start_span(
-                span_name(stats.phase),
-                context=ctx,
-                start_time=stats.start_ns,
-                attributes=stats.span_attributes(),
-            )
-            for name, at_ns, attributes in stats.events:
-                span.add_event(name, attributes, timestamp=at_ns)
-            self._emit_pieces(span, stats)
-            if self._per_file_spans:
-                self._emit_files(span, stats)
-            span.end(end_time=stats.end_ns)
+            emit_phase_span(self._tracer, ctx, stats, self._per_file_spans)
         root.set_attributes(self._attributes)
         root.set_attribute(Attr.WALL_S, round(summary.wall_s, 6))
         root.set_attribute(Attr.PHASE_SUM_S, round(summary.phase_sum_s, 6))
@@ -542,122 +389,6 @@ class Operation:
             root.record_exception(error)
             root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         root.end(end_time=self._end_ns)
-
-    @_guest
-    def _emit_pieces(self, parent, stats: PhaseStats) -> None:
-        emit_pieces(self._tracer, parent, stats.phase, stats.intervals)
-
-    def _emit_files(self, parent, stats: PhaseStats) -> None:
-        ctx = trace.set_span_in_context(parent)
-        for rec in stats.files:
-            start = rec.start_ns if rec.start_ns is not None else stats.start_ns
-            child = self._tracer.start_span(
-                FILE_SPAN,
-                context=ctx,
-                start_time=start,
-                attributes={Attr.PATH: rec.path, Attr.BYTES: rec.nbytes},
-            )
-            child.end(end_time=start + int(rec.seconds * 1e9))
-
-
-class CheckpointTracer:
-    """Creates save/restore operations on a tracer provider.
-
-    Args:
-        tracer_provider: where spans go; defaults to the global provider (which
-            ckptprof never sets). Pass ``setup_telemetry().provider`` for the
-            trace file + OTLP behaviour of the CLI.
-        framework: value of ``ckpt.framework`` on every root span.
-        run_id: value of ``ckpt.run_id``.
-        per_file_spans: also emit one ``ckpt.file`` child span per file.
-        stall_after_s: seconds without progress before an open operation is named as
-            stalled (:mod:`ckptprof.tracing.watchdog`); by default
-            ``$CKPTPROF_STALL_AFTER`` or 120 s; None turns it off.
-
-    Example::
-
-        tracer = CheckpointTracer(telemetry.provider, framework="lightning")
-        with tracer.restore({Attr.FORMAT: "torch"}) as op:
-            with op.phase(Phase.FETCH):
-                ...
-    """
-
-    def __init__(
-        self,
-        tracer_provider: trace.TracerProvider | None = None,
-        *,
-        framework: str = "synthetic",
-        run_id: str | None = None,
-        per_file_spans: bool = False,
-        stall_after_s: float | None | bool = True,
-    ) -> None:
-        from ckptprof._version import __version__
-        from ckptprof.tracing.watchdog import stall_after_from_env
-
-        provider = tracer_provider or trace.get_tracer_provider()
-        self._tracer = provider.get_tracer("ckptprof", __version__)
-        self.framework = framework
-        self.run_id = run_id
-        self.per_file_spans = per_file_spans
-        #: seconds without progress before an operation is said to stall (True: from
-        #: $CKPTPROF_STALL_AFTER or the default; None/False: not watched)
-        if stall_after_s is True:
-            stall_after_s = stall_after_from_env()
-        self.stall_after_s = stall_after_s or None
-
-    def _base(self, attributes: Mapping[str, Any] | None) -> dict[str, AttrValue]:
-        base: dict[str, AttrValue] = {Attr.FRAMEWORK: self.framework}
-        if self.run_id:
-            base[Attr.RUN_ID] = self.run_id
-        for key, value in (attributes or {}).items():
-            if value is not None:
-                base[key] = value
-        return base
-
-    def restore(
-        self,
-        attributes: Mapping[str, Any] | None = None,
-        links: list[Link] | None = None,
-        parent: Context | None = None,
-    ) -> Operation:
-        return Operation(
-            self._tracer, "restore", self._base(attributes), self.per_file_spans, links, parent,
-            self.stall_after_s,
-        )  # fmt: skip
-
-    def save(
-        self,
-        attributes: Mapping[str, Any] | None = None,
-        links: list[Link] | None = None,
-        parent: Context | None = None,
-    ) -> Operation:
-        return Operation(
-            self._tracer, "save", self._base(attributes), self.per_file_spans, links, parent,
-            self.stall_after_s,
-        )  # fmt: skip
-
-    def start_span(
-        self,
-        name: str,
-        attributes: Mapping[str, Any] | None = None,
-        start_ns: int | None = None,
-        parent: Context | None = None,
-        links: list[Link] | None = None,
-        trace_id: int | None = None,
-    ) -> trace.Span:
-        """A plain span with the root attributes (framework, run id): for the interruption
-        story (``ckpt.interruption``, ``ckpt.notice``, ``ckpt.emergency_save``) and the
-        process's ``ckpt.run`` (each of its snapshots in one ``trace_id``)."""
-        ids = getattr(self._tracer, "id_generator", None)
-        joined = ids.in_trace(trace_id) if trace_id and hasattr(ids, "in_trace") else None
-        with joined or contextlib.nullcontext():
-            return self._tracer.start_span(
-                name,
-                context=parent,
-                attributes=self._base(attributes),
-                start_time=start_ns,
-                links=links or None,
-            )
 
 
 def phase_or_nothing(op: Operation | None, phase: Phase | str):
