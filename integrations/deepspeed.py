@@ -31,29 +31,26 @@ Nothing global: only the engine and its ``checkpoint_engine``/``optimizer`` inst
 patched. ``engine.destroy()``, :func:`uninstrument` or the interpreter's exit undo it all
 (patches, signal handlers, threads, the trace file); until then a signal ckptprof noted
 is handed on at the next step, or after a few steps' time when no step comes.
+
+This module is the engine's patch table and the timing around it; what a load finds on
+disk (the tag, the listing, a world-size change, the universal conversion) is
+:mod:`~ckptprof.integrations.ds_load`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
-import logging
 import os
-import re
 import time
 from typing import Any
 
-from ckptprof.errors import CkptprofError, VerifyError
-from ckptprof.integrations.files import FolderListing
+from ckptprof.errors import CkptprofError
+from ckptprof.integrations.ds_load import LoadFiles, file_size, loading_universal
 from ckptprof.integrations.instrumentor import Instrumentor
 from ckptprof.integrations.patching import Target, argument, replace_argument
 from ckptprof.integrations.session import timed
 from ckptprof.phases import Attr, Phase
 
-log = logging.getLogger("ckptprof")
-
-UNIVERSAL_CONVERT = "universal_convert"
-_OPTIM_RE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 _ATTACHED = "_ckptprof_instrumentation"
 
 
@@ -106,8 +103,7 @@ class DeepSpeedInstrumentor(Instrumentor):
         self.save_dir = save_dir
         # inside another adapter (the HF Trainer's DeepSpeed path) its operations are ours
         self._nested = not self._live.owns_session
-        self._listing: FolderListing | None = None
-        self._reads: dict[str, int] = {}
+        self._load = LoadFiles(self.files, self.session, self._nested)
         self._restored_step: int | None = None
         self._ticked_at: int | None = None  # the global step last timed
         self._written: list[str] = []
@@ -193,14 +189,15 @@ class DeepSpeedInstrumentor(Instrumentor):
                     Attr.STRATEGY: f"zero{engine.zero_optimization_stage()}",
                 }
             )  # fmt: skip
-            self._reads = {}
+            self._load.reads = {}
             universal = contextlib.nullcontext()
             try:
                 if op is not None:
-                    converted = self._list(op, load_dir, tag)
+                    convert = self.universal == "convert"
+                    converted = self._load.list(engine, op, load_dir, tag, convert)
                     if converted is not None:  # load the universal copy, just this once
                         args, kwargs = replace_argument(args, kwargs, "tag", 1, converted)
-                        universal = self._loading_universal()
+                        universal = loading_universal(engine)
                 with universal:
                     result = original(*args, **kwargs)
             except BaseException as exc:
@@ -217,124 +214,12 @@ class DeepSpeedInstrumentor(Instrumentor):
 
         return load_checkpoint
 
-    @contextlib.contextmanager
-    def _loading_universal(self):
-        """DeepSpeed reads a universal checkpoint when its config says so: for this load
-        only; the engine's config is left as it was found."""
-        config = self.engine._config
-        before = config.load_universal_checkpoint
-        config.load_universal_checkpoint = True
-        try:
-            yield
-        finally:
-            config.load_universal_checkpoint = before
-
-    def _list(self, op, load_dir: str, tag: str | None) -> str | None:
-        """Resolve the tag, list ``<dir>/<tag>``, detect a world-size change; returns the
-        tag of a universal copy when ckptprof converted one (else None)."""
-        engine = self.engine
-        with op.phase(Phase.LIST):
-            universal = engine.load_universal_checkpoint()
-            resolved = tag if tag is not None else _read_latest(load_dir, universal)
-        if resolved is None:
-            return None  # DeepSpeed reports the missing `latest` in its own words
-        folder = os.path.join(load_dir, str(resolved))
-        try:
-            self._listing = self.files.list_folder(folder, op)
-            self.files.report_missing(self._listing, self.files.missing(self._listing), op)
-        except VerifyError:
-            raise  # strict verification refused it, naming the file
-        except Exception as exc:  # noqa: BLE001 - ckptprof's own trouble
-            self.session.warn_once("list", exc)
-            self._listing = None
-        # nested in another adapter's restore, the path stays the host's (its checkpoint)
-        path_key = Attr.DEEPSPEED_PATH if self._nested else Attr.PATH
-        op.set_attributes({path_key: folder, Attr.UNIVERSAL: bool(universal)})
-        if self._listing is None or universal or engine.zero_optimization_stage() == 0:
-            if universal and self._listing is not None:
-                self._fetch_tree(op, folder)
-            return None
-        saved = len([n for n in self._listing.sizes if _OPTIM_RE.search(n)])
-        current = getattr(engine, "seq_dp_world_size", None) or engine.dp_world_size
-        if saved:
-            op.set_attributes({Attr.SAVED_WORLD_SIZE: saved})
-        if not saved or saved == current:
-            return None
-        if self.universal != "convert":
-            log.warning(
-                "ckptprof: %s was saved by %d data-parallel ranks and this job has %d: ZeRO "
-                "cannot re-partition it; instrument(engine, universal='convert') (or DeepSpeed's "
-                "ds_to_universal + load_universal) converts it.",
-                folder,
-                saved,
-                current,
-            )
-            return None
-        return self._convert(op, load_dir, str(resolved))
-
-    def _convert(self, op, load_dir: str, tag: str) -> str:
-        """``ds_to_universal`` on rank 0 (the others wait), then load the universal copy."""
-        import argparse
-
-        import torch
-        from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
-
-        engine = self.engine
-        target = f"{tag}_universal"
-        with op.phase(UNIVERSAL_CONVERT):
-            if engine.global_rank == 0 and not os.path.isdir(os.path.join(load_dir, target)):
-                ds_to_universal(
-                    argparse.Namespace(
-                        input_folder=os.path.join(load_dir, tag),
-                        output_folder=os.path.join(load_dir, target),
-                        num_extract_workers=1,
-                        num_merge_workers=1,
-                        keep_temp_folder=False,
-                        strict=True,
-                        inject_missing_state=True,
-                    )
-                )
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                torch.distributed.barrier()
-        path_key = Attr.DEEPSPEED_PATH if self._nested else Attr.PATH
-        op.set_attributes({Attr.UNIVERSAL: True, path_key: os.path.join(load_dir, target)})
-        self._fetch_tree(op, os.path.join(load_dir, target))
-        return target
-
-    def _fetch_tree(self, op, folder: str) -> None:
-        """Universal checkpoints: DeepSpeed reads ``zero/<param>/*.pt`` with its own
-        torch.load; bring them into the page cache first so their reading is fetch."""
-        files = glob.glob(os.path.join(glob.escape(folder), "zero", "**", "*.pt"), recursive=True)
-        for sub in sorted({os.path.dirname(p) for p in files}):
-            sizes = {e.name: e.stat().st_size for e in os.scandir(sub) if e.is_file()}
-            self.files.fetch_from_folder(FolderListing(sub, sizes, None), sorted(sizes), op)
-
     def _traced_file_load(self, original):
         def load(*args, **kwargs):
             op = self.session.restore_op
             if op is None:
                 return original(*args, **kwargs)
-            path = str(argument(args, kwargs, "path", 0))
-            self._reads[path] = self._reads.get(path, 0) + 1
-            if self._reads[path] > 1:  # DeepSpeed reads the model states twice
-                repeats = {p: n - 1 for p, n in self._reads.items() if n > 1}
-                op.set_phase_attributes(
-                    Phase.FETCH,
-                    **{
-                        Attr.FETCH_REPEATED_READS: sum(repeats.values()),
-                        Attr.FETCH_REPEATED_BYTES: sum(n * _size(p) for p, n in repeats.items()),
-                    },
-                )
-            listing = self._listing
-            if listing is None or os.path.dirname(path) != listing.folder:
-                sizes = {os.path.basename(path): _size(path)} if os.path.isfile(path) else {}
-                listing = FolderListing(os.path.dirname(path), sizes, None)
-            try:
-                self.files.fetch_from_folder(listing, [os.path.basename(path)], op)
-            except VerifyError:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                self.session.warn_once("fetch", exc)
+            self._load.before_read(op, str(argument(args, kwargs, "path", 0)))
             return timed(op, Phase.DESERIALIZE, original, *args, **kwargs)
 
         return load
@@ -434,7 +319,7 @@ class DeepSpeedInstrumentor(Instrumentor):
                     op.finish(exc)
                 raise
             if op is not None:
-                op.add_bytes(Phase.COMMIT, sum(_size(os.path.join(folder, n)) for n in names))
+                op.add_bytes(Phase.COMMIT, sum(file_size(os.path.join(folder, n)) for n in names))
             self.files.commit_folder(folder, names, op, step)
             if op is not None:
                 op.finish()
@@ -463,7 +348,7 @@ class DeepSpeedInstrumentor(Instrumentor):
                     end = time.time_ns()
                     op.add_interval(Phase.WRITE, start, end)
                     op.add_file(
-                        Phase.WRITE, str(path), _size(str(path)), (end - start) / 1e9, start
+                        Phase.WRITE, str(path), file_size(str(path)), (end - start) / 1e9, start
                     )
                     self._written.append(str(path))
 
@@ -498,22 +383,6 @@ def uninstrument(engine) -> None:
     existing = vars(engine).get(_ATTACHED)
     if existing is not None:
         existing.uninstrument()
-
-
-def _read_latest(load_dir: str, universal: bool) -> str | None:
-    path = os.path.join(load_dir, "latest_universal" if universal else "latest")
-    try:
-        with open(path) as handle:
-            return handle.read().strip()
-    except FileNotFoundError:
-        return None
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
 
 
 __all__ = ["DeepSpeedInstrumentor", "instrument", "uninstrument"]

@@ -12,15 +12,14 @@
   for ``strict`` verification.
 * ``commit`` records what a save wrote (sizes, or xxh3 with ``verify="full"``, hashed
   while streaming) in ckptprof's state location (:mod:`ckptprof.state`), never in the
-  checkpoint directory unless the user chose ``state_dir="beside"``.
+  checkpoint directory unless the user chose ``state_dir="beside"``; the record (its
+  format, building and reading) is :mod:`~ckptprof.integrations.save_records`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import statistics
 import time
 import weakref
 from collections.abc import Iterable
@@ -29,8 +28,18 @@ from pathlib import Path
 
 from ckptprof import integrity
 from ckptprof.errors import CkptprofError, VerifyError
-from ckptprof.integrations.health import BEFORE_SAVE
-from ckptprof.memory import TRAINING_RSS, rss_bytes
+from ckptprof.integrations.save_records import (
+    FILE_RECORD_SUFFIX,
+    FOLDER_RECORD,
+    Recorded,
+    SaveRecord,
+    folder_records,
+    hash_file,
+    link_to_saves,
+    merge,
+    new_record,
+    read_record,
+)
 from ckptprof.phases import Attr, Phase
 from ckptprof.state import StateStore
 from ckptprof.tracing.recorder import Operation
@@ -38,79 +47,6 @@ from ckptprof.tracing.recorder import Operation
 log = logging.getLogger("ckptprof")
 
 VERIFY_MODES = ("full", "size", "none")
-FILE_RECORD_SUFFIX = ".ckptprof.json"
-FOLDER_RECORD = "ckptprof-manifest.rank{rank}.json"
-RECORD_VERSION = 2
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """What a save recorded about one file."""
-
-    size: int
-    xxh3: str = ""
-
-
-@dataclass
-class SaveRecord:
-    """One rank's record of the files one save wrote (kept in the state location)."""
-
-    files: dict[str, Recorded]
-    verify: str
-    run_id: str = ""
-    rank: int = 0
-    step: int | None = None
-    saved_ns: int = field(default_factory=time.time_ns)
-    #: the save's span (hex ids), so the restore of these files links back to it
-    trace_id: str = ""
-    span_id: str = ""
-    #: median seconds per training step before the save (the after-resume baseline)
-    step_median_s: float | None = None
-    #: the process's resident memory while it trained (the resume's memory baseline)
-    rss_bytes: int | None = None
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "tool": "ckptprof",
-                "kind": "save-record",
-                "version": RECORD_VERSION,
-                "verify": self.verify,
-                "run_id": self.run_id,
-                "rank": self.rank,
-                "step": self.step,
-                "saved_ns": self.saved_ns,
-                "trace_id": self.trace_id,
-                "span_id": self.span_id,
-                "step_median_s": self.step_median_s,
-                "rss_bytes": self.rss_bytes,
-                "files": {n: vars(e) for n, e in sorted(self.files.items())},
-            },
-            indent=1,
-        ).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> SaveRecord:
-        data = json.loads(raw)
-        if data.get("kind") != "save-record" or data.get("version") != RECORD_VERSION:
-            raise ValueError(f"not a ckptprof save record (version {data.get('version')!r})")
-        files = {
-            str(name): Recorded(int(entry["size"]), str(entry.get("xxh3", "")))
-            for name, entry in dict(data["files"]).items()
-        }
-        step = data.get("step")
-        return cls(
-            files,
-            str(data["verify"]),
-            str(data.get("run_id", "")),
-            int(data.get("rank", 0)),
-            None if step is None else int(step),
-            int(data.get("saved_ns", 0)),
-            str(data.get("trace_id", "")),
-            str(data.get("span_id", "")),
-            float(data["step_median_s"]) if data.get("step_median_s") is not None else None,
-            int(data["rss_bytes"]) if data.get("rss_bytes") is not None else None,
-        )
 
 
 @dataclass
@@ -131,53 +67,6 @@ class _Tally:
 
     methods: set[str] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
-
-
-def merge(records: Iterable[SaveRecord]) -> dict[str, Recorded] | None:
-    """The files of several ranks' records as one mapping (None: no record)."""
-    merged: dict[str, Recorded] = {}
-    found = False
-    for record in records:
-        found = True
-        merged.update(record.files)
-    return merged if found else None
-
-
-def link_to_saves(op: Operation, records: Iterable[SaveRecord]) -> None:
-    """Link a restore to the saves (one per rank) that wrote what it reads: a backend
-    then shows save → restore as one story, across processes and days."""
-    seen = set()
-    paces, memory = [], []
-    for record in records:
-        if record.step_median_s:
-            paces.append(record.step_median_s)
-        if record.rss_bytes:
-            memory.append(record.rss_bytes)
-        if record.span_id and record.span_id not in seen:
-            seen.add(record.span_id)
-            op.link_to(record.trace_id, record.span_id, **{Attr.LINK: "saved_by"})
-    if paces:  # what the steps after the resume are compared with
-        op.set_attributes({BEFORE_SAVE: round(statistics.median(paces), 6)})
-    if memory:  # and the memory it peaks at (one rank's: the records are per rank)
-        op.set_attributes({TRAINING_RSS: max(memory)})
-
-
-def _resident() -> int | None:
-    try:
-        return rss_bytes()
-    except OSError:  # no /proc: the record goes without
-        return None
-
-
-def hash_file(path: str) -> str:
-    """xxh3-64 of a file, streamed (never the whole file in memory)."""
-    import xxhash
-
-    digest = xxhash.xxh3_64()
-    with open(path, "rb", buffering=0) as handle:
-        for chunk in iter(lambda: handle.read(8 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class CheckpointFiles:
@@ -209,7 +98,7 @@ class CheckpointFiles:
         parent, name = os.path.split(os.path.abspath(path))
         with op.phase(Phase.LIST):
             size = os.path.getsize(path)
-            record = self._read_record(parent, name + FILE_RECORD_SUFFIX)
+            record = read_record(self.state, parent, name + FILE_RECORD_SUFFIX)
         recorded = record.files.get(name) if record is not None else None
         link_to_saves(op, [record] if record is not None else [])
         op.set_attributes({Attr.CHECKPOINT_BYTES: size})
@@ -266,7 +155,7 @@ class CheckpointFiles:
                         sizes[entry.name] = entry.stat().st_size
                 except OSError:
                     continue  # a dangling link or a file removed while listing
-            records = self.folder_records(folder)
+            records = folder_records(self.state, folder)
         link_to_saves(op, records)
         op.set_attributes({Attr.CHECKPOINT_BYTES: sum(sizes.values())})
         return FolderListing(folder, sizes, merge(records))
@@ -314,28 +203,7 @@ class CheckpointFiles:
 
     def read_folder_records(self, folder: str) -> dict[str, Recorded] | None:
         """Every rank's record of the last save into ``folder``, merged (None: none)."""
-        return merge(self.folder_records(folder))
-
-    def folder_records(self, folder: str) -> list[SaveRecord]:
-        """The ranks' records of the last save into ``folder``.
-
-        Records of an older run into the same folder (other ranks of a larger job,
-        say) are left out: only the run of the newest record counts.
-        """
-        parent, name = os.path.split(os.path.abspath(folder))
-        records = []
-        for record_name in self.state.names(parent, name):
-            if not Path(record_name).name.startswith("ckptprof-manifest.rank"):
-                continue
-            raw = self.state.read(parent, record_name)
-            try:
-                records.append(SaveRecord.from_json(raw or b""))
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("ckptprof: ignoring unreadable record %s (%s)", record_name, exc)
-        if not records:
-            return []
-        newest_run = max(records, key=lambda r: r.saved_ns).run_id
-        return [record for record in records if record.run_id == newest_run]
+        return merge(folder_records(self.state, folder))
 
     def commit_folder(
         self, folder: str, names: Iterable[str], op: Operation | None, step: int | None = None
@@ -440,16 +308,6 @@ class CheckpointFiles:
         op.add_file(Phase.FETCH, path, size, (time.time_ns() - start) / 1e9, start)
         return resident, total
 
-    def _read_record(self, parent: str, name: str) -> SaveRecord | None:
-        raw = self.state.read(parent, name)
-        if raw is None:
-            return None
-        try:
-            return SaveRecord.from_json(raw)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("ckptprof: ignoring unreadable record %s (%s)", name, exc)
-            return None
-
     def _commit(
         self,
         parent: str,
@@ -465,34 +323,10 @@ class CheckpointFiles:
 
         try:
             with phase_or_nothing(op, Phase.COMMIT):
-                files = {}
-                for name in sorted(set(names)):
-                    path = os.path.join(folder, name)
-                    digest = hash_file(path) if self.verify == "full" else ""
-                    files[name] = Recorded(os.path.getsize(path), digest)
-                tracer = self.session.tracer
-                context = op.span_context if op is not None else None
-                record = SaveRecord(
-                    files,
-                    self.verify,
-                    run_id=(tracer.run_id or "") if tracer is not None else "",
-                    rank=self.session.rank,
-                    step=step,
-                    trace_id=f"{context.trace_id:032x}" if context else "",
-                    span_id=f"{context.span_id:016x}" if context else "",
-                    step_median_s=self.session.steps.median(),
-                    rss_bytes=_resident(),
-                )
+                record = new_record(self.session, self.verify, folder, names, op, step)
                 self.state.write(parent, record_name, record.to_json())
         except Exception as exc:  # noqa: BLE001 - a record is ckptprof's, never the job's problem
             self.session.warn_once("commit", exc)
 
 
-__all__ = [
-    "CheckpointFiles",
-    "FolderListing",
-    "Recorded",
-    "SaveRecord",
-    "VERIFY_MODES",
-    "hash_file",
-]
+__all__ = ["CheckpointFiles", "FolderListing", "VERIFY_MODES"]

@@ -31,7 +31,8 @@ from ckptprof.integrations.patching import Patcher, Target, resolve
 from ckptprof.integrations.session import TracingSession
 from ckptprof.phases import Phase
 from ckptprof.state import StateStore
-from ckptprof.tracing.recorder import Operation, OperationSummary, uncovered
+from ckptprof.tracing.recorder import Operation
+from ckptprof.tracing.summary import OperationSummary, uncovered
 
 log = logging.getLogger("ckptprof")
 

@@ -22,12 +22,9 @@ from ckptprof.integrations.lifetime import GoodputSoFar, Lifetime, job_identity
 from ckptprof.memory import MemoryWatch
 from ckptprof.phases import AFTER_RESUME_SPAN, Attr, Phase
 from ckptprof.tracing.export import Telemetry, setup_telemetry
-from ckptprof.tracing.recorder import (
-    CheckpointTracer,
-    Operation,
-    OperationSummary,
-    phase_or_nothing,
-)
+from ckptprof.tracing.recorder import Operation, phase_or_nothing
+from ckptprof.tracing.summary import OperationSummary
+from ckptprof.tracing.tracer import CheckpointTracer
 
 log = logging.getLogger("ckptprof")
 GUEST_SAMPLE_S = 0.01  # the memory sampler's period inside a training job

@@ -35,7 +35,7 @@ TINY_SCALE = 0.0005
 
 def file_record(path: Path) -> dict | None:
     """ckptprof's record of a saved checkpoint file, from the test's state location."""
-    from ckptprof.integrations.files import FILE_RECORD_SUFFIX
+    from ckptprof.integrations.save_records import FILE_RECORD_SUFFIX
     from ckptprof.state import StateStore
 
     raw = StateStore().read(str(path.parent), path.name + FILE_RECORD_SUFFIX)
@@ -44,7 +44,7 @@ def file_record(path: Path) -> dict | None:
 
 def folder_record_path(folder: Path, rank: int = 0) -> Path:
     """Where one rank's record of the files it saved into ``folder`` lives."""
-    from ckptprof.integrations.files import FOLDER_RECORD
+    from ckptprof.integrations.save_records import FOLDER_RECORD
     from ckptprof.state import StateStore
 
     location = Path(StateStore().location(str(folder.parent)))

@@ -255,12 +255,11 @@ def test_a_universal_load_leaves_the_engines_config_as_it_was():
     """The conversion asks DeepSpeed for a universal load for that one call only."""
     from types import SimpleNamespace
 
-    from ckptprof.integrations.deepspeed import DeepSpeedInstrumentor
+    from ckptprof.integrations.ds_load import loading_universal
 
-    instrumentor = DeepSpeedInstrumentor(trace_dir=None)
     config = SimpleNamespace(load_universal_checkpoint=False)
-    instrumentor.root = SimpleNamespace(_config=config)
-    with pytest.raises(RuntimeError), instrumentor._loading_universal():
+    engine = SimpleNamespace(_config=config)
+    with pytest.raises(RuntimeError), loading_universal(engine):
         assert config.load_universal_checkpoint is True
         raise RuntimeError("the load failed")
     assert config.load_universal_checkpoint is False

@@ -302,7 +302,7 @@ def test_a_signal_after_a_handled_notice_is_handed_on(tmp_path):
     from ckptprof.interrupt.notice import Notice
     from ckptprof.synth.interruption import _Host
     from ckptprof.tracing.export import setup_telemetry
-    from ckptprof.tracing.recorder import CheckpointTracer
+    from ckptprof.tracing.tracer import CheckpointTracer
 
     calls = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
@@ -330,7 +330,7 @@ def test_a_notice_never_saved_for_is_still_recorded(tmp_path):
     from ckptprof.interrupt.notice import Notice
     from ckptprof.synth.interruption import _Host
     from ckptprof.tracing.export import setup_telemetry
-    from ckptprof.tracing.recorder import CheckpointTracer
+    from ckptprof.tracing.tracer import CheckpointTracer
 
     telemetry = setup_telemetry(tmp_path / "traces")
     host = _Host(CheckpointTracer(telemetry.provider, framework="test"), telemetry)

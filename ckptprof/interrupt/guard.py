@@ -18,6 +18,8 @@ guard does the rest:
   ``…startup_s`` (this process started → its restore began), ``…recovery_s`` (notice →
   first step: the two and the RTO), ``…steps_lost`` and the cost at
   ``$CKPTPROF_COST_PER_HOUR`` (default :data:`ckptprof.cost.DEFAULT_COST_PER_HOUR`).
+
+What those spans and the record say is worked out in :mod:`ckptprof.interrupt.story`.
 """
 
 from __future__ import annotations
@@ -30,20 +32,22 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ckptprof.cost import COST_ENV as COST_ENV
-from ckptprof.cost import DEFAULT_COST_PER_HOUR as DEFAULT_COST_PER_HOUR
 from ckptprof.cost import cost_per_hour
 from ckptprof.interrupt.notice import Notice, NoticeWatcher
 from ckptprof.interrupt.record import (
-    FAILED,
-    MISSED,
     NOT_SAVED,
-    SAVED,
     InterruptionRecord,
     as_attributes,
     consume_record,
     read_record,
     write_record,
+)
+from ckptprof.interrupt.story import (
+    interrupted_by,
+    notice_attributes,
+    pending_record,
+    record_outcome,
+    recovery_attributes,
 )
 from ckptprof.phases import INTERRUPTION_SPAN, Attr, Phase
 
@@ -256,7 +260,7 @@ class InterruptionGuard:
             try:
                 self.inst.start()
                 tracer = self.inst.tracer
-                attrs = _notice_attributes(notice, self.last_step)
+                attrs = notice_attributes(notice, self.last_step)
                 attrs[Attr.RANK] = getattr(self.inst, "rank", 0)
                 self._root = tracer.start_span(INTERRUPTION_SPAN, attrs, notice.received_ns)
                 from opentelemetry import trace
@@ -264,19 +268,13 @@ class InterruptionGuard:
                 ctx = trace.set_span_in_context(self._root)
                 span = tracer.start_span(NOTICE_SPAN, attrs, notice.received_ns, ctx)
                 span.end(end_time=notice.received_ns)
-                sc = self._root.get_span_context()
-                self.record = InterruptionRecord(
-                    run_id=tracer.run_id or "",
-                    trace_id=f"{sc.trace_id:032x}",
-                    span_id=f"{sc.span_id:016x}",
-                    source=notice.source,
-                    notice_ns=notice.received_ns,
-                    deadline_ns=notice.deadline_ns,
-                    deadline_assumed=notice.deadline_assumed,
-                    step=self.last_step,
-                    framework=self.inst.framework,
-                    last_step_ns=self.last_step_ns,
-                    last_step=self.last_step,
+                self.record = pending_record(
+                    self._root,
+                    notice,
+                    tracer.run_id,
+                    self.last_step,
+                    self.last_step_ns,
+                    self.inst.framework,
                 )
                 self._write()
                 log.warning(
@@ -364,14 +362,7 @@ class InterruptionGuard:
             self.inst.save_parent = None
         if record is not None and root is not None:
             try:
-                record.save_end_ns = time.time_ns()
-                record.checkpoint, record.checkpoint_step = path, step
-                if error is not None:
-                    record.outcome, record.error = FAILED, f"{type(error).__name__}: {error}"
-                elif record.deadline_ns is not None and record.save_end_ns > record.deadline_ns:
-                    record.outcome = MISSED
-                else:
-                    record.outcome = SAVED
+                record_outcome(record, path, step, error)
                 self._write()
                 attrs = as_attributes(record)
                 span.set_attributes(attrs)
@@ -411,21 +402,9 @@ class InterruptionGuard:
         record = read_record(location, run_id)
         if record is None:
             return [], {}
-        from opentelemetry.trace import Link, SpanContext, TraceFlags
-
         self.resumed_from = record
-        ctx = SpanContext(
-            int(record.trace_id, 16),
-            int(record.span_id, 16),
-            is_remote=True,
-            trace_flags=TraceFlags(TraceFlags.SAMPLED),
-        )
         started = self._restart_ns = restart_ns or process_start_ns()
-        attrs = {
-            **as_attributes(record),
-            Attr.INTERRUPTION_DOWNTIME_S: round((started - record.notice_ns) / 1e9, 3),
-        }
-        return [Link(ctx, {Attr.LINK: "interrupted_by"})], attrs
+        return interrupted_by(record, started)
 
     def resumed(self, op, restored_step: int) -> None:
         """At the first step after a linked restore: recovery time, steps lost, cost."""
@@ -435,21 +414,8 @@ class InterruptionGuard:
         try:
             now = time.time_ns()
             started = self._restart_ns or process_start_ns()
-            downtime_s = (started - record.notice_ns) / 1e9
-            rto_s = (now - op.start_ns) / 1e9
-            lost = max(0, (record.last_step or record.step) - restored_step)
             rate = self.cost_per_hour
-            op.set_attributes(
-                {
-                    Attr.INTERRUPTION_STARTUP_S: round(max(0, op.start_ns - started) / 1e9, 3),
-                    Attr.INTERRUPTION_RECOVERY_S: round((now - record.notice_ns) / 1e9, 3),
-                    Attr.INTERRUPTION_STEPS_LOST: lost,
-                    Attr.INTERRUPTION_RESTORED_STEP: restored_step,
-                    Attr.INTERRUPTION_COST_PER_HOUR: rate,
-                    Attr.INTERRUPTION_DOWNTIME_COST: round(downtime_s / 3600 * rate, 4),
-                    Attr.INTERRUPTION_RESTORE_COST: round(rto_s / 3600 * rate, 4),
-                }
-            )
+            op.set_attributes(recovery_attributes(record, op, now, started, restored_step, rate))
             location = self.location()
             if location and getattr(self.inst, "rank", 0) == 0:
                 consume_record(location)
@@ -468,18 +434,3 @@ def _job_group():
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
     return dist.group.WORLD
-
-
-def _notice_attributes(notice: Notice, step: int) -> dict[str, Any]:
-    attrs: dict[str, Any] = {
-        Attr.INTERRUPTION_SOURCE: notice.source,
-        Attr.INTERRUPTION_STEP: step,
-        Attr.INTERRUPTION_DEADLINE_ASSUMED: notice.deadline_assumed,
-    }
-    if notice.deadline_ns is not None:
-        attrs[Attr.INTERRUPTION_DEADLINE_S] = round(
-            (notice.deadline_ns - notice.received_ns) / 1e9, 3
-        )
-    if notice.detail:
-        attrs[Attr.INTERRUPTION_DETAIL] = notice.detail
-    return attrs
