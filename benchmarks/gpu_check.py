@@ -85,7 +85,8 @@ def h2d_ceiling(scratch: Path) -> dict:
 
 
 def restores(path: Path, scratch: Path, strategies: list[str]) -> dict:
-    from ckptprof.synth.restore import RestoreOptions, RestoreRunner
+    from ckptprof.synth.options import RestoreOptions
+    from ckptprof.synth.runner import RestoreRunner
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
     out: dict = {}
@@ -121,7 +122,8 @@ def copy_kinds(path: Path, scratch: Path) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from ckptprof.synth.restore import RestoreOptions, RestoreRunner
+    from ckptprof.synth.options import RestoreOptions
+    from ckptprof.synth.runner import RestoreRunner
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
     options = RestoreOptions(strategies=("pipelined",), caches=("hot",), concurrency=(8,),

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import checkpoint, environment, interleaved, median  # noqa: E402
 
-from ckptprof.synth.restore import RestoreOptions, RestoreRunner  # noqa: E402
+from ckptprof.synth.options import RestoreOptions  # noqa: E402
+from ckptprof.synth.runner import RestoreRunner  # noqa: E402
 from ckptprof.tracing import CheckpointTracer, setup_telemetry  # noqa: E402
 
 

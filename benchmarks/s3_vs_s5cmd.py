@@ -131,7 +131,8 @@ def run_fetch(storage, infos, conc: int, part: int):
 def run_restore_once(location: str, strategy: str, conc: int, part: int, out: Path):
     """One cold ``synth restore`` run; its list → reshard seconds (the run's wall time with
     the first step off) and the checkpoint's bytes."""
-    from ckptprof.synth.restore import RestoreOptions, run_restore
+    from ckptprof.synth.options import RestoreOptions
+    from ckptprof.synth.restore import run_restore
 
     options = RestoreOptions(
         strategies=(strategy,), caches=("cold",), concurrency=(conc,), repeat=1,

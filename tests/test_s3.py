@@ -22,8 +22,9 @@ from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.phases import RESTORE_PHASES
 from ckptprof.storage import open_storage
 from ckptprof.synth.generate import generate
+from ckptprof.synth.options import RestoreOptions
 from ckptprof.synth.plan import SynthSpec
-from ckptprof.synth.restore import RestoreOptions, run_restore
+from ckptprof.synth.restore import run_restore
 from tests.conftest import TINY_SCALE, read_spans, run_cli, spans_in
 from tests.test_bad_input import assert_one_line_error
 
@@ -62,7 +63,7 @@ def phase_spans(payload):
 def restored_here(location: str, traces: Path, **options):
     """One cold restore of ``location`` into one rank, in this process: its state's digest
     and its fetch span's attributes."""
-    from ckptprof.synth.restore import RestoreRunner
+    from ckptprof.synth.runner import RestoreRunner
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
     options = RestoreOptions(
@@ -369,7 +370,7 @@ def test_failed_runs_make_the_success_rate(s3_bucket, s3_env, fault_proxy, tmp_p
     success rate results.json (and the report read from it) gives is the share of the
     runs that succeeded, as their restore spans tell."""
     from ckptprof.report import aggregate, load, render_text
-    from ckptprof.synth.restore import RestoreRunner
+    from ckptprof.synth.runner import RestoreRunner
 
     run_once, started = RestoreRunner.run_once, []
 
@@ -445,7 +446,8 @@ def test_no_secrets_in_spans_results_or_logs(s3_bucket, s3_env, seaweed, tmp_pat
 
 
 def test_safe_endpoint_strips_userinfo_and_query():
-    from ckptprof.storage.s3 import safe_endpoint, split_s3_uri
+    from ckptprof.storage.s3 import split_s3_uri
+    from ckptprof.storage.s3_client import safe_endpoint
 
     assert safe_endpoint("http://user:pw@127.0.0.1:9000/?token=x") == "http://127.0.0.1:9000"
     assert split_s3_uri("s3://b/a#b/c") == ("b", "a#b/c/")  # '#' is a key character
@@ -549,7 +551,7 @@ def test_a_hung_endpoint_stops_the_sweep_within_seconds(
     import time
 
     from ckptprof.errors import UnreachableError
-    from ckptprof.synth.restore import RestoreRunner
+    from ckptprof.synth.runner import RestoreRunner
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
     location, _ = hung_proxy_env(s3_bucket, s3_env, fault_proxy, monkeypatch)

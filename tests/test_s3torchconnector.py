@@ -9,7 +9,7 @@ import pytest
 
 from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.storage import open_storage
-from ckptprof.synth.restore import RestoreOptions
+from ckptprof.synth.options import RestoreOptions
 from tests.conftest import children, read_spans, run_cli
 from tests.test_bad_input import assert_one_line_error
 from tests.test_s3 import s3_generate
@@ -17,7 +17,7 @@ from tests.test_s3 import s3_generate
 
 def restored(location: str, strategy: str, tmp_path, **kw):
     """One restore with ``strategy``: the state's digest and the run's spans."""
-    from ckptprof.synth.restore import RestoreRunner
+    from ckptprof.synth.runner import RestoreRunner
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
     options = RestoreOptions(

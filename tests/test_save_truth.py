@@ -20,9 +20,10 @@ from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.phases import Attr
 from ckptprof.synth.generate import entry_of
 from ckptprof.synth.layouts import get_layout
+from ckptprof.synth.options import SaveOptions
 from ckptprof.synth.plan import SynthSpec
 from ckptprof.synth.ranges import LAYOUTS
-from ckptprof.synth.save import SaveOptions, build_state, run_save
+from ckptprof.synth.save import build_state, run_save
 from ckptprof.synth.savers import get_saver
 from ckptprof.synth.savers import registry as saver_registry
 from ckptprof.tracing import CheckpointTracer, setup_telemetry

@@ -12,7 +12,8 @@ import torch
 from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.phases import RESTORE_PHASES
 from ckptprof.storage.pagecache import resident_fraction
-from ckptprof.synth.restore import RestoreOptions, run_restore
+from ckptprof.synth.options import RestoreOptions
+from ckptprof.synth.restore import run_restore
 from ckptprof.synth.strategies import BUILTIN as STRATEGIES
 from tests.conftest import SMALL_SCALE, read_spans
 
@@ -35,7 +36,7 @@ def restore(path, tmp_path, **kw):
 
 def restored_state(path, strategy, keep_runner=False, **kw):
     """One hot restore with ``strategy``; its state (or the runner, to look inside)."""
-    from ckptprof.synth.restore import RestoreRunner
+    from ckptprof.synth.runner import RestoreRunner
     from ckptprof.tracing import CheckpointTracer, setup_telemetry
 
     options = RestoreOptions(

@@ -152,138 +152,7 @@ class Window:
         true: their bytes are in memory already) skip the storage: ``read(request,
         None)`` gives their bytes. ``land(request, bytes)`` runs in the consumer thread;
         ``release(request)`` once the window is done with the request's bytes."""
-        live = [r for r in requests if not getattr(r, "resident", False)]
-        resident = [r for r in requests if getattr(r, "resident", False)]
-        slots_n, part = self.sizes(requests)
-        self.in_flight = max(1, min(self.concurrency, slots_n - 1))
-        into = into or (lambda r: POOLED)
-        read = read or self._read
-        slots = OrderedSlots(slots_n)
-        free: queue.Queue = queue.Queue()
-        made = [0]  # window buffers taken (lazily: a window whose requests land in place
-        # takes none)
-        buffers = self.pool or BufferPool(self.buffer_type)
-        done: queue.Queue = queue.Queue()
-        error: list[BaseException] = []
-        bar = progress_bar(sum(r.length for r in live), f"{self.desc} x{self.concurrency}",
-                           self.progress)  # fmt: skip
-
-        def buffer() -> Any:
-            try:
-                return free.get_nowait()
-            except queue.Empty:
-                made[0] += 1
-                self.window_bytes = made[0] * part
-                return buffers.take(part, "ckptprof-window")
-
-        def one(request, ticket: int) -> None:
-            place = into(request)
-            holds = not isinstance(place, (memoryview, list))
-            if holds:
-                slots.acquire(ticket)
-            else:
-                slots.skip(ticket)
-            if error:
-                if holds:
-                    slots.release()
-                return
-            buf = buffer() if place is POOLED else None
-            view = buf.view[: request.length] if buf is not None else place
-            start = time.time_ns()
-            try:
-                got = read(request, view) if request.length or place is None else view
-            except BaseException:
-                give_back(request, buf, holds)
-                raise
-            end = time.time_ns()
-            if self.op is not None:
-                self.op.add_interval(Phase.FETCH, start, end)
-            self.clocks.note(request.path, start, end, request.length)
-            done.put((request, got, buf, holds))
-
-        fences: dict[int, Any] = {}  # id(buffer) -> the copy still reading it
-
-        def give_back(request, buf, holds: bool) -> None:
-            if release is not None:
-                release(request)
-            if buf is not None:
-                fence = fences.pop(id(buf), None)
-                if fence is not None:  # its copy to the device must finish reading it first
-                    fence.synchronize()
-                free.put(buf)
-            if holds:
-                slots.release()
-
-        def consume() -> None:
-            waiting: dict[str, list] = {}  # path -> heap of (offset, seq, item)
-            seq = 0
-            while True:
-                item = done.get()
-                if item is None:
-                    break
-                request, got, buf, holds = item
-                if not getattr(request, "resident", False):
-                    bar.update(request.length)
-                try:
-                    if not error and land is not None:
-                        fence = land(request, got)
-                        if fence is not None and buf is not None:
-                            fences[id(buf)] = fence
-                except BaseException as exc:  # noqa: BLE001 - raised by run()
-                    error.append(exc)
-                digest = self.digests.get(request.path)
-                if digest is None or error:
-                    give_back(request, buf, holds)
-                    continue
-                seq += 1
-                heapq.heappush(waiting.setdefault(request.path, []), (request.offset, seq, item))
-                heap = waiting[request.path]
-                while heap and (digest.done or heap[0][0] <= digest.next_offset):
-                    *_, (req, data, b, h) = heapq.heappop(heap)
-                    try:
-                        if not error and not digest.done and data is not None:
-                            with self._verify_phase():
-                                feed(digest, req.offset, data)
-                    except BaseException as exc:  # noqa: BLE001 - raised by run()
-                        error.append(exc)
-                    finally:
-                        give_back(req, b, h)
-            for heap in waiting.values():
-                for *_, (req, _, b, h) in heap:
-                    give_back(req, b, h)
-
-        consumer = threading.Thread(target=consume, name="ckptprof-land", daemon=True)
-        consumer.start()
-        for request in resident:
-            done.put((request, read(request, None), None, False))
-        failure: list[BaseException] = []
-        under_way = self.op.running(Phase.FETCH) if self.op is not None else nullcontext()
-        try:
-            with under_way, ThreadPoolExecutor(self.in_flight, "ckptprof-io") as pool:
-                futures = [pool.submit(one, r, n) for n, r in enumerate(live)]
-                for future in futures:
-                    try:
-                        future.result()
-                    except BaseException as exc:  # noqa: BLE001 - raised below
-                        failure.append(exc)
-                        error.append(exc)
-                        for f in futures:
-                            f.cancel()
-                        break
-        finally:
-            done.put(None)
-            consumer.join()
-            bar.close()
-            if self.pool is None:
-                buffers.close()
-            else:  # every buffer is back, its copy landed: the next run's again
-                buffers.restock()
-            if self._own_clocks:
-                self.clocks.record(self.op)
-        if failure:
-            raise failure[0]
-        if error:
-            raise error[0]
+        _Run(self, requests, into, read, land, release).execute()
 
     def _read(self, request, view):
         if isinstance(view, list):
@@ -296,6 +165,155 @@ class Window:
         import contextlib
 
         return self.op.phase(Phase.VERIFY) if self.op is not None else contextlib.nullcontext()
+
+
+class _Run:
+    """One :meth:`Window.run`: what its reading threads and its consumer thread share
+    (the slots, the free buffers, the landed requests, the copies still reading a buffer,
+    the first error)."""
+
+    def __init__(self, window: Window, requests: Sequence[Ranged], into, read, land, release):
+        self.window = window
+        self.live = [r for r in requests if not getattr(r, "resident", False)]
+        self.resident = [r for r in requests if getattr(r, "resident", False)]
+        slots_n, self.part = window.sizes(requests)
+        window.in_flight = max(1, min(window.concurrency, slots_n - 1))
+        self.into = into or (lambda r: POOLED)
+        self.read = read or window._read
+        self.land, self.release = land, release
+        self.slots = OrderedSlots(slots_n)
+        self.free: queue.Queue = queue.Queue()
+        self.made = 0  # window buffers taken (lazily: requests landing in place take none)
+        self.buffers = window.pool or BufferPool(window.buffer_type)
+        self.done: queue.Queue = queue.Queue()
+        self.error: list[BaseException] = []
+        self.fences: dict[int, Any] = {}  # id(buffer) -> the copy still reading it
+        label = f"{window.desc} x{window.concurrency}"
+        self.bar = progress_bar(sum(r.length for r in self.live), label, window.progress)
+
+    def buffer(self) -> Any:
+        try:
+            return self.free.get_nowait()
+        except queue.Empty:
+            self.made += 1
+            self.window.window_bytes = self.made * self.part
+            return self.buffers.take(self.part, "ckptprof-window")
+
+    def one(self, request, ticket: int) -> None:
+        """A reading thread's request: a slot (in ticket order) when it needs a buffer,
+        the read, its clock; then it is the consumer's."""
+        place = self.into(request)
+        holds = not isinstance(place, (memoryview, list))
+        if holds:
+            self.slots.acquire(ticket)
+        else:
+            self.slots.skip(ticket)
+        if self.error:
+            if holds:
+                self.slots.release()
+            return
+        buf = self.buffer() if place is POOLED else None
+        view = buf.view[: request.length] if buf is not None else place
+        start = time.time_ns()
+        try:
+            got = self.read(request, view) if request.length or place is None else view
+        except BaseException:
+            self.give_back(request, buf, holds)
+            raise
+        end = time.time_ns()
+        if self.window.op is not None:
+            self.window.op.add_interval(Phase.FETCH, start, end)
+        self.window.clocks.note(request.path, start, end, request.length)
+        self.done.put((request, got, buf, holds))
+
+    def give_back(self, request, buf, holds: bool) -> None:
+        if self.release is not None:
+            self.release(request)
+        if buf is not None:
+            fence = self.fences.pop(id(buf), None)
+            if fence is not None:  # its copy to the device must finish reading it first
+                fence.synchronize()
+            self.free.put(buf)
+        if holds:
+            self.slots.release()
+
+    def consume(self) -> None:
+        """The consumer thread: each landed request handed to ``land``, then to its
+        file's digest in file order (a request waits for its turn), then given back."""
+        waiting: dict[str, list] = {}  # path -> heap of (offset, seq, item)
+        seq = 0
+        while True:
+            item = self.done.get()
+            if item is None:
+                break
+            request, got, buf, holds = item
+            if not getattr(request, "resident", False):
+                self.bar.update(request.length)
+            try:
+                if not self.error and self.land is not None:
+                    fence = self.land(request, got)
+                    if fence is not None and buf is not None:
+                        self.fences[id(buf)] = fence
+            except BaseException as exc:  # noqa: BLE001 - raised by run()
+                self.error.append(exc)
+            digest = self.window.digests.get(request.path)
+            if digest is None or self.error:
+                self.give_back(request, buf, holds)
+                continue
+            seq += 1
+            heapq.heappush(waiting.setdefault(request.path, []), (request.offset, seq, item))
+            self._verify_in_order(digest, waiting[request.path])
+        for heap in waiting.values():
+            for *_, (req, _, b, h) in heap:
+                self.give_back(req, b, h)
+
+    def _verify_in_order(self, digest, heap: list) -> None:
+        """Feed ``digest`` every waiting request that is next in its file."""
+        while heap and (digest.done or heap[0][0] <= digest.next_offset):
+            *_, (req, data, b, h) = heapq.heappop(heap)
+            try:
+                if not self.error and not digest.done and data is not None:
+                    with self.window._verify_phase():
+                        feed(digest, req.offset, data)
+            except BaseException as exc:  # noqa: BLE001 - raised by run()
+                self.error.append(exc)
+            finally:
+                self.give_back(req, b, h)
+
+    def execute(self) -> None:
+        window = self.window
+        consumer = threading.Thread(target=self.consume, name="ckptprof-land", daemon=True)
+        consumer.start()
+        for request in self.resident:
+            self.done.put((request, self.read(request, None), None, False))
+        failure: list[BaseException] = []
+        under_way = window.op.running(Phase.FETCH) if window.op is not None else nullcontext()
+        try:
+            with under_way, ThreadPoolExecutor(window.in_flight, "ckptprof-io") as pool:
+                futures = [pool.submit(self.one, r, n) for n, r in enumerate(self.live)]
+                for future in futures:
+                    try:
+                        future.result()
+                    except BaseException as exc:  # noqa: BLE001 - raised below
+                        failure.append(exc)
+                        self.error.append(exc)
+                        for f in futures:
+                            f.cancel()
+                        break
+        finally:
+            self.done.put(None)
+            consumer.join()
+            self.bar.close()
+            if window.pool is None:
+                self.buffers.close()
+            else:  # every buffer is back, its copy landed: the next run's again
+                self.buffers.restock()
+            if window._own_clocks:
+                window.clocks.record(window.op)
+        if failure:
+            raise failure[0]
+        if self.error:
+            raise self.error[0]
 
 
 def feed(digest, offset: int, data) -> None:

@@ -15,7 +15,7 @@ from ckptprof.synth import distributed
 from ckptprof.synth.distributed import Job
 from ckptprof.synth.stragglers import PhaseBoard
 from ckptprof.tracing.export import Telemetry, setup_telemetry
-from ckptprof.tracing.recorder import CheckpointTracer
+from ckptprof.tracing.tracer import CheckpointTracer
 
 
 @contextmanager

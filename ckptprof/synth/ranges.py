@@ -2,7 +2,7 @@
 
 The CLI's option types (:mod:`ckptprof.cli.options`), :class:`~ckptprof.synth.plan.SynthSpec`
 (also when read back from a manifest) and
-:meth:`~ckptprof.synth.restore.RestoreOptions.validate` all check against these, so a
+:meth:`~ckptprof.synth.options.RestoreOptions.validate` all check against these, so a
 value is refused the same way wherever it comes from.
 """
 

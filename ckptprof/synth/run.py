@@ -18,7 +18,8 @@ from ckptprof.synth.results import RunRecord, phases_of
 from ckptprof.synth.strategies import get_strategy
 from ckptprof.synth.strategies.base import RunContext
 from ckptprof.synth.subject import RestoreSubject
-from ckptprof.tracing.recorder import CheckpointTracer, Operation
+from ckptprof.tracing.recorder import Operation
+from ckptprof.tracing.tracer import CheckpointTracer
 
 
 @dataclass(frozen=True)

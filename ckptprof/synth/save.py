@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from statistics import median
 
@@ -26,7 +27,6 @@ from ckptprof.manifest import Manifest, entry_for_segments
 from ckptprof.phases import Attr
 from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA_VERSION
 from ckptprof.storage import is_object_store, multipart, open_storage
-from ckptprof.storage.base import DEFAULT_PART_SIZE
 from ckptprof.synth.ceiling import WriteCeiling, probe_budget, probe_write, probe_write_bytes
 from ckptprof.synth.distributed import Job, job_context
 from ckptprof.synth.fill import RandomFiller
@@ -37,6 +37,7 @@ from ckptprof.synth.generate import (
     publish_manifest,
 )
 from ckptprof.synth.layouts import get_layout
+from ckptprof.synth.options import SaveOptions
 from ckptprof.synth.plan import CheckpointPlan, SynthSpec
 from ckptprof.synth.savers import SaveContext, check_strategy, save
 from ckptprof.units import fmt_bytes
@@ -45,21 +46,7 @@ MEMORY_HEADROOM = 0.85
 
 
 @dataclass
-class SaveOptions:
-    repeat: int = 3
-    fsync: bool = True
-    force: bool = False
-    strategy: str = "parallel"  # savers.default_strategy: the same on every storage
-    concurrency: int = 8  # parts in flight (parallel; the write probe's too)
-    part_size: int = DEFAULT_PART_SIZE
-    ceiling_gbps: float | None = None  # given: no write probe
-    #: seconds without progress before a save is named as stalled (True: the env/default)
-    stall_after_s: float | None | bool = True
-    progress: bool | None = None
-
-
-@dataclass
-class SaveRecord:
+class TimedSave:
     """One timed save."""
 
     repeat: int
@@ -82,7 +69,7 @@ class SaveRecord:
 class SaveResult:
     """Every timed save of one ``synth save``, with the write ceiling they are set against."""
 
-    records: list[SaveRecord]
+    records: list[TimedSave]
     ceiling: WriteCeiling
     environment: dict
 
@@ -217,49 +204,19 @@ def run_save(
         echo(f"building the state in memory: {fmt_bytes(plan.payload_bytes)}{each} (not timed)")
         tensors = build_state(mine, spec.seed)
         records = []
-        attrs = {
-            Attr.FORMAT: layout.format,
-            Attr.LAYOUT: layout.name,
-            Attr.MODEL: spec.model,
-            Attr.STORAGE_KIND: storage.kind,
-            Attr.STORAGE_URI: storage.uri,
-            Attr.STRATEGY: options.strategy,
-            Attr.SAVE_FSYNC: options.fsync,
-            Attr.SAVE_CEILING_GBPS: round(ceiling.write_gbps, 4),
-            Attr.CONCURRENCY: options.concurrency,
-        }
-        if job is not None:
-            attrs.update({Attr.RANK: job.rank, Attr.WORLD_SIZE: job.world, **job.attributes()})
+        attrs = _save_attributes(layout, spec, storage, options, ceiling.write_gbps, job)
         kept: dict = {}  # what the job keeps between its saves
         try:  # each save appended to records as it ends: an interruption keeps those before it
+            context = partial(
+                SaveContext, storage=storage, plan=mine, tensors=tensors, fsync=options.fsync,
+                concurrency=options.concurrency, part_size=options.part_size, tracer=tracer,
+                kept=kept,
+            )  # fmt: skip
             for repeat in range(options.repeat):
-                parent = None
-                if job is not None:
-                    job.barrier()  # the ranks of a job save at once, as a job's do
-                    parent = job_context(job)  # each save of the job: one trace, a span per rank
-                with tracer.save({**attrs, Attr.REPEAT: repeat}, parent=parent) as op:
-                    ctx = SaveContext(
-                        storage=storage, plan=mine, tensors=tensors, op=op, fsync=options.fsync,
-                        concurrency=options.concurrency, part_size=options.part_size, tracer=tracer,
-                        kept=kept,
-                    )  # fmt: skip
-                    written = save(options.strategy, ctx)
-                summary = op.summary
-                span = op.span_context
-                record = SaveRecord(
-                    repeat=repeat,
-                    wall_s=summary.wall_s,
-                    bytes=written.nbytes,
-                    phases={name: stats.busy_s for name, stats in summary.phases.items()},
-                    fsync=options.fsync,
-                    trace_id=format(span.trace_id, "032x") if span else "",
-                    strategy=options.strategy,
-                    background_s=written.background_s,
-                    rank=job.rank if job else None,
-                )
-                records.append(record)
+                each = {**attrs, Attr.REPEAT: repeat}
+                records.append(_save_once(context, tracer, options, each, job))
                 if job is None:
-                    echo(save_line(record))
+                    echo(save_line(records[-1]))
         except BaseException:
             if records and job is None and keep_partial is not None:  # what was measured stays
                 environment = capture(
@@ -282,10 +239,55 @@ def run_save(
         return SaveResult(records, ceiling, environment)
 
 
-def job_records(rank_records: list[SaveRecord]) -> list[SaveRecord]:
+def _save_attributes(layout, spec: SynthSpec, storage, options: SaveOptions,
+                     ceiling_gbps: float, job: Job | None) -> dict:  # fmt: skip
+    """What every save span of this run carries."""
+    attrs = {
+        Attr.FORMAT: layout.format,
+        Attr.LAYOUT: layout.name,
+        Attr.MODEL: spec.model,
+        Attr.STORAGE_KIND: storage.kind,
+        Attr.STORAGE_URI: storage.uri,
+        Attr.STRATEGY: options.strategy,
+        Attr.SAVE_FSYNC: options.fsync,
+        Attr.SAVE_CEILING_GBPS: round(ceiling_gbps, 4),
+        Attr.CONCURRENCY: options.concurrency,
+    }
+    if job is not None:
+        attrs.update({Attr.RANK: job.rank, Attr.WORLD_SIZE: job.world, **job.attributes()})
+    return attrs
+
+
+def _save_once(context: Callable[..., SaveContext], tracer, options: SaveOptions, attrs: dict,
+               job: Job | None) -> TimedSave:  # fmt: skip
+    """One traced save through the chosen saver (a job's ranks start it together: one
+    trace, a span per rank), as its record. ``context(op=…)`` is what the saver works
+    with."""
+    parent = None
+    if job is not None:
+        job.barrier()  # the ranks of a job save at once, as a job's do
+        parent = job_context(job)
+    with tracer.save(attrs, parent=parent) as op:
+        written = save(options.strategy, context(op=op))
+    summary = op.summary
+    span = op.span_context
+    return TimedSave(
+        repeat=attrs[Attr.REPEAT],
+        wall_s=summary.wall_s,
+        bytes=written.nbytes,
+        phases={name: stats.busy_s for name, stats in summary.phases.items()},
+        fsync=options.fsync,
+        trace_id=format(span.trace_id, "032x") if span else "",
+        strategy=options.strategy,
+        background_s=written.background_s,
+        rank=job.rank if job else None,
+    )
+
+
+def job_records(rank_records: list[TimedSave]) -> list[TimedSave]:
     """One record per save of the job: its slowest rank's time and phases (the job saves
     when its last rank has), every rank's bytes."""
-    by_repeat: dict[int, list[SaveRecord]] = {}
+    by_repeat: dict[int, list[TimedSave]] = {}
     for record in rank_records:
         by_repeat.setdefault(record.repeat, []).append(record)
     out = []
@@ -356,7 +358,7 @@ def _entries(storage, plan: CheckpointPlan, tensors: dict, strategy: str) -> dic
     return {f.path: entry_for_segments(layout.serialize_file(plan, f, tensors)) for f in plan.files}
 
 
-def save_line(record: SaveRecord) -> str:
+def save_line(record: TimedSave) -> str:
     parts = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in record.phases.items())
     synced = "" if record.fsync else " (no fsync: the bytes may be only in the page cache)"
     background = (
@@ -371,4 +373,4 @@ def save_line(record: SaveRecord) -> str:
     )
 
 
-__all__ = ["SaveOptions", "SaveRecord", "SaveResult", "build_state", "run_save", "write_results"]
+__all__ = ["TimedSave", "SaveResult", "build_state", "run_save", "write_results"]

@@ -15,7 +15,8 @@ from ckptprof.storage.base import Storage
 from ckptprof.synth.plan import CheckpointPlan
 
 if TYPE_CHECKING:
-    from ckptprof.tracing.recorder import CheckpointTracer, Operation
+    from ckptprof.tracing.recorder import Operation
+    from ckptprof.tracing.tracer import CheckpointTracer
 
 
 @dataclass(frozen=True, kw_only=True)

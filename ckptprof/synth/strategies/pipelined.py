@@ -30,7 +30,7 @@ from ckptprof.synth.strategies.base import (
     finish_digests,
 )
 from ckptprof.synth.strategies.registry import dcp_handler
-from ckptprof.tracing.recorder import uncovered
+from ckptprof.tracing.summary import uncovered
 
 OBJECT_STORE_INDEX_BLOCK = 1 << 20
 

@@ -27,7 +27,7 @@ from ckptprof.io.buffers import HostBuffer
 from ckptprof.io.requests import Request
 from ckptprof.io.window import Window
 from ckptprof.phases import Attr, Phase, fused_value
-from ckptprof.storage.s3 import INSTANCE_CREDENTIALS_ENV
+from ckptprof.storage.s3_client import INSTANCE_CREDENTIALS_ENV
 from ckptprof.synth.strategies.base import (
     ANY,
     RunContext,
