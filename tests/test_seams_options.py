@@ -169,7 +169,7 @@ def test_a_value_in_range_is_accepted_in_every_unit(case, tmp_path, capsys):
 
 
 def test_stall_after_off_turns_the_watchdog_off(tmp_path, capsys):
-    from ckptprof.cli.synth import stall_after_s, stall_option
+    from ckptprof.cli.synth_options import stall_after_s, stall_option
 
     for command in ("save", "restore"):
         for word in ("0", "off", "OFF", "no"):

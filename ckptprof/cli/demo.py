@@ -14,7 +14,7 @@ from ckptprof.cli.options import (
     size,
     whole,
 )
-from ckptprof.cli.synth import add_spec_arguments
+from ckptprof.cli.synth_options import add_spec_arguments
 from ckptprof.synth import ranges
 from ckptprof.synth.strategies import registry as strategy_registry
 
@@ -94,8 +94,9 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     from ckptprof.cli.report import print_report
     from ckptprof.synth.generate import generate
+    from ckptprof.synth.options import RestoreOptions
     from ckptprof.synth.plan import SynthSpec
-    from ckptprof.synth.restore import RestoreOptions, run_restore
+    from ckptprof.synth.restore import run_restore
 
     ckpt = args.dir / "checkpoint"
     out = args.dir / "results"
@@ -138,7 +139,8 @@ def run(args) -> int:
 def _save(ckpt: Path, spec, out: Path, repeat: int) -> Path:
     """``synth save`` of the spec's state into ``ckpt``, timed; returns its trace folder."""
     from ckptprof.synth.job import traced
-    from ckptprof.synth.save import SaveOptions, run_save, write_results
+    from ckptprof.synth.options import SaveOptions
+    from ckptprof.synth.save import run_save, write_results
 
     strategy = "framework"
     print(

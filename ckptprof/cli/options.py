@@ -87,6 +87,14 @@ def parse_size(text: str) -> int:
     return int(t)
 
 
+def size_text(nbytes: int) -> str:
+    """A size as the size options take it (``16M`` for 16 MiB): defaults shown in --help."""
+    for unit, factor in sorted(SIZE_UNITS.items(), key=lambda item: -item[1]):
+        if nbytes >= factor and nbytes % factor == 0:
+            return f"{nbytes // factor}{unit.upper()}"
+    return str(nbytes)
+
+
 DURATION_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 

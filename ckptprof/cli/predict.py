@@ -96,6 +96,22 @@ def add_parser(commands) -> None:
         "--files-per-rank", type=whole(schema.integer(1, 1_000_000)), default=1,
         help="files each rank writes and reads (each costs a request more)",
     )  # fmt: skip
+    _add_limits(parser)
+    parser.add_argument(
+        "--format", choices=("table", "json"), default="table",
+        help="table for people, json for scripts",
+    )  # fmt: skip
+    parser.add_argument(
+        "--plot", metavar="FILE.png", type=output_file,
+        help="time against nodes (1, 2, 4 … --nodes), the binding limit at each point",
+    )  # fmt: skip
+    _add_check(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_limits(parser) -> None:
+    """What one node cannot measure (each given, or defaulted with its source), and the
+    job's interruptions and price."""
     gbps = real(schema.number(maximum=100_000, above=0))
     parser.add_argument("--storage-gbps", type=gbps, help="the storage's aggregate GB/s")
     parser.add_argument(
@@ -118,14 +134,10 @@ def add_parser(commands) -> None:
         type=real(schema.number(maximum=MAX_PRICE_PER_HOUR, above=0)),
         help="what one node costs an hour: the price of one save and one restore",
     )  # fmt: skip
-    parser.add_argument(
-        "--format", choices=("table", "json"), default="table",
-        help="table for people, json for scripts",
-    )  # fmt: skip
-    parser.add_argument(
-        "--plot", metavar="FILE.png", type=output_file,
-        help="time against nodes (1, 2, 4 … --nodes), the binding limit at each point",
-    )  # fmt: skip
+
+
+def _add_check(parser) -> None:
+    """``--check``: the predictions measured on the storage at hand."""
     check = parser.add_argument_group(
         "checking the predictions here",
         "--check DEST measures base saves and restores at DEST (a folder or s3://bucket/"
@@ -149,7 +161,6 @@ def add_parser(commands) -> None:
         "--out", type=directory, default="ckptprof-predict-check",
         help="where the checks' results go",
     )  # fmt: skip
-    parser.set_defaults(func=run)
 
 
 def limits_for(args, object_store: bool):

@@ -1,0 +1,98 @@
+"""The options ``synth generate``, ``synth save``, ``synth restore`` and the demo share,
+declared once, and how the commands read them."""
+
+from __future__ import annotations
+
+import argparse
+
+from ckptprof.cli.options import real, seconds_or_off, whole
+from ckptprof.synth import ranges
+from ckptprof.synth.layouts import LAYOUT_NAMES
+from ckptprof.synth.presets import PRESETS
+
+
+def add_spec_arguments(parser, scale: float = 1.0) -> None:
+    """What the checkpoint is: model, layout, ranks, scale, optimizer, files, step, seed
+    (``synth generate``, ``synth save`` and the demo: one declaration of each)."""
+    parser.add_argument(
+        "--model",
+        default="llama2-7b",
+        choices=tuple(PRESETS),
+        metavar="NAME",
+        help="preset: %(choices)s",
+    )
+    parser.add_argument(
+        "--layout", default="torch", choices=LAYOUT_NAMES, help="file layout: %(choices)s"
+    )
+    parser.add_argument(
+        "--ranks", type=whole(ranges.RANKS), default=1, help="ranks that saved it (sharding)"
+    )
+    parser.add_argument(
+        "--scale",
+        type=real(ranges.SCALE),
+        default=scale,
+        help=f"0 < S <= 1: fraction of full-size bytes; names and layout unchanged "
+        f"(default {scale:g})",
+    )
+    parser.add_argument(
+        "--optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="include Adam moments (fp32)",
+    )
+    parser.add_argument("--master-weights", action="store_true", help="include fp32 master weights")
+    parser.add_argument(
+        "--files",
+        type=whole(ranges.FILES),
+        default=None,
+        help="split the tensor data into N files (many small vs few packed)",
+    )
+    parser.add_argument(
+        "--step", type=whole(ranges.STEP), default=1000, help="training step the checkpoint is at"
+    )
+    parser.add_argument(
+        "--seed", type=whole(ranges.SEED), default=0, help="seed of the random bytes"
+    )
+
+
+def add_force_option(parser) -> None:
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the ckptprof checkpoint in DEST (only the files ckptprof wrote there)",
+    )
+
+
+def add_stall_option(parser) -> None:
+    parser.add_argument(
+        "--stall-after", type=seconds_or_off(ranges.SECONDS), default=None, metavar="SECONDS",
+        help="warn (with every thread's stack, also in the trace) when a phase makes no "
+        "progress for this long; the run goes on; 0 or off: never (default: "
+        "$CKPTPROF_STALL_AFTER or 120)",
+    )  # fmt: skip
+
+
+def stall_option(given: float | None) -> float | bool:
+    """``--stall-after`` as the options take it: True (not given: the environment's or the
+    default), 0.0 (off) or the seconds."""
+    return True if given is None else given
+
+
+def stall_after_s(option: float | bool | None) -> float | None:
+    """The seconds an option gives (True: the environment's, or the default)."""
+    from ckptprof.tracing.watchdog import stall_after_from_env
+
+    return stall_after_from_env() if option is True else (option or None)
+
+
+def without_nproc(argv: list[str]) -> list[str]:
+    """The command line, less ``--nproc-per-node N``: what each rank runs."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc-per-node":
+            skip = True
+        elif not arg.startswith("--nproc-per-node="):
+            out.append(arg)
+    return out

@@ -1,0 +1,288 @@
+"""``ckptprof synth restore``: time a synthetic checkpoint's restore phase by phase, cold
+and hot, across concurrency, as one process or as the ranks of a job."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ckptprof.cli.options import (
+    HelpFormatter,
+    add_device_option,
+    checkpoint,
+    choice_list,
+    directory,
+    int_list,
+    real,
+    size,
+    size_text,
+    whole,
+)
+from ckptprof.cli.synth_options import add_stall_option, stall_after_s, stall_option, without_nproc
+from ckptprof.manifest import VERIFY_MODES
+from ckptprof.synth import ranges
+from ckptprof.synth.options import RestoreOptions
+from ckptprof.synth.strategies import registry as strategy_registry
+
+#: what a restore does when not told: the options' own defaults
+DEFAULTS = RestoreOptions()
+
+RESTORE_EXAMPLES = """examples:
+  ckptprof synth restore ./ckpt --strategy staged,pipelined,framework --cache cold --concurrency 8
+  ckptprof synth restore ./ckpt --world-size 8 --rank 0 --memory-budget 1G   # one rank of 8
+  ckptprof synth restore /mnt/fsx/ckpt                       # cold+hot, 1..64 in flight, 3 repeats
+  ckptprof synth restore ./ckpt --cache cold --concurrency 1,16 --repeat 5 --verify sample
+  ckptprof synth restore ./ckpt --world-size 1                # reshard a 2-rank DCP save into 1
+  ckptprof synth restore ./ckpt --nproc-per-node 4            # 4 ranks, one process each
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
+      -m ckptprof synth restore /mnt/fsx/ckpt                 # a 16-rank job on two nodes
+"""
+
+
+def add_parser(sub) -> None:
+    res = sub.add_parser(
+        "restore",
+        help="time list/fetch/verify/deserialize/reshard/first_step",
+        description="Restore a synthetic checkpoint phase by phase, cold and hot, across "
+        "concurrency levels, repeated; writes results.json, results.csv and traces.",
+        epilog=RESTORE_EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    res.add_argument(
+        "dest", metavar="DEST", type=checkpoint, help="checkpoint written by `synth generate`"
+    )
+    _add_sweep(res)
+    _add_job(res)
+    _add_reads(res)
+    _add_first_step(res)
+    _add_outputs(res)
+    _add_interruptions(res)
+    res.set_defaults(func=run_restore)
+
+
+def _add_sweep(parser) -> None:
+    group = parser.add_argument_group("the sweep: strategies, caches and concurrency, repeated")
+    group.add_argument(
+        "--strategy",
+        type=choice_list(strategy_registry.NAMES),
+        default=DEFAULTS.strategies,
+        help="how bytes become state, comma-separated to compare side by side: staged "
+        "(everything into memory, then load), pipelined (only what the rank needs, loaded "
+        "as it lands, inside --memory-budget), framework (the layout's own loader on the "
+        "path), runai (the Run:ai Model Streamer on safetensors; pip install "
+        "runai-model-streamer), s3torchconnector (AWS's S3 client for PyTorch, s3:// only; "
+        f"pip install s3torchconnector); default {','.join(DEFAULTS.strategies)}",
+    )
+    group.add_argument(
+        "--cache",
+        type=choice_list(ranges.CACHES),
+        default=DEFAULTS.caches,
+        help=f"cold, hot or cold,hot (default {','.join(DEFAULTS.caches)})",
+    )
+    group.add_argument(
+        "--concurrency",
+        type=int_list(ranges.CONCURRENCY),
+        default=DEFAULTS.concurrency,
+        help="requests in flight, comma-separated (default "
+        f"{','.join(map(str, DEFAULTS.concurrency))})",
+    )
+    group.add_argument(
+        "--repeat",
+        type=whole(ranges.REPEAT),
+        default=DEFAULTS.repeat,
+        help=f"repeats per setting (medians; default {DEFAULTS.repeat})",
+    )
+    group.add_argument(
+        "--verify",
+        choices=VERIFY_MODES,
+        default=DEFAULTS.verify,
+        help=f"full xxh3, sampled ranges, sizes only, or none (default {DEFAULTS.verify})",
+    )
+
+
+def _add_job(parser) -> None:
+    group = parser.add_argument_group("the job: the ranks it plays, where the state lives")
+    group.add_argument(
+        "--world-size",
+        type=whole(ranges.RANKS),
+        default=None,
+        help="target ranks to reshard into (default: the saved ranks)",
+    )
+    group.add_argument(
+        "--nproc-per-node",
+        type=whole(ranges.RANKS),
+        default=None,
+        metavar="N",
+        help="run as N ranks of a job on this machine, one process each, through PyTorch's "
+        "launcher (torch.distributed.run); across nodes, start `torchrun ... -m ckptprof "
+        "synth restore` on each node instead (the job's RTO is its slowest rank's)",
+    )
+    group.add_argument(
+        "--rank",
+        type=whole(ranges.RANK),
+        default=None,
+        help="restore only this rank of --world-size (what one process of the job holds and "
+        "reads); default: every rank, in this one process",
+    )
+    add_device_option(group)
+
+
+def _add_reads(parser) -> None:
+    group = parser.add_argument_group("reads: memory, request size, ceiling, cache, staging")
+    group.add_argument(
+        "--memory-budget",
+        type=size(ranges.MEMORY_BUDGET),
+        default=None,
+        metavar="SIZE",
+        help="bytes the pipelined strategy may hold in flight, e.g. 1G (default: a quarter "
+        "of free memory, at most 2G)",
+    )
+    group.add_argument(
+        "--part-size",
+        type=size(ranges.PART_SIZE),
+        default=DEFAULTS.part_size,
+        help=f"bytes per read request, 4K to 1G (default {size_text(DEFAULTS.part_size)})",
+    )
+    group.add_argument(
+        "--ceiling-gbps",
+        type=real(ranges.GBPS),
+        default=None,
+        help="known path bandwidth; skips the probe",
+    )
+    group.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="if fadvise leaves pages cached, drop caches machine-wide (root)",
+    )
+    group.add_argument(
+        "--stage",
+        type=directory,
+        default=None,
+        metavar="DIR",
+        help="download to a local DIR first, then read from there (like s5cmd cp)",
+    )
+    group.add_argument(
+        "--direct-io",
+        action="store_true",
+        help="POSIX: read with O_DIRECT, bypassing the page cache (falls back where refused)",
+    )
+
+
+def _add_first_step(parser) -> None:
+    group = parser.add_argument_group("the first step after the restore")
+    group.add_argument(
+        "--no-first-step",
+        dest="first_step",
+        action="store_false",
+        help="skip the first training step",
+    )
+    group.add_argument(
+        "--first-step-s",
+        type=real(ranges.STEP_SECONDS),
+        default=None,
+        metavar="SECONDS",
+        help="the first step's time measured in the real job (e.g. a callback's first_step), "
+        "counted in the RTO where the step cannot run here (default: estimated beside it)",
+    )
+
+
+def _add_outputs(parser) -> None:
+    group = parser.add_argument_group("outputs: results, traces and the report")
+    group.add_argument(
+        "--out",
+        type=directory,
+        default="ckptprof-out",
+        help="directory for results and traces (default ./ckptprof-out)",
+    )
+    group.add_argument(
+        "--trace-dir",
+        type=directory,
+        default=None,
+        help="trace file directory (default $CKPTPROF_TRACE_DIR or OUT/traces)",
+    )
+    group.add_argument(
+        "--per-file-spans",
+        action="store_true",
+        help="also emit one ckpt.file span per file (default: aggregated on the phase)",
+    )
+    group.add_argument(
+        "--report",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="print the report at the end",
+    )
+
+
+def _add_interruptions(parser) -> None:
+    group = parser.add_argument_group("interruptions and stalls")
+    group.add_argument(
+        "--simulate-interruption",
+        action="store_true",
+        help="first a Spot-style notice, an emergency save and its record; the first restore "
+        "is the recovery (see `ckptprof report --interruptions OUT/traces`)",
+    )
+    group.add_argument(
+        "--deadline",
+        type=real(ranges.SECONDS),
+        default=DEFAULTS.deadline_s,
+        metavar="SECONDS",
+        help="notice-to-termination time for --simulate-interruption (default "
+        f"{DEFAULTS.deadline_s:g}: EC2 Spot)",
+    )
+    add_stall_option(group)
+
+
+def run_restore(args) -> int:
+    from ckptprof.synth.options import RestoreOptions
+    from ckptprof.synth.restore import run_restore
+
+    options = RestoreOptions(
+        strategies=args.strategy,
+        caches=args.cache,
+        concurrency=args.concurrency,
+        repeat=args.repeat,
+        verify=args.verify,
+        world_size=args.world_size,
+        rank=args.rank,
+        memory_budget=args.memory_budget,
+        part_size=args.part_size,  # argparse applies the size type to the "16M" default too
+        ceiling_gbps=args.ceiling_gbps,
+        first_step=args.first_step,
+        first_step_s=args.first_step_s,
+        drop_caches=args.drop_caches,
+        per_file_spans=args.per_file_spans,
+        stage_dir=args.stage,
+        direct_io=args.direct_io,
+        simulate_interruption=args.simulate_interruption,
+        deadline_s=args.deadline,
+        device=args.device,
+        stall_after_s=stall_option(args.stall_after),
+    )
+    from ckptprof.synth import distributed
+    from ckptprof.synth.device import check_job_device
+
+    processes = int(os.environ.get("WORLD_SIZE", 1)) if distributed.launched() else 1
+    check_job_device(options.device, args.nproc_per_node or processes)
+    if args.nproc_per_node and not distributed.launched():
+        options.validate()  # a bad option is one line here, not one per rank
+        return distributed.launch(args.nproc_per_node, without_nproc(args.argv))
+    if not distributed.launched():
+        run_restore(args.dest, options, args.out, args.trace_dir)
+        report = args.report
+    else:
+        from ckptprof.synth.device import resolve_device
+        from ckptprof.synth.job import joined
+
+        device_type = resolve_device(options.device).type
+        with joined(device_type, stall_after_s(options.stall_after_s)) as job:
+            quiet = job.rank != 0  # one display for the whole job: rank 0's
+            if quiet:
+                options.progress = False
+            echo = (lambda *_: None) if quiet else print
+            run_restore(args.dest, options, args.out, args.trace_dir, echo, job)
+        report = args.report and not quiet
+    if report:
+        from ckptprof.cli.report import print_report
+
+        print_report([str(args.out / "results.json")])
+    return 0
