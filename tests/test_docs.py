@@ -26,6 +26,7 @@ _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```", flags=re.S | re.M)
 _INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 _SEPARATORS = {"&&", "||", "|", ";"}
+_REDIRECTS = {">", ">>", "<", "2>", "&>"}
 
 
 def _rel(page: Path) -> str:
@@ -56,15 +57,19 @@ def _lines_of_blocks(text: str) -> list[str]:
 
 
 def _segments(line: str) -> list[list[str]]:
-    """A shell line as its commands (split at ``&&``, ``|``, ``;``), comments dropped;
+    """A shell line as its commands (split at ``&&``, ``|``, ``;``), comments and
+    redirections dropped;
     ``[`` ``]`` around optional parts are taken off, keeping what they hold."""
     try:
         tokens = shlex.split(line.replace("[", " ").replace("]", " "), comments=True)
     except ValueError:
         return []
     out, current = [], []
+    tokens = iter(tokens)
     for token in tokens:
-        if token in _SEPARATORS:
+        if token in _REDIRECTS:  # the shell's, with the file it names
+            next(tokens, None)
+        elif token in _SEPARATORS:
             out.append(current)
             current = []
         else:
@@ -106,7 +111,22 @@ def commands() -> list[tuple[str, str, list[str], bool]]:
                 program = _program(tokens)
                 if program is not None:
                     found.append((_rel(page), *program, mention))
+    for where, epilog in _epilogs(_ckptprof_parser(), "ckptprof"):
+        for line in _lines_of_blocks(f"```\n{epilog}\n```\n"):
+            for tokens in _segments(line):
+                program = _program(tokens)
+                if program is not None:
+                    found.append((f"`{where} --help`", *program, False))
     return found
+
+
+def _epilogs(parser: argparse.ArgumentParser, where: str):
+    """(command, its --help's epilog) for ckptprof and every command under it: the examples
+    --help shows are checked like the pages'."""
+    if parser.epilog:
+        yield where, parser.epilog
+    for name, sub in _subparsers(parser).items():
+        yield from _epilogs(sub, f"{where} {name}")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -210,6 +230,7 @@ def test_the_pages_show_commands_of_every_kind():
     programs = {program for _, program, _, _ in found}
     assert "ckptprof" in programs and any(p.startswith("benchmarks/") for p in programs)
     assert any(p.startswith("examples/") for p in programs)
+    assert any(page.startswith("`ckptprof synth save") for page, *_ in found)
     subcommands = {argv[0] for _, program, argv, _ in found if program == "ckptprof" and argv}
     every = set(_subparsers(_ckptprof_parser()))
     assert every <= subcommands, f"no page shows {sorted(every - subcommands)}"
@@ -225,3 +246,91 @@ def test_every_command_in_the_pages_parses():
         if said:
             refused.append(f"{page}: {program} {shlex.join(argv)}\n    {said}")
     assert not refused, "\n".join(refused)
+
+
+_CODE_REF = re.compile(r"`((?:[\w.-]+/)*\w+\.py)(?::([A-Za-z_][\w.]*))?`")
+_SOURCES = sorted(
+    p.relative_to(ROOT)
+    for d in ("ckptprof", "integrations", "tests", "benchmarks", "examples")
+    for p in (ROOT / d).rglob("*.py")
+)
+
+
+def _defined(path: Path) -> set[str]:
+    """Every name a module defines at its top level, and ``Class.member``."""
+    return _defined_in(ast.parse(path.read_text()).body)
+
+
+def _defined_in(body: list[ast.stmt]) -> set[str]:
+    names = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                names |= {f"{node.name}.{member}" for member in _defined_in(node.body)}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_every_code_reference_lands(page):
+    """`path.py` and `path.py:name` in the pages name a file of the repository (by its
+    path from the root or a package, or its tail) and a name it defines: code moved or
+    renamed takes its pages along."""
+    broken = []
+    for path, name in _CODE_REF.findall(page.read_text()):
+        found = [s for s in _SOURCES if str(s) == path or str(s).endswith(f"/{path}")]
+        if not found:
+            broken.append(f"{path} (no such file)")
+        elif name and not any(name in _defined(ROOT / s) for s in found):
+            broken.append(f"{path}:{name} (not defined there)")
+    for dotted in _DOTTED_REF.findall(page.read_text()):
+        problem = _dotted_problem(dotted)
+        if problem:
+            broken.append(f"{dotted} ({problem})")
+    assert not broken, f"{_rel(page)}: {broken}"
+
+
+_DOTTED_REF = re.compile(r"`(ckptprof(?:\.[A-Za-z_]\w*)+)`")
+
+
+def _module_file(parts: list[str]) -> Path | None:
+    """The file of module ``ckptprof.a.b`` (``ckptprof.integrations`` is integrations/)."""
+    if parts[:2] == ["ckptprof", "integrations"]:
+        base = ROOT / "integrations" / Path(*parts[2:]) if parts[2:] else ROOT / "integrations"
+    else:
+        base = ROOT / Path(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _dotted_problem(dotted: str) -> str | None:
+    """None when ``ckptprof.module[.Name[.attr]]`` is a module and a name it defines."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = _module_file(parts[:cut])
+        if module is not None:
+            rest = ".".join(parts[cut:])
+            if not rest or rest in _defined(module):
+                return None
+            return f"{module.relative_to(ROOT)} defines no {rest}"
+    return "no such module"
+
+
+def test_the_layout_of_the_code_names_every_module():
+    """docs/development.md's layout names each module of the package (by its file name,
+    under its folder's line), so a module added tomorrow is placed in the picture too."""
+    text = (DOCS / "development.md").read_text()
+    layout = _blocks(text[text.index("## Layout of the code") :])[0]
+    words = set(re.findall(r"[A-Za-z_][\w]*", layout))
+    unnamed = [
+        str(p.relative_to(ROOT))
+        for d in ("ckptprof", "integrations")
+        for p in sorted((ROOT / d).rglob("*.py"))
+        if p.stem not in ("__init__", "__main__") and p.stem not in words
+    ]
+    assert not unnamed, f"docs/development.md's layout does not name {unnamed}"
