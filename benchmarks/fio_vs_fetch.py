@@ -34,11 +34,7 @@ import argparse
 import json
 import mmap
 import os
-import platform
-import re
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,12 +43,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ckptprof.io.buffers import HostBuffer
-from ckptprof.io.requests import whole_files
-from ckptprof.io.transfer import fetch
-from ckptprof.manifest import MANIFEST_NAME, hash_full
-from ckptprof.storage.base import ObjectInfo
-from ckptprof.storage.posix import PosixStorage, mount_of
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+from machine import (  # noqa: E402
+    FRESH_PROBE,
+    Probe,
+    background_load,
+    balloon_page_reporting,
+    block_device,
+    describe_load,
+    fresh_memory_gbps,
+    queue_settings,
+    read_first_line,
+)
+
+from ckptprof.cli.options import parse_size, size_text  # noqa: E402
+from ckptprof.io.buffers import HostBuffer  # noqa: E402
+from ckptprof.io.requests import whole_files  # noqa: E402
+from ckptprof.io.transfer import fetch  # noqa: E402
+from ckptprof.manifest import MANIFEST_NAME, hash_full  # noqa: E402
+from ckptprof.storage.base import ObjectInfo  # noqa: E402
+from ckptprof.storage.posix import PosixStorage  # noqa: E402
+from ckptprof.units import fmt_bytes  # noqa: E402
 
 TARGET = 0.9
 COLD_LIMIT = 0.05  # the same limit ckptprof uses to call a run cold
@@ -65,11 +78,12 @@ MAX_FILENAME_ARG = 100_000  # below Linux's 128 KiB limit for one argv string
 # ---------------------------------------------------------------- small helpers
 
 
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)(i?[bB])?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 16M, 4096, 1G)")
-    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
+def _size(text: str) -> int:
+    """``16M``, ``4096``, ``1G``: ckptprof's own size syntax."""
+    try:
+        return parse_size(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 16M, 4096, 1G)") from None
 
 
 def parse_qds(text: str) -> list[int]:
@@ -82,227 +96,18 @@ def parse_qds(text: str) -> list[int]:
     return qds
 
 
-def fmt_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def read_first_line(path: str) -> str:
-    try:
-        with open(path) as handle:
-            return handle.readline().strip()
-    except OSError:
-        return "?"
-
-
-def cpu_times() -> tuple[int, int, int]:
-    """(busy, iowait, total) jiffies over all CPUs, from /proc/stat."""
-    fields = [int(x) for x in read_first_line("/proc/stat").split()[1:]]
-    idle, iowait = fields[3], fields[4]
-    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
-    return total - idle - iowait, iowait, total
-
-
-def disk_stats(dev: str | None) -> tuple[int, int, int, int] | None:
-    """(reads completed, sectors read, ms spent reading, ms busy) of ``dev``."""
-    if not dev:
-        return None
-    try:
-        with open("/proc/diskstats") as handle:
-            for line in handle:
-                parts = line.split()
-                if parts[2] == dev:
-                    return int(parts[3]), int(parts[5]), int(parts[6]), int(parts[12])
-    except (OSError, IndexError, ValueError):
-        return None
-    return None
-
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu() -> dict[int, tuple[str, int]]:
-    """pid -> (name, utime + stime in ticks) of every process now."""
-    out = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as handle:
-                data = handle.read()
-        except OSError:
-            continue
-        name = data[data.index("(") + 1 : data.rindex(")")]
-        rest = data[data.rindex(")") + 2 :].split()
-        out[int(entry.name)] = (name, int(rest[11]) + int(rest[12]))
-    return out
-
-
-def background_load(seconds: float = 1.0) -> dict:
-    """CPU busy on the machine over ``seconds`` while this script sleeps, and who used it."""
-    cpu0, procs0 = cpu_times(), process_cpu()
-    time.sleep(seconds)
-    cpu1, procs1 = cpu_times(), process_cpu()
-    busy = (cpu1[0] - cpu0[0]) / CLK_TCK / seconds
-    top = sorted(
-        (
-            ((ticks - procs0[pid][1]) / CLK_TCK / seconds, f"{name}[{pid}]")
-            for pid, (name, ticks) in procs1.items()
-            if pid in procs0 and pid != os.getpid()
-        ),
-        reverse=True,
-    )
-    return {"busy_cores": busy, "top": [(who, round(c, 2)) for c, who in top[:3] if c >= 0.05]}
-
-
-def describe_load(load: dict) -> str:
-    who = ", ".join(f"{name} {cores:.2f}" for name, cores in load["top"]) or "nobody"
-    return f"{load['busy_cores']:.2f} cores busy while idle (top: {who})"
-
-
-FRESH_PROBE = 256 << 20
-
-
-def fresh_memory_gbps(size: int = FRESH_PROBE) -> float:
-    """GB/s of one thread writing a new anonymous mapping: the price of fresh memory right now.
-
-    fetch() lands every byte in fresh anonymous pages (a fault and a zeroed page per 4 KiB);
-    fio reuses one buffer. On a VM this price moves with the host (the dev VM has shown
-    0.6-1.9 GB/s). Runs after each qd group, never between an eviction and a timed run.
-    """
-    buf = HostBuffer(size, "fio-vs-fetch-memprobe")
-    chunk = bytes(4 << 20)
-    try:
-        t0 = time.perf_counter()
-        for offset in range(0, size, len(chunk)):
-            buf.view[offset : offset + len(chunk)] = chunk
-        return size / (time.perf_counter() - t0) / 1e9
-    finally:
-        buf.close()
-
-
-class Probe:
-    """CPU and block-device counters around one timed run."""
-
-    def __init__(self, dev: str | None) -> None:
-        self.dev = dev
-
-    def __enter__(self) -> Probe:
-        self._cpu0 = cpu_times()
-        self._disk0 = disk_stats(self.dev)
-        self._ru0 = resource.getrusage(resource.RUSAGE_SELF)
-        self._ch0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.wall = time.perf_counter() - self._t0
-        ru1 = resource.getrusage(resource.RUSAGE_SELF)
-        self.proc_sys_s = ru1.ru_stime - self._ru0.ru_stime
-        self.proc_cpu_s = ru1.ru_utime - self._ru0.ru_utime + self.proc_sys_s
-        self.proc_minflt = ru1.ru_minflt - self._ru0.ru_minflt
-        cpu1, disk1 = cpu_times(), disk_stats(self.dev)
-        busy, iowait, total = (b - a for a, b in zip(self._cpu0, cpu1, strict=True))
-        self.cpu_busy = busy / total if total else None
-        self.cpu_iowait = iowait / total if total else None
-        # CPU not charged to this script or its fio child: other processes, kernel threads
-        ch1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        own = (
-            self.proc_cpu_s
-            + (ch1.ru_utime - self._ch0.ru_utime)
-            + (ch1.ru_stime - self._ch0.ru_stime)
-        )
-        self.other_cores = max(0.0, busy / CLK_TCK - own) / self.wall if self.wall else None
-        if self._disk0 and disk1:
-            self.dev_reads, sectors, self.dev_read_ms, self.dev_busy_ms = (
-                b - a for a, b in zip(self._disk0, disk1, strict=True)
-            )
-            self.dev_bytes = sectors * 512
-        else:
-            self.dev_reads = self.dev_bytes = self.dev_read_ms = self.dev_busy_ms = None
-
-
 # ---------------------------------------------------------------- environment
 
 
-def fio_version() -> str:
-    try:
-        out = subprocess.run(["fio", "--version"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise SystemExit(f"fio is needed on PATH ({exc}); apt-get install fio") from None
-    return out.stdout.strip()
-
-
-def block_device(mount: dict[str, str]) -> str | None:
-    """Kernel name of the block device under the mount (``vda``), when there is one."""
-    device = mount.get("storage.device", "")
-    if not device.startswith("/dev/"):
-        return None
-    try:
-        name = Path(os.path.realpath(device)).name
-    except OSError:
-        return None
-    return name if Path("/sys/class/block", name).exists() else None
-
-
-def queue_settings(dev: str | None) -> dict[str, str]:
-    if not dev:
-        return {}
-    sysdir = Path("/sys/class/block", dev)
-    if not (sysdir / "queue").exists() and (sysdir / "partition").exists():
-        sysdir = sysdir.resolve().parent  # a partition: the queue is the disk's
-    out = {}
-    for key in ("read_ahead_kb", "max_sectors_kb", "nr_requests", "scheduler", "rotational"):
-        out[key] = read_first_line(str(sysdir / "queue" / key))
-    return out
-
-
-def balloon_page_reporting() -> str:
-    """Whether a virtio balloon with free page reporting is present (bit 5 of features).
-
-    With it, memory the guest frees is handed back to the host, and the next first touch
-    of that memory costs a host-side fault: fresh memory is slow, which ckptprof's
-    fetch pays for and fio (one reused buffer, no page cache) does not.
-    """
-    for dev in Path("/sys/bus/virtio/devices").glob("*"):
-        if read_first_line(str(dev / "device")) == "0x0005":
-            features = read_first_line(str(dev / "features"))
-            on = len(features) > 5 and features[5] == "1"
-            return "virtio-balloon, free page reporting " + ("ON" if on else "off")
-    return "no virtio balloon"
-
-
 def environment(root: Path, files: list[ObjectInfo], part: int) -> dict:
-    mount = mount_of(root)
-    dev = block_device(mount)
-    mem = {}
-    with open("/proc/meminfo") as handle:
-        for line in handle:
-            key, value = line.split(":", 1)
-            if key in ("MemTotal", "MemAvailable"):
-                mem[key] = int(value.split()[0]) * 1024
-    cpu_model = "?"
-    with open("/proc/cpuinfo") as handle:
-        for line in handle:
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    import ckptprof
-
+    """The harness's environment (versions, CPU, memory, kernel, filesystem, fio), and
+    what a read benchmark needs beside it: the block device's queue, transparent huge
+    pages, the memory balloon, the files."""
+    env = harness.environment(root)
+    dev = block_device(env)
     return {
-        "fio": fio_version(),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "ckptprof": ckptprof.__version__,
-        "cpus": os.cpu_count(),
-        "cpu_model": cpu_model,
-        "mem_total": mem.get("MemTotal"),
-        "mem_available": mem.get("MemAvailable"),
+        **env,
         "dir": str(root.resolve()),
-        **mount,
         "block_device": dev,
         "queue": queue_settings(dev),
         "thp": read_first_line("/sys/kernel/mm/transparent_hugepage/enabled"),
@@ -315,38 +120,6 @@ def environment(root: Path, files: list[ObjectInfo], part: int) -> dict:
 
 
 # ---------------------------------------------------------------- the checkpoint
-
-
-def ensure_checkpoint(root: Path, args) -> tuple[bool, bool]:
-    """Generate a checkpoint when ``root`` has no manifest. (generated?, created dir?)."""
-    if (root / MANIFEST_NAME).exists():
-        return False, False
-    created_dir = not root.exists()
-    if not created_dir and any(root.iterdir()) and not args.force:
-        raise SystemExit(
-            f"{root} has files but no {MANIFEST_NAME}; generating would replace them. "
-            "Pass --force to do that, or choose an empty or new --dir."
-        )
-    from ckptprof.synth.generate import generate
-    from ckptprof.synth.plan import SynthSpec
-
-    spec = SynthSpec(model=args.model, layout=args.layout, scale=args.scale, optimizer=False)
-    print(f"generating {args.model} {args.layout} scale={args.scale} in {root} …", flush=True)
-    t0 = time.perf_counter()
-    root.mkdir(parents=True, exist_ok=True)
-    result = generate(str(root), spec, force=True, progress=False)
-    print(f"generated {fmt_size(result.total_bytes)} in {time.perf_counter() - t0:.1f} s")
-    return True, created_dir
-
-
-def manifest_files(root: Path) -> list[ObjectInfo]:
-    data = json.loads((root / MANIFEST_NAME).read_text())
-    files = [ObjectInfo(path, int(entry["size"])) for path, entry in data["files"].items()]
-    for f in files:
-        actual = (root / f.path).stat().st_size
-        if actual != f.size:
-            raise SystemExit(f"{root / f.path}: {actual} bytes, manifest says {f.size}")
-    return sorted(files, key=lambda f: f.path)
 
 
 def remove_generated(root: Path, files: list[ObjectInfo], created_dir: bool) -> None:
@@ -664,28 +437,31 @@ LABELS = {
 }
 
 
-def stats(values: list[float]) -> tuple[float, float, float]:
-    return statistics.median(values), min(values), max(values)
-
-
 def per_gb(value: float | None, run: Run) -> float | None:
     return value / (run.bytes / 1e9) if value is not None and run.bytes else None
 
 
+def stats(values: list[float]) -> tuple[float, float, float]:
+    return harness.median(values), min(values), max(values)
+
+
 def med(values: list) -> float | None:
     values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+    return harness.median(values) if values else None
 
 
 def print_env(env: dict) -> None:
     q = env.get("queue", {})
     print("environment")
     print(f"  fio          {env['fio']}")
-    print(f"  kernel       {env['kernel']}   python {env['python']}   ckptprof {env['ckptprof']}")
     print(
-        f"  cpu          {env['cpus']} × {env['cpu_model']};  memory "
-        f"{fmt_size(env['mem_total'] or 0)} ({fmt_size(env['mem_available'] or 0)} available)"
-        f";  THP {env['thp']};  {env['memory_balloon']}"
+        f"  kernel       {env['os.kernel']}   python {env['version.python']}   ckptprof "
+        f"{env['version.ckptprof']}"
+    )
+    print(
+        f"  cpu          {env['cpu.count']} × {env['cpu.model']};  memory "
+        f"{fmt_bytes(env['memory.total_bytes'])} ({fmt_bytes(env['memory.available_bytes'])} "
+        f"available);  THP {env['thp']};  {env['memory_balloon']}"
     )
     if "background_before" in env:
         print(f"  load before  {describe_load(env['background_before'])}")
@@ -702,8 +478,8 @@ def print_env(env: dict) -> None:
         )
     print(
         f"  files        {env['files']} files, {env['bytes']:,} bytes "
-        f"({env['bytes'] / 1e9:.3f} GB; largest {fmt_size(env['largest_file'])}); "
-        f"part/bs {fmt_size(env['part_size'])}"
+        f"({env['bytes'] / 1e9:.3f} GB; largest {fmt_bytes(env['largest_file'])}); "
+        f"part/bs {size_text(env['part_size'])}"
     )
 
 
@@ -853,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--part-size",
-        type=parse_size,
+        type=_size,
         default=16 << 20,
         help="request size: fio --bs and fetch part_size",
     )
@@ -881,18 +657,21 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--part-size must be a multiple of {DIO_ALIGN} for direct I/O")
 
     root = args.dir.expanduser()
-    fio_version()  # fail early without fio
-    generated, created_dir = ensure_checkpoint(root, args)
-    files = manifest_files(root)
+    harness.require_fio()  # fail early without fio
+    generated, created_dir = not (root / MANIFEST_NAME).exists(), not root.exists()
+    spec = {"optimizer": False}
+    manifest = harness.checkpoint(root, args.model, args.layout, args.scale, force=args.force,
+                                  **spec)  # fmt: skip
+    files = sorted((ObjectInfo(p, e.size) for p, e in manifest.files.items()), key=lambda f: f.path)
     bench = None
     try:
         env = environment(root, files, args.part_size)
         total = env["bytes"]
         need = total * (2 if args.diagnose else 1) + args.part_size * max(args.qd) + (1 << 30)
-        if env["mem_available"] and need > env["mem_available"]:
+        if env["memory.available_bytes"] and need > env["memory.available_bytes"]:
             raise SystemExit(
-                f"fetch holds {fmt_size(total)} in memory; only "
-                f"{fmt_size(env['mem_available'])} is available. Use a smaller --scale."
+                f"fetch holds {fmt_bytes(total)} in memory; only "
+                f"{fmt_bytes(env['memory.available_bytes'])} is available. Use a smaller --scale."
             )
         env["background_before"] = background_load()
         print_env(env)

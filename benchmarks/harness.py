@@ -22,12 +22,21 @@ from ckptprof.manifest import MANIFEST_NAME, Manifest  # noqa: E402
 from ckptprof.storage import PosixStorage  # noqa: E402
 
 
-def checkpoint(directory: Path, model: str, layout: str, scale: float, **spec) -> Manifest:
-    """The synthetic checkpoint in ``directory``, generated when it is not there yet."""
+def checkpoint(
+    directory: Path, model: str, layout: str, scale: float, *, force: bool = False, **spec
+) -> Manifest:
+    """The synthetic checkpoint in ``directory``, generated when it is not there yet; a
+    folder with other files and no manifest is left alone unless ``force``."""
     from ckptprof.synth.generate import generate
     from ckptprof.synth.plan import SynthSpec
 
     if not (directory / MANIFEST_NAME).exists():
+        if directory.is_dir() and any(directory.iterdir()) and not force:
+            raise SystemExit(
+                f"{directory} has files but no {MANIFEST_NAME}; generating would replace them. "
+                "Pass --force to do that, or choose an empty or new --dir."
+            )
+        print(f"generating {model} {layout} x{scale:g} in {directory} …", flush=True)
         generate(str(directory), SynthSpec(model, layout, scale, **spec), force=True)
     return Manifest.from_json((directory / MANIFEST_NAME).read_bytes(), str(directory))
 
@@ -44,8 +53,7 @@ def fio_read(
 ) -> dict:
     """fio reading every file of the checkpoint once, in order: direct I/O (libaio), or
     through the page cache (io_uring, so the queue depth holds); GB/s and seconds."""
-    if shutil.which("fio") is None:
-        raise SystemExit("fio is not installed: apt-get install fio")
+    require_fio()
     names = ":".join(str(directory / p).replace(":", "\\:") for p in sorted(manifest.files))
     command = [
         "fio", "--name=read", "--rw=read", f"--direct={int(direct)}",
@@ -57,6 +65,12 @@ def fio_read(
     job = out["jobs"][0]["read"]
     seconds = job["runtime"] / 1000
     return {"bytes": job["io_bytes"], "seconds": seconds, "gbps": job["io_bytes"] / seconds / 1e9}
+
+
+def require_fio() -> None:
+    """Stop with the fix when fio, every storage benchmark's reference, is missing."""
+    if shutil.which("fio") is None:
+        raise SystemExit("fio is not installed: apt-get install fio")
 
 
 def fio_version() -> str:
@@ -84,10 +98,17 @@ def median(values: Iterable[float]) -> float:
 
 
 def environment(directory: Path) -> dict:
-    """Versions, CPU, memory, kernel, filesystem and mount options (ckptprof.env)."""
+    """Versions, CPU, memory, kernel, filesystem and mount options (ckptprof.env), and
+    how busy the machine was outside this process over a second as they were taken."""
+    from machine import background_load, describe_load
+
     from ckptprof.env import capture
 
-    return {**capture(PosixStorage(str(directory)).describe()), "fio": fio_version()}
+    return {
+        **capture(PosixStorage(str(directory)).describe()),
+        "fio": fio_version(),
+        "machine.load": describe_load(background_load()),
+    }
 
 
 def scratch(prefix: str) -> Path:
@@ -101,5 +122,6 @@ __all__ = [
     "fio_read",
     "interleaved",
     "median",
+    "require_fio",
     "scratch",
 ]

@@ -293,7 +293,7 @@ def test_every_code_reference_lands(page):
     assert not broken, f"{_rel(page)}: {broken}"
 
 
-_DOTTED_REF = re.compile(r"`(ckptprof(?:\.[A-Za-z_]\w*)+)`")
+_DOTTED_REF = re.compile(r"`(ckptprof(?:\.[A-Za-z_]\w*)+)[`(]")
 
 
 def _module_file(parts: list[str]) -> Path | None:

@@ -2,7 +2,9 @@
 
 Every strategy's reads run here (whole files into memory, ranges into the restored
 state, a DCP item at a time, a download to a staging folder, pages warmed into the
-cache), so concurrency, memory, timing and hashing work the same way everywhere:
+cache), and a save's writes (:mod:`ckptprof.io.writes`: a request's "read" is its
+write, and nothing lands), so concurrency, memory, timing and hashing work the same way
+everywhere:
 
 * ``concurrency`` requests in flight on a thread pool (backends release the GIL while
   they wait: ``preadv``, sockets);
@@ -13,8 +15,9 @@ cache), so concurrency, memory, timing and hashing work the same way everywhere:
   ``torch.load`` of an item, a write to disk) while later requests are on the wire, and
   feeds each file's digest in file order (a buffer waits for its turn; nothing is copied
   aside), then releases the buffer;
-* every request is a ``fetch`` interval and counts in its file's clock (first start to
-  last end: the per-file latency), and in the progress bar.
+* every request is an interval of the window's phase (``fetch``; ``write`` for a save)
+  and counts in its file's clock (first start to last end: the per-file latency), and in
+  the progress bar.
 
 Buffers go to requests in plan order (:class:`OrderedSlots`), so the request a digest
 waits for always gets one: the window cannot stall on itself.
@@ -107,6 +110,7 @@ class Window:
         digests: dict | None = None,
         progress: bool | None = None,
         desc: str = "fetch",
+        phase: Phase = Phase.FETCH,
         buffer_type: Callable[[int, str], Any] = HostBuffer,
         clocks: FileClocks | None = None,
         pool: BufferPool | None = None,
@@ -114,6 +118,7 @@ class Window:
         self.storage, self.op, self.concurrency = storage, op, max(1, concurrency)
         self.budget, self.digests = budget, digests or {}
         self.progress, self.desc, self.buffer_type = progress, desc, buffer_type
+        self.phase = phase  # what each request's interval counts as: fetch, or a save's write
         self.pool = pool  # buffers lent for this run (made before it); None: its own
         self._own_clocks = clocks is None  # a caller's clocks span several runs: it records
         self.clocks = clocks or FileClocks()
@@ -222,7 +227,7 @@ class _Run:
             raise
         end = time.time_ns()
         if self.window.op is not None:
-            self.window.op.add_interval(Phase.FETCH, start, end)
+            self.window.op.add_interval(self.window.phase, start, end)
         self.window.clocks.note(request.path, start, end, request.length)
         self.done.put((request, got, buf, holds))
 
@@ -287,7 +292,7 @@ class _Run:
         for request in self.resident:
             self.done.put((request, self.read(request, None), None, False))
         failure: list[BaseException] = []
-        under_way = window.op.running(Phase.FETCH) if window.op is not None else nullcontext()
+        under_way = window.op.running(window.phase) if window.op is not None else nullcontext()
         try:
             with under_way, ThreadPoolExecutor(window.in_flight, "ckptprof-io") as pool:
                 futures = [pool.submit(self.one, r, n) for n, r in enumerate(self.live)]
@@ -309,7 +314,7 @@ class _Run:
             else:  # every buffer is back, its copy landed: the next run's again
                 self.buffers.restock()
             if window._own_clocks:
-                window.clocks.record(window.op)
+                window.clocks.record(window.op, window.phase)
         if failure:
             raise failure[0]
         if self.error:

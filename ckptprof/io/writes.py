@@ -1,19 +1,24 @@
-"""Writes on the I/O core: a file's bytes cut at the part size, written by N workers at once.
+"""Writes on the I/O core: files' bytes cut at the part size and written through the
+same :class:`~ckptprof.io.window.Window` as reads, N parts in flight.
 
 A file to save is given as segments in order (its header, then views of the tensors'
 own memory: nothing is copied to assemble it). :func:`cut_parts` cuts that byte stream
-into part-size :class:`Part` requests, each a list of views, and :func:`write_parts`
-keeps ``concurrency`` of them in flight on a :class:`FileWriter` from the storage
-(``pwritev`` at the part's offset on a POSIX file, ``UploadPart`` on S3): the write side
-of what :mod:`ckptprof.io.window` does for reads. Memory held beyond the state is at most
-one part per worker, where a storage must join a part's views into one body.
+into part-size :class:`Part` requests, each a list of views, and :func:`write_files`
+runs every part of every file through the window on a :class:`FileWriter` from the
+storage (``pwritev`` at the part's offset on a POSIX file, ``UploadPart`` on S3): the
+window's slots bound the parts in flight, each part is a ``write`` interval, each file
+gets its clock (first start to last end, its bytes) and the progress bar counts bytes
+written. Memory held beyond the state is at most one part per request in flight, where a
+storage must join a part's views into one body.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
+from ckptprof.io.window import Window
+from ckptprof.phases import Phase
 from ckptprof.storage.base import FileWriter, Part
 
 
@@ -45,39 +50,61 @@ def cut_parts(segments: Iterable, part_size: int) -> list[Part]:
     return parts
 
 
-def write_parts(
-    writer: FileWriter,
-    parts: list[Part],
+@dataclass(frozen=True)
+class FileParts:
+    """One file to write: its name (its clock's), its writer and its parts."""
+
+    path: str
+    writer: FileWriter
+    parts: list[Part]
+
+
+@dataclass(frozen=True)
+class _WriteRequest:
+    """One part of one file, as the window runs it (a request's path, offset, length)."""
+
+    path: str
+    writer: FileWriter
+    part: Part
+
+    @property
+    def offset(self) -> int:
+        return self.part.offset
+
+    @property
+    def length(self) -> int:
+        return self.part.size
+
+
+def write_files(
+    files: Sequence[FileParts],
     concurrency: int,
-    on_part: Callable[[Part], None] | None = None,
+    op=None,
+    *,
+    progress: bool | None = None,
 ) -> int:
-    """Write every part with up to ``concurrency`` in flight (``on_part`` is called from
-    the worker that wrote it); the first failure (or an interrupt, e.g. Ctrl-C) cancels
+    """Every part of every file written, ``concurrency`` at once, in file order (the
+    window's slots are taken in order); each part a ``write`` interval on ``op`` and each
+    file's clock recorded there. The first failure (or an interrupt, e.g. Ctrl-C) stops
     the parts not started and is raised once the running ones end, so the caller's abort
     comes after the last part. Returns the bytes written."""
-
-    def one(part: Part) -> None:
-        writer.write_part(part)
-        if on_part:
-            on_part(part)
-
-    if concurrency <= 1 or len(parts) == 1:
-        for part in parts:
-            one(part)
-        return sum(p.size for p in parts)
-    with ThreadPoolExecutor(min(concurrency, len(parts)), "ckptprof-write") as pool:
-        futures = []
-        try:
-            for part in parts:
-                futures.append(pool.submit(one, part))
-            wait(futures, return_when=FIRST_EXCEPTION)
-        finally:  # a failure, or an interrupt while waiting: only the running parts finish
-            for future in futures:
-                future.cancel()
-    for future in futures:
-        if future.done() and not future.cancelled() and future.exception() is not None:
-            raise future.exception()
-    return sum(p.size for p in parts)
+    requests = [_WriteRequest(f.path, f.writer, part) for f in files for part in f.parts]
+    window = Window(None, op, concurrency, progress=progress, desc="write", phase=Phase.WRITE)
+    window.run(requests, into=_nowhere, read=_write)
+    return sum(r.length for r in requests)
 
 
-__all__ = ["as_bytes", "cut_parts", "write_parts"]
+def write_parts(writer: FileWriter, parts: list[Part], concurrency: int) -> int:
+    """One file's parts, untimed (the write probe times them itself)."""
+    return write_files([FileParts("", writer, parts)], concurrency, progress=False)
+
+
+def _nowhere(request: _WriteRequest) -> None:
+    return None  # a write lands nothing: its bytes leave the state's own memory
+
+
+def _write(request: _WriteRequest, view) -> None:
+    request.writer.write_part(request.part)
+
+
+__all__ = ["FileParts", "as_bytes", "cut_parts", "write_files", "write_parts"]

@@ -92,8 +92,9 @@ class named:
         if not _write_failure(exc):
             return False
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        where = getattr(exc, "filename", None) or self.where  # the file, where it is known
         raise StorageError(
-            f"{self.where}: could not be written ({first[:200]}); check free space and "
+            f"{where}: could not be written ({first[:200]}); check free space and "
             "permissions there."
         ) from None
 
