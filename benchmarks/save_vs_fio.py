@@ -7,7 +7,8 @@ one sequential file (``--rw=write --end_fsync=1``, 16 MiB blocks) at each of its
 engines and queue depths (``psync`` one at a time; ``libaio`` with ``--direct=1`` and
 ``io_uring``, 8 in flight), then one ``framework`` save (the layout's own writer) and one
 ``parallel`` save (ckptprof's writer: 16 MiB parts, ``--concurrency`` in flight, 8 by
-default as ``synth save`` runs it) of the same state (built once, untimed). For DCP: a
+default as ``synth save`` runs it) through the page cache and with ``--direct-io``
+(staged in aligned buffers, ``O_DIRECT``) of the same state (built once, untimed). For DCP: a
 sync ``dcp.save`` and an ``async_save``'s blocking part. Prints median seconds, GB/s and
 the ratios.
 
@@ -74,11 +75,13 @@ def fio_write(folder: Path, nbytes: int, block: str, engine: list[str]) -> dict:
 KEPT: dict = {}  # what a job keeps between its saves (DCP's async staging buffers)
 
 
-def save(root: Path, plan, tensors, tracer, strategy: str, concurrency: int = 1) -> dict:
+def save(
+    root: Path, plan, tensors, tracer, strategy: str, concurrency: int = 1, direct: bool = False
+) -> dict:
     """One timed save, then its files removed (the next save is fresh)."""
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    storage = open_storage(str(root))
+    storage = open_storage(str(root), direct_io=direct)
     with tracer.save({}) as op:
         ctx = SaveContext(
             storage=storage, plan=plan, tensors=tensors, op=op, fsync=True,
@@ -162,6 +165,9 @@ def main() -> int:
             methods["parallel"] = lambda p=plan, t=tensors: save(
                 root, p, t, tracer, "parallel", args.concurrency
             )
+            methods["parallel-direct"] = lambda p=plan, t=tensors: save(
+                root, p, t, tracer, "parallel", args.concurrency, direct=True
+            )
             runs = interleaved(methods, args.repeat)
             del tensors
             gbps = {name: median(r["gbps"] for r in found) for name, found in runs.items()}
@@ -171,6 +177,9 @@ def main() -> int:
                 f"framework / {best_fio}": gbps["framework"] / gbps[best_fio],
                 f"parallel / {best_fio}": gbps["parallel"] / gbps[best_fio],
                 "parallel / the faster of framework and fio": gbps["parallel"] / bound,
+                "parallel --direct-io / the faster of framework and fio": (
+                    gbps["parallel-direct"] / bound
+                ),
             }
             print(
                 f"\n{layout}: {args.model} x{args.scale:g}, {first['bytes'] / 1e9:.2f} GB in "

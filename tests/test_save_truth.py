@@ -5,6 +5,7 @@ the watchdog's warning while a write is held."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from ckptprof.atomic import partial_path
 from ckptprof.errors import CkptprofError
 from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.phases import Attr
+from ckptprof.storage import PosixStorage
 from ckptprof.synth.generate import entry_of
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.options import SaveOptions
@@ -139,6 +141,56 @@ def test_every_file_and_its_folder_is_fsynced_before_it_is_visible(
     manifest = next(i for i, p in enumerate(synced) if MANIFEST_NAME in p)
     for folder in folders:  # in the save's commit: after its files, before the manifest
         assert folder in synced[last_file:manifest], (folder, synced)
+
+
+#: the layouts the parallel writer saves: each with --direct-io too
+PARALLEL = [layout for layout, name in SAVES if name == "parallel"]
+
+
+def saved_files(root: Path, read: bool = True) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() if read else b""
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_NAME
+    }
+
+
+@pytest.mark.parametrize("layout", PARALLEL)
+def test_a_direct_io_save_writes_the_bytes_a_buffered_one_does(layout, tmp_path):
+    """--direct-io stages every part in the window's aligned buffers, writes whole blocks
+    with O_DIRECT and cuts the last block's padding off: the files are byte for byte the
+    buffered writer's, and they did not go through the page cache."""
+    for how in ("buffered", "direct"):
+        save_here(tmp_path / how, layout, "parallel", tmp_path / "traces", concurrency=4,
+                  part_size=256 << 10, direct_io=how == "direct")  # fmt: skip
+    names = sorted(saved_files(tmp_path / "direct", read=False))
+    cached = PosixStorage(str(tmp_path / "direct")).resident_fraction(names)  # before reading
+    assert cached < 0.05, f"{cached:.0%} of the direct save's bytes are in the page cache"
+    buffered, direct = saved_files(tmp_path / "buffered"), saved_files(tmp_path / "direct")
+    assert buffered == direct
+    assert any(len(data) % 4096 for data in direct.values())  # a padded last block, cut off
+
+
+def test_a_direct_io_save_falls_back_where_the_filesystem_refuses_o_direct(tmp_path, monkeypatch):
+    """A filesystem that refuses O_DIRECT answers EINVAL at open (FUSE mounts without it;
+    tmpfs took it from Linux 6.6, so the refusal is injected at that one call here): the
+    save writes buffered, the same bytes, and the storage stops asking."""
+    from ckptprof.storage import posix
+
+    real_open, refused = os.open, []
+
+    def refusing(path, flags, *args):
+        if flags & os.O_DIRECT:
+            refused.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(posix.os, "open", refusing)
+    save_here(tmp_path / "direct", "torch", "parallel", tmp_path / "traces", direct_io=True)
+    monkeypatch.undo()
+    save_here(tmp_path / "buffered", "torch", "parallel", tmp_path / "traces")
+    assert len(refused) == 1  # the first file's open; the next ones go buffered at once
+    assert saved_files(tmp_path / "direct") == saved_files(tmp_path / "buffered")
 
 
 def test_a_parallel_save_keeps_its_concurrency_of_writes_in_flight(tmp_path, monkeypatch):

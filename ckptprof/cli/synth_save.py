@@ -77,6 +77,12 @@ def add_parser(sub) -> None:
         "sequential write with fsync at --concurrency)",
     )  # fmt: skip
     save.add_argument(
+        "--direct-io",
+        action="store_true",
+        help="parallel on a path: write with O_DIRECT from staged, aligned buffers, "
+        "bypassing the page cache (falls back where refused)",
+    )
+    save.add_argument(
         "--fsync",
         action=argparse.BooleanOptionalAction,
         default=DEFAULTS.fsync,
@@ -116,6 +122,7 @@ def run_save(args) -> int:
         repeat=args.repeat, fsync=args.fsync, force=args.force,
         strategy=args.strategy or saver_registry.default_strategy(args.layout),
         concurrency=args.concurrency, part_size=args.part_size, ceiling_gbps=args.ceiling_gbps,
+        direct_io=args.direct_io,
         stall_after_s=stall_option(args.stall_after),
     )  # fmt: skip
     if args.nproc_per_node and not launched:

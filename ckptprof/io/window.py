@@ -47,6 +47,12 @@ class Ranged(Protocol):
     length: int
 
 
+def buffer_length(request) -> int:
+    """The window-buffer bytes ``request`` needs: its length, or more where it says so (a
+    direct write's whole blocks, ``buffer_length``)."""
+    return getattr(request, "buffer_length", request.length)
+
+
 class FileClocks:
     """Per file, what its requests took: first start to last end, and all their bytes
     (``ckpt.files`` and per-file latency count files, not requests)."""
@@ -130,7 +136,7 @@ class Window:
         for (at least one more than requests in flight), but no more than requests in
         flight and landed requests waiting can use."""
         live = [r for r in requests if not getattr(r, "resident", False)]
-        part = max((r.length for r in live), default=0) or 1
+        part = max((buffer_length(r) for r in live), default=0) or 1
         enough = max(2, min(2 * self.concurrency + 2, len(live) + 1))
         slots = enough if self.budget is None else max(2, min(self.budget // part, enough))
         return slots, part
@@ -218,7 +224,7 @@ class _Run:
                 self.slots.release()
             return
         buf = self.buffer() if place is POOLED else None
-        view = buf.view[: request.length] if buf is not None else place
+        view = buf.view[: buffer_length(request)] if buf is not None else place
         start = time.time_ns()
         try:
             got = self.read(request, view) if request.length or place is None else view

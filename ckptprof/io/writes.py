@@ -17,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ckptprof.io.window import Window
+from ckptprof.io.buffers import BufferPool
+from ckptprof.io.window import POOLED, Window
 from ckptprof.phases import Phase
 from ckptprof.storage.base import FileWriter, Part
+
+BLOCK = 4096  # what O_DIRECT writes in: whole blocks of block-aligned memory
 
 
 def as_bytes(segment) -> memoryview:
@@ -75,6 +78,12 @@ class _WriteRequest:
     def length(self) -> int:
         return self.part.size
 
+    @property
+    def buffer_length(self) -> int:
+        """A direct writer's part is staged in whole blocks."""
+        size = self.part.size
+        return -(-size // BLOCK) * BLOCK if self.writer.direct else size
+
 
 def write_files(
     files: Sequence[FileParts],
@@ -82,15 +91,21 @@ def write_files(
     op=None,
     *,
     progress: bool | None = None,
+    pool: BufferPool | None = None,
 ) -> int:
     """Every part of every file written, ``concurrency`` at once, in file order (the
     window's slots are taken in order); each part a ``write`` interval on ``op`` and each
-    file's clock recorded there. The first failure (or an interrupt, e.g. Ctrl-C) stops
-    the parts not started and is raised once the running ones end, so the caller's abort
-    comes after the last part. Returns the bytes written."""
+    file's clock recorded there. A direct writer's parts are first copied into the
+    window's aligned buffers (``pool``'s, when given: kept from one save to the next, as
+    a job keeps them), as many as the window holds, and written from there. The first
+    failure (or an interrupt, e.g. Ctrl-C) stops the parts not started and is raised once
+    the running ones end, so the caller's abort comes after the last part. Returns the
+    bytes written."""
     requests = [_WriteRequest(f.path, f.writer, part) for f in files for part in f.parts]
-    window = Window(None, op, concurrency, progress=progress, desc="write", phase=Phase.WRITE)
-    window.run(requests, into=_nowhere, read=_write)
+    window = Window(
+        None, op, concurrency, progress=progress, desc="write", phase=Phase.WRITE, pool=pool
+    )
+    window.run(requests, into=_staging, read=_write)
     return sum(r.length for r in requests)
 
 
@@ -99,12 +114,21 @@ def write_parts(writer: FileWriter, parts: list[Part], concurrency: int) -> int:
     return write_files([FileParts("", writer, parts)], concurrency, progress=False)
 
 
-def _nowhere(request: _WriteRequest) -> None:
-    return None  # a write lands nothing: its bytes leave the state's own memory
+def _staging(request: _WriteRequest):
+    """A direct write is staged in a window buffer; any other leaves the state's own
+    memory as it is (nothing lands)."""
+    return POOLED if request.writer.direct else None
 
 
 def _write(request: _WriteRequest, view) -> None:
-    request.writer.write_part(request.part)
+    if view is None:
+        request.writer.write_part(request.part)
+        return
+    at = 0
+    for piece in request.part.views:
+        view[at : at + piece.nbytes] = piece
+        at += piece.nbytes
+    request.writer.write_staged(view, request.part.offset, request.part.size)
 
 
 __all__ = ["FileParts", "as_bytes", "cut_parts", "write_files", "write_parts"]

@@ -40,7 +40,13 @@ class FileWriter(Protocol):
     """One file (object) being written; nothing is visible under its name before
     :meth:`commit`, and :meth:`abort` leaves nothing behind."""
 
+    #: written from staged, block-aligned buffers (:meth:`write_staged`): O_DIRECT
+    direct: bool
+
     def write_part(self, part: Part) -> None: ...
+
+    def write_staged(self, buffer: memoryview, offset: int, size: int) -> None:
+        """A direct writer's part, staged at the start of an aligned ``buffer``."""
 
     def sync(self) -> None:
         """Force what was written to the device (a no-op where completing is durable)."""

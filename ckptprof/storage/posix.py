@@ -183,7 +183,9 @@ class PosixStorage(Storage):
     def open_writer(self, path: str, size: int, part_size: int) -> PosixFileWriter:
         final = self._writable(path)
         final.parent.mkdir(parents=True, exist_ok=True)
-        return PosixFileWriter(final, size)
+        writer = PosixFileWriter(final, size, direct=self.direct_io)
+        self.direct_io = writer.direct  # refused here once: buffered from now on, as reads
+        return writer
 
     def write_bytes(self, path: str, data: bytes) -> None:
         final = self._writable(path)
@@ -254,16 +256,37 @@ IOV_MAX = 1024  # buffers one pwritev takes (Linux's limit)
 
 class PosixFileWriter:
     """A file written at offsets by many threads (``pwritev``) under a temporary name,
-    renamed into place on commit."""
+    renamed into place on commit. With ``direct`` it is opened ``O_DIRECT`` (no page
+    cache) where the filesystem takes it, and written from staged, aligned buffers
+    (:meth:`write_staged`); where it refuses, the writer falls back to buffered writes."""
 
-    def __init__(self, final: Path, size: int) -> None:
+    def __init__(self, final: Path, size: int, direct: bool = False) -> None:
         self.final, self.partial = final, partial_path(final)
-        self.fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        self.direct = direct
+        if direct:
+            try:
+                self.fd = os.open(self.partial, flags | os.O_DIRECT, 0o644)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:  # e.g. tmpfs: no O_DIRECT; anything else is real
+                    raise
+                self.direct = False
+        if not self.direct:
+            self.fd = os.open(self.partial, flags, 0o644)
         self.size = size
+        self._trimmed = not self.direct
 
     def write_part(self, part: Part) -> None:
         with activity.request(str(self.final), part.size):  # what the stall watchdog sees
             self._pwrite(part)
+
+    def write_staged(self, buffer: memoryview, offset: int, size: int) -> None:
+        """``size`` bytes staged at the start of ``buffer`` (aligned memory of at least
+        ``size`` rounded up to the block), written at ``offset`` with O_DIRECT; the
+        padding of a short last block is cut off again by :meth:`_trim`."""
+        whole = -(-size // DIRECT_ALIGN) * DIRECT_ALIGN
+        with activity.request(str(self.final), size):
+            self._pwrite(Part(0, offset, (buffer[:whole],)))
 
     def _pwrite(self, part: Part) -> None:
         views, offset = list(part.views), part.offset
@@ -279,13 +302,21 @@ class PosixFileWriter:
         except OSError as exc:
             raise named(exc, self.final) from None
 
+    def _trim(self) -> None:
+        """Direct writes end on a block boundary: the file cut back to its size."""
+        if not self._trimmed:
+            os.ftruncate(self.fd, self.size)
+            self._trimmed = True
+
     def sync(self) -> None:
         try:
+            self._trim()
             os.fsync(self.fd)
         except OSError as exc:
             raise named(exc, self.final) from None
 
     def commit(self) -> None:
+        self._trim()
         os.close(self.fd)
         self.fd = -1
         os.replace(self.partial, self.final)

@@ -19,6 +19,8 @@ class S3FileWriter:
     exists under its key only once the upload is completed (the commit). A file of one
     part is one PUT at the commit."""
 
+    direct = False  # no page cache to bypass: parts go out as they are
+
     def __init__(
         self,
         client,

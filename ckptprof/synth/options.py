@@ -104,6 +104,7 @@ class SaveOptions:
     concurrency: int = 8  # parts in flight (parallel; the write probe's too)
     part_size: int = DEFAULT_PART_SIZE
     ceiling_gbps: float | None = None  # given: no write probe
+    direct_io: bool = False  # parallel on a path: O_DIRECT from staged buffers, no page cache
     #: seconds without progress before a save is named as stalled (True: the env/default)
     stall_after_s: float | None | bool = True
     progress: bool | None = None

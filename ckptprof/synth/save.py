@@ -23,6 +23,7 @@ from statistics import median
 
 from ckptprof.env import capture
 from ckptprof.errors import CkptprofError
+from ckptprof.io.writes import BLOCK
 from ckptprof.manifest import Manifest, entry_for_segments
 from ckptprof.phases import Attr
 from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA_VERSION
@@ -103,8 +104,27 @@ def check(location: str, spec: SynthSpec, options: SaveOptions, world: int | Non
             f"--ranks {spec.ranks}: under the launcher each of the {world} ranks writes "
             f"its own files; use --ranks {world} (or leave it out)."
         )
+    if options.direct_io:
+        _check_direct_io(location, options)
     if is_object_store(location):
         check_s3_parts(location, get_layout(spec.layout).plan(spec), options)
+
+
+def _check_direct_io(location: str, options: SaveOptions) -> None:
+    if is_object_store(location):
+        raise CkptprofError(
+            f"--direct-io applies to local or mounted paths only, not {location}; drop it."
+        )
+    if options.strategy != "parallel":
+        raise CkptprofError(
+            f"--direct-io is the parallel writer's (--strategy {options.strategy} writes as "
+            "its framework does, through the page cache); add --strategy parallel, or drop "
+            "--direct-io."
+        )
+    if options.part_size % BLOCK:
+        raise CkptprofError(
+            f"--part-size {options.part_size} must be a multiple of {BLOCK} with --direct-io."
+        )
 
 
 def check_s3_parts(location: str, plan: CheckpointPlan, options: SaveOptions) -> None:
@@ -191,7 +211,7 @@ def run_save(
     plan = layout.plan(spec)
     mine = rank_plan(plan, job)
     _check_memory(mine, job.local_world if job else 1)
-    storage = open_storage(location)
+    storage = open_storage(location, direct_io=options.direct_io)
     lead = job is None or job.rank == 0
     with ExitStack() as held:  # the location is this save's until it returns
         if lead:

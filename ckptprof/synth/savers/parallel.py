@@ -7,6 +7,7 @@ on a POSIX file, a multipart upload on S3)."""
 from __future__ import annotations
 
 from ckptprof.atomic import fsync_dir
+from ckptprof.io.buffers import BufferPool, HostBuffer
 from ckptprof.io.writes import FileParts, cut_parts, write_files
 from ckptprof.phases import Attr, Phase
 from ckptprof.synth.layouts import get_layout
@@ -37,8 +38,10 @@ class Parallel(Saver):
                 size = sum(p.size for p in parts)
                 writer = ctx.storage.open_writer(file.path, size, ctx.part_size)
                 files.append(FileParts(file.path, writer, parts))
+            # a direct writer's staging buffers: made by the first save, kept for the next
+            pool = ctx.kept.setdefault("write_buffers", BufferPool(HostBuffer))
             with named(ctx.storage.uri):
-                total = write_files(files, ctx.concurrency, op)
+                total = write_files(files, ctx.concurrency, op, pool=pool)
             if ctx.fsync and not ctx.storage.object_store:
                 for f in files:
                     with op.phase(Phase.FSYNC), named(f"{ctx.storage.uri}/{f.path}"):
