@@ -1,10 +1,15 @@
 """``parallel``: the same bytes through ckptprof's I/O core: each file serialized
 (``serialize``: the archive's or header's small parts, and views of the tensors' memory
-for their bytes: nothing copied), then cut at the part size, and every file's parts
-written through the window with ``concurrency`` parts in flight (``pwritev`` at offsets
-on a POSIX file, a multipart upload on S3)."""
+for their bytes: nothing copied; a ``torch.save`` archive's CRC-32 is the one pass over
+them), cut at the part size, and written through the window with ``concurrency`` parts
+in flight (``pwritev`` at offsets on a POSIX file, a multipart upload on S3). Files are
+serialized one after another on a thread of their own while the files before them are
+written, as a pipeline: the serialize and write phases overlap."""
 
 from __future__ import annotations
+
+import queue
+import threading
 
 from ckptprof.atomic import fsync_dir
 from ckptprof.io.buffers import BufferPool, HostBuffer
@@ -23,25 +28,26 @@ class Parallel(Saver):
     object_store = True
 
     def save(self, ctx: SaveContext) -> Written:
-        """Every file serialized, then every part of every file written through the I/O
-        core, ``concurrency`` parts at once; then each file forced to the device, and all
-        renamed into place."""
-        layout = get_layout(ctx.plan.spec.layout)
+        """Files written as they are serialized (every file serialized so far in one
+        window run, while the next are serialized), ``concurrency`` parts at once; then
+        each file forced to the device, and all renamed into place."""
         op = ctx.op
         files: list[FileParts] = []
+        total = 0
         op.set_phase_attributes(Phase.WRITE, **{Attr.CONCURRENCY: ctx.concurrency})
+        # a direct writer's staging buffers: made by the first save, kept for the next
+        pool = ctx.kept.setdefault("write_buffers", BufferPool(HostBuffer))
+        serialized = _Serializer(ctx)
         try:
-            for file in ctx.plan.files:
-                with op.phase(Phase.SERIALIZE):
-                    parts = cut_parts(layout.serialize_file(ctx.plan, file, ctx.tensors),
-                                      ctx.part_size)  # fmt: skip
-                size = sum(p.size for p in parts)
-                writer = ctx.storage.open_writer(file.path, size, ctx.part_size)
-                files.append(FileParts(file.path, writer, parts))
-            # a direct writer's staging buffers: made by the first save, kept for the next
-            pool = ctx.kept.setdefault("write_buffers", BufferPool(HostBuffer))
-            with named(ctx.storage.uri):
-                total = write_files(files, ctx.concurrency, op, pool=pool)
+            while len(files) < len(ctx.plan.files):
+                batch = []
+                for file, parts in serialized.ready():
+                    size = sum(p.size for p in parts)
+                    writer = ctx.storage.open_writer(file.path, size, ctx.part_size)
+                    batch.append(FileParts(file.path, writer, parts))
+                    files.append(batch[-1])  # aborted with the rest if the save ends here
+                with named(ctx.storage.uri):
+                    total += write_files(batch, ctx.concurrency, op, pool=pool)
             if ctx.fsync and not ctx.storage.object_store:
                 for f in files:
                     with op.phase(Phase.FSYNC), named(f"{ctx.storage.uri}/{f.path}"):
@@ -55,8 +61,52 @@ class Parallel(Saver):
                     for folder in sorted({(ctx.root / f.path).parent for f in ctx.plan.files}):
                         fsync_dir(folder)
         except BaseException:  # an unfinished save, interrupted in its commit too, leaves nothing
+            serialized.stop()
             for f in files:
                 f.writer.abort()
             raise
         op.set_attributes({Attr.FILES: len(ctx.plan.files)})
         return Written(total)
+
+
+class _Serializer:
+    """The plan's files serialized in order on a thread of their own (``torch.save``'s
+    CRC-32 runs without the GIL), each handed over as soon as it is cut into parts."""
+
+    def __init__(self, ctx: SaveContext) -> None:
+        self._ctx, self._done = ctx, queue.Queue()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ckptprof-serialize", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        ctx = self._ctx
+        layout = get_layout(ctx.plan.spec.layout)
+        try:
+            for file in ctx.plan.files:
+                if self._stopped.is_set():
+                    return
+                with ctx.op.phase(Phase.SERIALIZE):
+                    segments = layout.serialize_file(ctx.plan, file, ctx.tensors)
+                    parts = cut_parts(segments, ctx.part_size)
+                self._done.put((file, parts))
+        except BaseException as exc:  # noqa: BLE001 - raised in the saving thread
+            self._done.put(exc)
+
+    def ready(self) -> list:
+        """The files serialized since the last call: at least one (waiting for it)."""
+        found = [self._done.get()]
+        while True:
+            try:
+                found.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        for item in found:
+            if isinstance(item, BaseException):
+                raise item
+        return found
+
+    def stop(self) -> None:
+        """No file after the one being serialized now; the thread ends with it."""
+        self._stopped.set()
+        self._thread.join()
