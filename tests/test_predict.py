@@ -147,6 +147,22 @@ def test_no_measurement_is_one_line(tmp_path, capsys):
     assert code == 2 and len(err) == 1 and "synth save" in err[0] and "synth restore" in err[0]
 
 
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--direct-io"], "add --check DEST"),
+        (["--check", "s3://bucket/chk", "--direct-io"], "local or mounted paths only"),
+    ],
+)
+def test_direct_io_where_check_cannot_use_it_is_one_line(argv, says, tmp_path, capsys):
+    """--direct-io is how --check saves on a path: without --check, or on S3, it is refused
+    before anything runs."""
+    code = main(["predict", *argv, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and says in err[0] and "--direct-io" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
 def test_ranks_beyond_a_nodes_cores_wait_for_one():
     # 8 ranks on 2 cores: each rank's 3.125 s of deserialize takes 4x as long
     limits = Limits(cores=Given(2.0, "t"))

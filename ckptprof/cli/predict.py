@@ -161,6 +161,11 @@ def _add_check(parser) -> None:
         "--out", type=directory, default="ckptprof-predict-check",
         help="where the checks' results go",
     )  # fmt: skip
+    check.add_argument(
+        "--direct-io", action="store_true",
+        help="every save through the parallel writer with O_DIRECT (synth save --direct-io): "
+        "the device's time, not the page cache's (a path only)",
+    )  # fmt: skip
 
 
 def limits_for(args, object_store: bool):
@@ -186,7 +191,8 @@ def run_check(args) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     with OutputClaim(args.out, "--out"):
-        rows = check(args.check, args.out, args.cases, args.model, args.scale, args.repeat)
+        rows = check(args.check, args.out, args.cases, args.model, args.scale, args.repeat,
+                     direct_io=args.direct_io)  # fmt: skip
     table = render_check(rows)
     from ckptprof.atomic import atomic_write
 
@@ -198,7 +204,15 @@ def run_check(args) -> int:
 
 def run(args) -> int:
     from ckptprof.errors import CkptprofError
+    from ckptprof.storage import is_object_store
 
+    if args.direct_io and not args.check:
+        raise CkptprofError("predict: --direct-io is how --check saves; add --check DEST.")
+    if args.direct_io and is_object_store(args.check):
+        raise CkptprofError(
+            f"predict: --direct-io applies to local or mounted paths only, not {args.check}; "
+            "drop it."
+        )
     if args.check:
         return run_check(args)
     if not args.paths:
