@@ -229,6 +229,7 @@ class Attr:
     # ---- save (root ``ckpt.save`` and its phases)
     SAVE_BACKGROUND = "ckpt.save.background"  # the background half of an async save
     SAVE_FSYNC = "ckpt.save.fsync"  # synth save: every file forced to the device first
+    SAVE_DIRECT_IO = "ckpt.save.direct_io"  # parallel: written with O_DIRECT (no page cache)
     SAVE_CEILING_GBPS = "ckpt.save.ceiling_gbps"  # synth save: its write ceiling (probed)
     SAVE_STEP_MEDIAN_S = "ckpt.save.step_median_s"  # training steps before this save
     WRITE_ASYNC = "ckpt.write.async"  # write is only the blocking part of an async write

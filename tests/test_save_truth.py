@@ -161,8 +161,10 @@ def test_a_direct_io_save_writes_the_bytes_a_buffered_one_does(layout, tmp_path)
     with O_DIRECT and cuts the last block's padding off: the files are byte for byte the
     buffered writer's, and they did not go through the page cache."""
     for how in ("buffered", "direct"):
-        save_here(tmp_path / how, layout, "parallel", tmp_path / "traces", concurrency=4,
+        save_here(tmp_path / how, layout, "parallel", tmp_path / f"traces-{how}", concurrency=4,
                   part_size=256 << 10, direct_io=how == "direct")  # fmt: skip
+        (save,) = [s for s in spans_in(tmp_path / f"traces-{how}") if s["name"] == "ckpt.save"]
+        assert save["attributes"][Attr.SAVE_DIRECT_IO] is (how == "direct")
     names = sorted(saved_files(tmp_path / "direct", read=False))
     cached = PosixStorage(str(tmp_path / "direct")).resident_fraction(names)  # before reading
     assert cached < 0.05, f"{cached:.0%} of the direct save's bytes are in the page cache"
@@ -188,6 +190,8 @@ def test_a_direct_io_save_falls_back_where_the_filesystem_refuses_o_direct(tmp_p
     monkeypatch.setattr(posix.os, "open", refusing)
     save_here(tmp_path / "direct", "torch", "parallel", tmp_path / "traces", direct_io=True)
     monkeypatch.undo()
+    (save,) = [s for s in spans_in(tmp_path / "traces") if s["name"] == "ckpt.save"]
+    assert save["attributes"][Attr.SAVE_DIRECT_IO] is False  # what was done, not what was asked
     save_here(tmp_path / "buffered", "torch", "parallel", tmp_path / "traces")
     assert len(refused) == 1  # the first file's open; the next ones go buffered at once
     assert saved_files(tmp_path / "direct") == saved_files(tmp_path / "buffered")

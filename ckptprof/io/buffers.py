@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import mmap
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -62,6 +63,7 @@ class BufferPool:
 
     def __init__(self, make: Callable[[int, str], Any]) -> None:
         self._make = make
+        self._lock = threading.Lock()
         self._all: list = []
         self._free: list = []
         #: buffers a run needed beyond what was reserved (made inside its timing)
@@ -78,14 +80,19 @@ class BufferPool:
         return sum(b.size for b in self._all)
 
     def take(self, size: int, name: str = "ckptprof-window") -> Any:
-        """A free buffer of at least ``size`` bytes; made now if none is."""
-        for index, buffer in enumerate(self._free):
-            if buffer.size >= size:
-                return self._free.pop(index)
-        self.made_in_runs += 1
-        buffer = self._make(size, name)
-        self._all.append(buffer)
-        return buffer
+        """A free buffer of at least ``size`` bytes; made now if none is. The window's
+        reading threads take at once: one at a time here."""
+        with self._lock:
+            for index, buffer in enumerate(self._free):
+                if buffer.size >= size:
+                    return self._free.pop(index)
+            self.made_in_runs += 1
+            buffer = self._make(size, name)
+            self._all.append(buffer)
+            return buffer
+
+    def free_buffers(self) -> list:
+        return list(self._free)
 
     def restock(self) -> None:
         """A run ended (its copies out of the buffers have landed): all are free again."""

@@ -307,9 +307,9 @@ class _Run:
                         future.result()
                     except BaseException as exc:  # noqa: BLE001 - raised below
                         failure.append(exc)
+                        # the requests not started see it and return at once, each in its
+                        # turn (a cancelled one would never take its turn: the next waits)
                         self.error.append(exc)
-                        for f in futures:
-                            f.cancel()
                         break
         finally:
             self.done.put(None)

@@ -14,10 +14,11 @@ storage must join a part's views into one body.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ckptprof.io.buffers import BufferPool
+from ckptprof.io.buffers import BufferPool, HostBuffer
 from ckptprof.io.window import POOLED, Window
 from ckptprof.phases import Phase
 from ckptprof.storage.base import FileWriter, Part
@@ -109,6 +110,21 @@ def write_files(
     return sum(r.length for r in requests)
 
 
+#: ``SaveContext.kept``'s key for a direct writer's staging buffers
+STAGING = "write_buffers"
+
+
+def staging_buffers(concurrency: int, part_size: int) -> BufferPool:
+    """A direct writer's staging buffers, made and touched now (before any timing): one
+    per write in flight and two for the writes handed back, as a job keeps them."""
+    pool = BufferPool(HostBuffer)
+    pool.reserve(concurrency + 2, -(-part_size // BLOCK) * BLOCK, "ckptprof-staging")
+    for buffer in pool.free_buffers():
+        for offset in range(0, buffer.size, mmap.PAGESIZE):
+            buffer.view[offset] = 0  # fresh memory costs a fault a page: paid here
+    return pool
+
+
 def write_parts(writer: FileWriter, parts: list[Part], concurrency: int) -> int:
     """One file's parts, untimed (the write probe times them itself)."""
     return write_files([FileParts("", writer, parts)], concurrency, progress=False)
@@ -131,4 +147,12 @@ def _write(request: _WriteRequest, view) -> None:
     request.writer.write_staged(view, request.part.offset, request.part.size)
 
 
-__all__ = ["FileParts", "as_bytes", "cut_parts", "write_files", "write_parts"]
+__all__ = [
+    "STAGING",
+    "FileParts",
+    "as_bytes",
+    "cut_parts",
+    "staging_buffers",
+    "write_files",
+    "write_parts",
+]

@@ -23,7 +23,7 @@ from statistics import median
 
 from ckptprof.env import capture
 from ckptprof.errors import CkptprofError
-from ckptprof.io.writes import BLOCK
+from ckptprof.io.writes import BLOCK, STAGING, staging_buffers
 from ckptprof.manifest import Manifest, entry_for_segments
 from ckptprof.phases import Attr
 from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA_VERSION
@@ -105,12 +105,17 @@ def check(location: str, spec: SynthSpec, options: SaveOptions, world: int | Non
             f"its own files; use --ranks {world} (or leave it out)."
         )
     if options.direct_io:
-        _check_direct_io(location, options)
+        _check_direct_io(location, spec, options)
     if is_object_store(location):
         check_s3_parts(location, get_layout(spec.layout).plan(spec), options)
 
 
-def _check_direct_io(location: str, options: SaveOptions) -> None:
+def _check_direct_io(location: str, spec: SynthSpec, options: SaveOptions) -> None:
+    if spec.layout == "dcp":
+        raise CkptprofError(
+            "--direct-io is the parallel writer's, and DCP lays out its own files (dcp.save, "
+            "through the page cache); drop --direct-io."
+        )
     if is_object_store(location):
         raise CkptprofError(
             f"--direct-io applies to local or mounted paths only, not {location}; drop it."
@@ -226,6 +231,8 @@ def run_save(
         records = []
         attrs = _save_attributes(layout, spec, storage, options, ceiling.write_gbps, job)
         kept: dict = {}  # what the job keeps between its saves
+        if options.direct_io:  # the staging buffers a job has before it saves
+            kept[STAGING] = staging_buffers(options.concurrency, options.part_size)
         try:  # each save appended to records as it ends: an interruption keeps those before it
             context = partial(
                 SaveContext, storage=storage, plan=mine, tensors=tensors, fsync=options.fsync,
@@ -245,6 +252,9 @@ def run_save(
                 echo(f"partial results of {len(records)} saves: "
                      f"{keep_partial(SaveResult(records, ceiling, environment))}")  # fmt: skip
             raise
+        if options.direct_io and not storage.direct_io:
+            echo(f"--direct-io: {storage.uri} refused O_DIRECT, so these saves wrote through "
+                 "the page cache (ckpt.save.direct_io=false on their spans)")  # fmt: skip
         entries = _entries(storage, mine, tensors, options.strategy)
         if job is not None:
             gathered = job.gather((records, entries))

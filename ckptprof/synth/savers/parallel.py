@@ -13,7 +13,7 @@ import threading
 
 from ckptprof.atomic import fsync_dir
 from ckptprof.io.buffers import BufferPool, HostBuffer
-from ckptprof.io.writes import FileParts, cut_parts, write_files
+from ckptprof.io.writes import STAGING, FileParts, cut_parts, write_files
 from ckptprof.phases import Attr, Phase
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.savers.base import SaveContext, Saver, Written, named
@@ -32,11 +32,12 @@ class Parallel(Saver):
         window run, while the next are serialized), ``concurrency`` parts at once; then
         each file forced to the device, and all renamed into place."""
         op = ctx.op
-        files: list[FileParts] = []
+        files: list[FileParts] = []  # opened and not yet committed
+        opened: list[FileParts] = []  # every file this save opened
         total = 0
         op.set_phase_attributes(Phase.WRITE, **{Attr.CONCURRENCY: ctx.concurrency})
-        # a direct writer's staging buffers: made by the first save, kept for the next
-        pool = ctx.kept.setdefault("write_buffers", BufferPool(HostBuffer))
+        # a direct writer's staging buffers, made before the first save (synth save), kept
+        pool = ctx.kept.setdefault(STAGING, BufferPool(HostBuffer))
         serialized = _Serializer(ctx)
         try:
             while len(files) < len(ctx.plan.files):
@@ -46,6 +47,7 @@ class Parallel(Saver):
                     writer = ctx.storage.open_writer(file.path, size, ctx.part_size)
                     batch.append(FileParts(file.path, writer, parts))
                     files.append(batch[-1])  # aborted with the rest if the save ends here
+                    opened.append(batch[-1])
                 with named(ctx.storage.uri):
                     total += write_files(batch, ctx.concurrency, op, pool=pool)
             if ctx.fsync and not ctx.storage.object_store:
@@ -61,11 +63,14 @@ class Parallel(Saver):
                     for folder in sorted({(ctx.root / f.path).parent for f in ctx.plan.files}):
                         fsync_dir(folder)
         except BaseException:  # an unfinished save, interrupted in its commit too, leaves nothing
-            serialized.stop()
-            for f in files:
-                f.writer.abort()
+            try:  # first: a second Ctrl-C while the serializer ends must not leave them
+                for f in files:
+                    f.writer.abort()
+            finally:
+                serialized.stop()
             raise
-        op.set_attributes({Attr.FILES: len(ctx.plan.files)})
+        direct = bool(ctx.plan.files) and all(f.writer.direct for f in opened)
+        op.set_attributes({Attr.FILES: len(ctx.plan.files), Attr.SAVE_DIRECT_IO: direct})
         return Written(total)
 
 
