@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from ckptprof.io.buffers import BufferPool, HostBuffer
 from ckptprof.io.window import POOLED, Window
 from ckptprof.phases import Phase
-from ckptprof.storage.base import FileWriter, Part
-
-BLOCK = 4096  # what O_DIRECT writes in: whole blocks of block-aligned memory
+from ckptprof.storage.base import FileWriter, Part, whole_blocks
 
 
 def as_bytes(segment) -> memoryview:
@@ -83,7 +81,7 @@ class _WriteRequest:
     def buffer_length(self) -> int:
         """A direct writer's part is staged in whole blocks."""
         size = self.part.size
-        return -(-size // BLOCK) * BLOCK if self.writer.direct else size
+        return whole_blocks(size) if self.writer.direct else size
 
 
 def write_files(
@@ -118,7 +116,7 @@ def staging_buffers(concurrency: int, part_size: int) -> BufferPool:
     """A direct writer's staging buffers, made and touched now (before any timing): one
     per write in flight and two for the writes handed back, as a job keeps them."""
     pool = BufferPool(HostBuffer)
-    pool.reserve(concurrency + 2, -(-part_size // BLOCK) * BLOCK, "ckptprof-staging")
+    pool.reserve(concurrency + 2, whole_blocks(part_size), "ckptprof-staging")
     for buffer in pool.free_buffers():
         for offset in range(0, buffer.size, mmap.PAGESIZE):
             buffer.view[offset] = 0  # fresh memory costs a fault a page: paid here

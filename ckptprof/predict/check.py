@@ -75,10 +75,10 @@ def _run(argv: list[str], echo: Callable[[str], None]) -> None:
         raise CkptprofError(f"predict --check: `ckptprof {' '.join(argv)}` failed: {last}")
 
 
-def _measure(where: str, work: Path, setting: Setting, repeat: int, writer: list[str],
+def _measure(where: str, work: Path, setting: Setting, repeat: int, save_options: list[str],
              echo) -> tuple[Path, Path]:  # fmt: skip
-    """Save (with ``writer``'s options) then restore ``setting`` at ``where``; the folders
-    of their results."""
+    """Save (with ``save_options``) then restore ``setting`` at ``where``; the folders of
+    their results."""
     name = f"x{setting.scale:g}-r{setting.ranks}-f{setting.files or 0}"
     save_out, restore_out = work / f"save-{name}", work / f"restore-{name}"
     dest = f"{where.rstrip('/')}/{name}"
@@ -86,21 +86,21 @@ def _measure(where: str, work: Path, setting: Setting, repeat: int, writer: list
         ["--files", str(setting.files)] if setting.files else []
     )
     launch = ["--nproc-per-node", str(setting.ranks)] if setting.ranks > 1 else []
-    _run(["synth", "save", dest, *spec, *launch, *writer, "--repeat", str(repeat), "--force",
-          "--out", str(save_out)], echo)  # fmt: skip
+    _run(["synth", "save", dest, *spec, *launch, *save_options, "--repeat", str(repeat),
+          "--force", "--out", str(save_out)], echo)  # fmt: skip
     _run(["synth", "restore", dest, *launch, "--cache", "cold", "--concurrency", "8",
           "--repeat", str(repeat), "--no-first-step", "--no-report", "--verify", "full",
           "--out", str(restore_out)], echo)  # fmt: skip
     return save_out, restore_out
 
 
-def _warm_up(where: str, work: Path, scale: float, writer: list[str], echo) -> None:
+def _warm_up(where: str, work: Path, scale: float, save_options: list[str], echo) -> None:
     """One save that no case uses: the first writes to a fresh folder or bucket can pay the
     storage's own set-up, which the first base alone would otherwise carry."""
     echo(f"warming up {where} (one save, not measured)")
-    _run(["synth", "save", f"{where.rstrip('/')}/warm-up", "--scale", str(scale), *writer,
-          "--repeat", "1", "--ceiling-gbps", "1", "--force", "--out", str(work / "warm-up")],
-         echo)  # fmt: skip
+    _run(["synth", "save", f"{where.rstrip('/')}/warm-up", "--scale", str(scale),
+          *save_options, "--repeat", "1", "--ceiling-gbps", "1", "--force", "--out",
+          str(work / "warm-up")], echo)  # fmt: skip
 
 
 def _measured_restore_s(results: Path) -> float:
@@ -145,7 +145,7 @@ def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: flo
     file): what ``predict`` is given, measured the same way. ``direct_io``: every save
     through the parallel writer with ``--direct-io``, so that the saves time the device,
     not the page cache's memory."""
-    writer = ["--strategy", "parallel", "--direct-io"] if direct_io else []
+    save_options = ["--strategy", "parallel", "--direct-io"] if direct_io else []
     small, large = Setting(scale), Setting(scale * 2)
     targets = {
         "ranks": [Setting(scale, ranks=2), Setting(scale, ranks=4)],
@@ -159,10 +159,10 @@ def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: flo
     def at(setting: Setting) -> tuple[Path, Path]:
         if setting not in measured_at:
             echo(f"measuring {setting.label()} at {where}")
-            measured_at[setting] = _measure(where, work, setting, repeat, writer, echo)
+            measured_at[setting] = _measure(where, work, setting, repeat, save_options, echo)
         return measured_at[setting]
 
-    _warm_up(where, work, scale, writer, echo)
+    _warm_up(where, work, scale, save_options, echo)
     out = []
     for case in cases:
         runs = [str(path) for setting in bases[case] for path in at(setting)]

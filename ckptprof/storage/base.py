@@ -23,6 +23,15 @@ from typing import Protocol
 DEFAULT_PART_SIZE = 16 << 20
 
 
+#: what O_DIRECT moves: whole blocks, at block-aligned offsets, from block-aligned memory
+DIRECT_ALIGN = 4096
+
+
+def whole_blocks(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole O_DIRECT blocks."""
+    return -(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN
+
+
 @dataclass(frozen=True)
 class Part:
     """One write request: ``views`` land at ``offset``; ``number`` counts from 1 (S3's)."""

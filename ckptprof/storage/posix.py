@@ -16,7 +16,14 @@ from ckptprof.errors import CkptprofError
 from ckptprof.preflight import OutputClaim
 from ckptprof.schema import is_relative_path
 from ckptprof.storage import pagecache
-from ckptprof.storage.base import CacheState, ObjectInfo, Part, Storage
+from ckptprof.storage.base import (
+    DIRECT_ALIGN,
+    CacheState,
+    ObjectInfo,
+    Part,
+    Storage,
+    whole_blocks,
+)
 
 
 def mount_of(path: Path) -> dict[str, str]:
@@ -43,7 +50,6 @@ def mount_of(path: Path) -> dict[str, str]:
     }
 
 
-DIRECT_ALIGN = 4096
 #: filesystems whose files live in memory: there is no colder place to evict them to
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})
 
@@ -284,7 +290,7 @@ class PosixFileWriter:
         """``size`` bytes staged at the start of ``buffer`` (aligned memory of at least
         ``size`` rounded up to the block), written at ``offset`` with O_DIRECT; the
         padding of a short last block is cut off again by :meth:`_trim`."""
-        whole = -(-size // DIRECT_ALIGN) * DIRECT_ALIGN
+        whole = whole_blocks(size)
         with activity.request(str(self.final), size):
             self._pwrite(Part(0, offset, (buffer[:whole],)))
 

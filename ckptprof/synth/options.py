@@ -11,7 +11,7 @@ from pathlib import Path
 from ckptprof import schema
 from ckptprof.errors import CkptprofError
 from ckptprof.manifest import VERIFY_MODES
-from ckptprof.storage.base import DEFAULT_PART_SIZE
+from ckptprof.storage.base import DEFAULT_PART_SIZE, DIRECT_ALIGN
 from ckptprof.synth import ranges
 from ckptprof.synth.device import check_device
 from ckptprof.synth.strategies import registry as strategy_registry
@@ -73,9 +73,10 @@ class RestoreOptions:
             raise CkptprofError(
                 "--strategy, --cache and --concurrency need at least one value each."
             )
-        if self.direct_io and self.part_size % 4096:
+        if self.direct_io and self.part_size % DIRECT_ALIGN:
             raise CkptprofError(
-                f"--part-size {self.part_size} must be a multiple of 4096 with --direct-io."
+                f"--part-size {self.part_size} must be a multiple of {DIRECT_ALIGN} with "
+                "--direct-io."
             )
         if self.memory_budget is not None and self.memory_budget < 2 * self.part_size:
             raise CkptprofError(

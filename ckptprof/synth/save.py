@@ -23,11 +23,12 @@ from statistics import median
 
 from ckptprof.env import capture
 from ckptprof.errors import CkptprofError
-from ckptprof.io.writes import BLOCK, STAGING, staging_buffers
+from ckptprof.io.writes import STAGING, staging_buffers
 from ckptprof.manifest import Manifest, entry_for_segments
 from ckptprof.phases import Attr
 from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA_VERSION
 from ckptprof.storage import is_object_store, multipart, open_storage
+from ckptprof.storage.base import DIRECT_ALIGN
 from ckptprof.synth.ceiling import WriteCeiling, probe_budget, probe_write, probe_write_bytes
 from ckptprof.synth.distributed import Job, job_context
 from ckptprof.synth.fill import RandomFiller
@@ -126,9 +127,10 @@ def _check_direct_io(location: str, spec: SynthSpec, options: SaveOptions) -> No
             "its framework does, through the page cache); add --strategy parallel, or drop "
             "--direct-io."
         )
-    if options.part_size % BLOCK:
+    if options.part_size % DIRECT_ALIGN:
         raise CkptprofError(
-            f"--part-size {options.part_size} must be a multiple of {BLOCK} with --direct-io."
+            f"--part-size {options.part_size} must be a multiple of {DIRECT_ALIGN} with "
+            "--direct-io."
         )
 
 

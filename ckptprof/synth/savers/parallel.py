@@ -33,7 +33,6 @@ class Parallel(Saver):
         each file forced to the device, and all renamed into place."""
         op = ctx.op
         files: list[FileParts] = []  # opened and not yet committed
-        opened: list[FileParts] = []  # every file this save opened
         total = 0
         op.set_phase_attributes(Phase.WRITE, **{Attr.CONCURRENCY: ctx.concurrency})
         # a direct writer's staging buffers, made before the first save (synth save), kept
@@ -47,9 +46,9 @@ class Parallel(Saver):
                     writer = ctx.storage.open_writer(file.path, size, ctx.part_size)
                     batch.append(FileParts(file.path, writer, parts))
                     files.append(batch[-1])  # aborted with the rest if the save ends here
-                    opened.append(batch[-1])
                 with named(ctx.storage.uri):
                     total += write_files(batch, ctx.concurrency, op, pool=pool)
+            direct = bool(files) and all(f.writer.direct for f in files)  # what was done
             if ctx.fsync and not ctx.storage.object_store:
                 for f in files:
                     with op.phase(Phase.FSYNC), named(f"{ctx.storage.uri}/{f.path}"):
@@ -69,7 +68,6 @@ class Parallel(Saver):
             finally:
                 serialized.stop()
             raise
-        direct = bool(ctx.plan.files) and all(f.writer.direct for f in opened)
         op.set_attributes({Attr.FILES: len(ctx.plan.files), Attr.SAVE_DIRECT_IO: direct})
         return Written(total)
 
