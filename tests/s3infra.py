@@ -306,6 +306,11 @@ class SeaweedS3:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             "-volume.preStopSeconds=0",
+            # every bucket is a collection with volumes of its own, and the default cap is
+            # the free disk over the volume size: with less free disk the suite's ~60
+            # buckets ran out of volumes (InternalError on a PUT); volumes are not
+            # preallocated, so a fixed cap costs no disk
+            "-volume.max=2000",
         ]
         args += [f"-{name}={port}" for name, port in self.ports.items()]
         # filer/s3 local unix sockets default to /tmp/seaweedfs-*-<port>.sock; keep them ours
