@@ -19,6 +19,20 @@ class VerifyError(CkptprofError):
     exit_code = 3
 
 
+def unreadable(path: str, exc: Exception, verify: str | None = None) -> VerifyError:
+    """A loader failed on the file's bytes: name the file and the fix. ``verify`` is the
+    mode that checked those bytes before the loader ran (None: it ran before any check,
+    as index parsing does); only a check weaker than ``full`` is worth re-running."""
+    first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+    fix = "regenerate it (ckptprof synth generate --force) or restore a good copy"
+    if verify is not None and verify != "full":
+        fix = f"re-run with --verify full to check it against the manifest, or {fix}"
+    return VerifyError(
+        f"{path}: the {type(exc).__name__} while deserializing says the file is corrupt "
+        f"({first}); {fix}."
+    )
+
+
 class StorageError(CkptprofError):
     """A storage operation failed for a reason outside ckptprof's control."""
 

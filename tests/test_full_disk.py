@@ -1,4 +1,4 @@
-"""Full, read-only and inode-starved filesystems (#17 items 4, 5, 7, 8).
+"""Full, read-only and inode-starved filesystems.
 
 Real ones: a small tmpfs mounted for the test (the kernel answers ENOSPC, EROFS), and
 ``/dev/full`` for a trace file that fills up mid-run.
@@ -17,7 +17,7 @@ import pytest
 
 from ckptprof.manifest import MANIFEST_NAME
 from ckptprof.synth.fill import RandomFiller
-from ckptprof.synth.generate import estimated_file_bytes, plan_checkpoint
+from ckptprof.synth.generate import estimated_file_bytes, plan_checkpoint, write_generated
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.plan import SynthSpec
 from tests.conftest import TINY_SCALE, run_cli
@@ -142,7 +142,7 @@ def test_enospc_while_writing_a_checkpoint_file_names_it(tmp_path):
             pytest.raises(OSError, match=data.path) as caught,
             storage.staging_file(data.path) as tmp,
         ):
-            layout.write_file(plan, data, tmp, RandomFiller(0))
+            write_generated(layout, plan, data, tmp, RandomFiller(0), {})
         assert caught.value.errno == errno.ENOSPC
         assert os.listdir(full) == []  # the temp file is gone too
 
@@ -186,7 +186,7 @@ def test_enospc_through_the_cli_names_the_file(checkpoints, tmp_path):
     ],
 )
 def test_the_space_estimate_covers_every_file_it_plans(tmp_path, layout, kw):
-    """#17: 100,000 files were planned at 0.16 GB and took 0.856 GB. Write a sample of
+    """Once, 100,000 files were planned at 0.16 GB and took 0.856 GB. Write a sample of
     the planned files for real and compare the blocks each takes with its estimate."""
     plan = plan_checkpoint(SynthSpec("llama2-7b", layout, **{"scale": 0.002, **kw}))
     lay = get_layout(layout)
@@ -195,7 +195,7 @@ def test_the_space_estimate_covers_every_file_it_plans(tmp_path, layout, kw):
     filler = RandomFiller(0)
     for file in sample:
         dest = tmp_path / file.path.replace("/", "_")
-        lay.write_file(plan, file, dest, filler)
+        write_generated(lay, plan, file, dest, filler, {})
         used = os.stat(dest).st_blocks * 512
         assert estimated_file_bytes(lay, file) >= used, (file.path, used)
         dest.unlink()
@@ -218,12 +218,12 @@ def test_too_few_inodes_are_refused_before_writing(tmp_path):
         assert not (few / "ckpt").exists() or not any((few / "ckpt").iterdir())
 
 
-# ------------------------------------------------------------------ #21 items 5, 7
+# ------------------------------------------------------------------ space and tmpfs
 
 
 @pytest.mark.slow
 def test_a_checkpoint_that_fits_is_never_refused_for_headroom(tmp_path):
-    """#21 item 7: a 144 MB checkpoint was refused on a 300 MB filesystem ("needs about
+    """Once, a 144 MB checkpoint was refused on a 300 MB filesystem ("needs about
     429 MB") that `cp` of the same files fits: headroom was counted as checkpoint."""
     from ckptprof.synth.generate import generate
 
@@ -238,7 +238,7 @@ def test_a_checkpoint_that_fits_is_never_refused_for_headroom(tmp_path):
 
 @pytest.mark.slow
 def test_cold_on_a_memory_filesystem_says_cold_is_impossible_there(checkpoints, tmp_path):
-    """#21 item 5: on tmpfs a "cold" probe ran and then residency refused it with advice
+    """Once, on tmpfs a "cold" probe ran and then residency refused it with advice
     to re-run as root with --drop-caches."""
     import shutil
 

@@ -58,16 +58,22 @@ def test_the_contracts_are_kept(tmp_path):
 
 def test_an_upward_import_and_a_cycle_are_caught(tmp_path):
     """The contracts are a real check: tracing importing the report layer (a layer above
-    it, which imports tracing: a cycle) and storage importing the package root fail."""
+    it, which imports tracing: a cycle), storage importing the package root, a layout
+    doing I/O and a codec knowing a layout fail."""
     tree = package_tree(tmp_path)
+    synth = tree / "ckptprof" / "synth"
     (tree / "ckptprof" / "tracing" / "_upward.py").write_text("import ckptprof.report.text\n")
     (tree / "ckptprof" / "storage" / "_root.py").write_text("import ckptprof\n")
+    (synth / "layouts" / "_io.py").write_text("import ckptprof.storage.posix\n")
+    (synth / "codecs" / "_layout.py").write_text("import ckptprof.synth.layouts.dcp\n")
     result = lint_imports(tree)
     report = result.stdout + result.stderr
     assert result.returncode != 0, report
     assert f"Contracts: 0 kept, {contract_count()} broken." in report, report
     assert "ckptprof.tracing._upward -> ckptprof.report.text" in report, report
     assert "ckptprof.storage._root -> ckptprof" in report, report
+    assert "ckptprof.synth.layouts._io -> ckptprof.storage.posix" in report, report
+    assert "ckptprof.synth.codecs._layout -> ckptprof.synth.layouts.dcp" in report, report
 
 
 def test_the_design_documents_the_layers_the_contract_states():

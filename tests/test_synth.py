@@ -476,8 +476,8 @@ def test_fetched_files_are_loaded_in_place_without_descriptors(checkpoints):
 
     from ckptprof.io.transfer import fetch
     from ckptprof.storage.posix import PosixStorage
-    from ckptprof.synth.layouts.safetensors_hf import read_safetensors
-    from ckptprof.synth.layouts.torchfile import load_fetched
+    from ckptprof.synth.codecs.safetensors_file import read_safetensors
+    from ckptprof.synth.codecs.torch_archive import load_fetched
 
     torch_dir, st_dir = checkpoints("torch"), checkpoints("safetensors")
     infos = [i for i in PosixStorage(str(torch_dir)).list() if i.path.endswith(".pt")]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ckptprof.atomic import PARTIAL_SUFFIX
 from ckptprof.errors import CkptprofError, StorageError
@@ -91,9 +92,10 @@ def generate(
         bar = progress_bar(plan.payload_bytes, "generate", progress, leave=True)
         filler.on_chunk = bar.update  # the bar moves within a large file, chunk by chunk
         written = 0
+        placed: dict = {}
         try:
             for file in plan.files:
-                entries[file.path] = _write_one(storage, layout, plan, file, filler)
+                entries[file.path] = _write_one(storage, layout, plan, file, filler, placed)
                 written += file.payload_bytes
                 bar.update(max(0, written - bar.n))
         finally:
@@ -140,11 +142,28 @@ def publish_manifest(storage: Storage, manifest: Manifest) -> None:
     storage.delete(GENERATING_NAME)
 
 
-def _write_one(storage: Storage, layout: Layout, plan, file: FilePlan, filler):
+def write_generated(
+    layout: Layout, plan: CheckpointPlan, file: FilePlan, dest: Path, filler, placed: dict
+) -> None:
+    """Write ``file`` to the local path ``dest`` as its framework would, with random tensor
+    bytes (the archive is built around fake tensors, so none is held in memory); add where
+    its pieces landed to ``placed`` for the indexes written after it."""
+    from ckptprof.synth.codecs import get_codec
+    from ckptprof.synth.codecs.torch_archive import fake_tensor
+
+    if not file.pieces:
+        dest.write_bytes(layout.small_bytes(plan, file, placed))
+        return
+    fakes = {p: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces}
+    landed = get_codec(layout.codec(file)).generate(dest, layout.archive(plan, file, fakes), filler)
+    placed.update({piece: (file.path, *where) for piece, where in landed.items()})
+
+
+def _write_one(storage: Storage, layout: Layout, plan, file: FilePlan, filler, placed: dict):
     """Write and publish one file; returns its manifest entry."""
     with storage.staging_file(file.path) as tmp:
         try:
-            layout.write_file(plan, file, tmp, filler)
+            write_generated(layout, plan, file, tmp, filler, placed)
         except RuntimeError as exc:  # torch.save's writer reports a failed write this way
             raise StorageError(
                 f"{storage.uri}/{file.path}: could not be written ({str(exc).splitlines()[0]}); "

@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ckptprof.errors import CkptprofError
+from ckptprof.errors import CkptprofError, VerifyError
 from ckptprof.memory import MemoryWatch
 from ckptprof.phases import Attr, Phase
 from ckptprof.storage.base import ObjectInfo
@@ -175,14 +175,7 @@ def list_phase(subject: RestoreSubject, op: Operation) -> list[ObjectInfo]:
     with op.phase(Phase.LIST) as stats:
         requests_before = storage.stats.requests
         listed = storage.list()
-        try:
-            named = subject.layout.discover(storage, subject.plan)
-        except (CkptprofError, OSError, EOFError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - a corrupt index/latest/.metadata file
-            from ckptprof.synth.layouts.base import unreadable
-
-            raise unreadable(f"{storage.uri} (its index file)", exc) from None
+        named = index_names(subject)
         infos = check_listing(subject, listed)
         unknown = sorted(set(named) - set(subject.manifest.files))
         if unknown:
@@ -193,6 +186,25 @@ def list_phase(subject: RestoreSubject, op: Operation) -> list[ObjectInfo]:
         stats.attributes[Attr.FILES] = len(infos)
         stats.attributes[Attr.LIST_REQUESTS] = storage.stats.requests - requests_before
     return infos
+
+
+def index_names(subject: RestoreSubject) -> list[str]:
+    """The files the layout's index names, its bytes read through storage as the framework
+    reads them at resume (none to read: every file of the plan)."""
+    layout, index = subject.layout, subject.layout.index_file
+    if index is None:
+        return layout.named_files(subject.plan, b"")
+    raw = subject.storage.read_bytes(index)
+    try:
+        return layout.named_files(subject.plan, raw)
+    except VerifyError:  # it names the file already
+        raise
+    except CkptprofError as exc:
+        raise CkptprofError(f"{subject.where(index)}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a corrupt index/latest/.metadata file
+        from ckptprof.errors import unreadable
+
+        raise unreadable(subject.where(index), exc) from None
 
 
 def check_listing(subject: RestoreSubject, listed: list[ObjectInfo]) -> list[ObjectInfo]:

@@ -42,6 +42,7 @@ from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.options import SaveOptions
 from ckptprof.synth.plan import CheckpointPlan, SynthSpec
 from ckptprof.synth.savers import SaveContext, check_strategy, save
+from ckptprof.synth.savers.base import serialized
 from ckptprof.units import fmt_bytes
 
 MEMORY_HEADROOM = 0.85
@@ -387,7 +388,7 @@ def _entries(storage, plan: CheckpointPlan, tensors: dict, strategy: str) -> dic
         root = Path(storage.uri)
         return {f.path: entry_of(root / f.path) for f in plan.files}
     layout = get_layout(plan.spec.layout)
-    return {f.path: entry_for_segments(layout.serialize_file(plan, f, tensors)) for f in plan.files}
+    return {f.path: entry_for_segments(serialized(layout, plan, f, tensors)) for f in plan.files}
 
 
 def save_line(record: TimedSave) -> str:

@@ -1,45 +1,27 @@
-"""A checkpoint layout: how state is planned into files, written, and read back.
+"""A checkpoint layout, as data: which files a framework writes, what object each holds,
+where each piece's bytes lie, and how its index names its files.
 
-Every layout plans pure data (:meth:`Layout.plan`), writes one file at a time
-(:meth:`Layout.write_file`), finds its files the way its framework does
-(:meth:`Layout.discover`, the ``list`` phase), and turns fetched bytes back
-into :class:`~ckptprof.synth.plan.Piece` tensors (:meth:`Layout.deserialize` from fetched
-bytes, :meth:`Layout.load_path` with the framework's own loader on a path), and says where
-each piece's bytes lie (:meth:`Layout.sources`). Copying them into the state of the
-target ranks is shared (:mod:`ckptprof.synth.strategies`) unless the layout's own loader
-does it (DCP's ``<strategy>_restore`` methods).
+A layout does no I/O. Each of its tensor files is in a codec (:mod:`ckptprof.synth.codecs`:
+``torch.save`` archives, safetensors shards, DCP items) that turns the object
+:meth:`Layout.archive` gives into bytes and back; generation (:mod:`ckptprof.synth.generate`),
+the savers (:mod:`ckptprof.synth.savers`) and the restore strategies
+(:mod:`ckptprof.synth.strategies`) do the writing and reading, through storage.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ckptprof.synth.plan import CheckpointPlan, FilePlan, Piece, SynthSpec
 
 if TYPE_CHECKING:
     import torch
 
-    from ckptprof.io.buffers import HostBuffer
-    from ckptprof.storage.base import Storage
-    from ckptprof.synth.fill import RandomFiller
-
-
-def unreadable(path: str, exc: Exception, verify: str | None = None):
-    """A loader failed on the file's bytes: name the file and the fix. ``verify`` is the
-    mode that checked those bytes before the loader ran (None: it ran before any check,
-    as index parsing does); only a check weaker than ``full`` is worth re-running."""
-    from ckptprof.errors import VerifyError
-
-    first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-    fix = "regenerate it (ckptprof synth generate --force) or restore a good copy"
-    if verify is not None and verify != "full":
-        fix = f"re-run with --verify full to check it against the manifest, or {fix}"
-    return VerifyError(
-        f"{path}: the {type(exc).__name__} while deserializing says the file is corrupt "
-        f"({first}); {fix}."
-    )
+#: where generation wrote each piece: ``{piece: (file path, offset, length)}``, for
+#: indexes that name byte offsets (DCP's ``.metadata``)
+Placed = Mapping[Piece, tuple[str, int, int]]
 
 
 class Layout(ABC):
@@ -50,6 +32,9 @@ class Layout(ABC):
     #: dominate checkpoints of many small files, so space checks must count them
     file_overhead: int = 8 << 10
     piece_overhead: int = 512
+    #: the file a resume reads first to find the others (``latest``, DCP's ``.metadata``,
+    #: the HF index json); None: the framework opens the files by their names
+    index_file: str | None = None
 
     def overhead(self, file: FilePlan) -> int:
         """Bytes ``file`` takes beyond its payload (an upper estimate)."""
@@ -59,85 +44,31 @@ class Layout(ABC):
     def plan(self, spec: SynthSpec) -> CheckpointPlan:
         """Every file of the checkpoint, as data."""
 
-    @abstractmethod
-    def write_file(self, plan: CheckpointPlan, file: FilePlan, dest: Path, filler: RandomFiller):
-        """Write ``file`` to the local path ``dest`` (random tensor bytes)."""
+    def codec(self, file: FilePlan) -> str:
+        """The encoding of a file with pieces (a name of :mod:`ckptprof.synth.codecs`)."""
+        return "torch"
 
-    def small_bytes(self, plan: CheckpointPlan, file: FilePlan) -> bytes:
-        """A file without tensors (config, ``latest``, an index), as the framework writes it."""
+    def archive(self, plan: CheckpointPlan, file: FilePlan, tensors: Mapping[Piece, Any]) -> Any:
+        """The object the framework hands its writer for ``file`` (``tensors[piece]`` are
+        its tensors: real ones for a save, fake ones for generation)."""
+        raise NotImplementedError(f"the {self.name} layout has no archive for {file.path}")
+
+    def pieces(self, plan: CheckpointPlan, file: FilePlan, obj) -> dict[Piece, torch.Tensor]:
+        """Where each of ``file``'s pieces is in the object its codec read back."""
+        raise NotImplementedError(f"{self.name} has no pieces in {file.path}")
+
+    def small_bytes(self, plan: CheckpointPlan, file: FilePlan, placed: Placed) -> bytes:
+        """A file without tensors (config, ``latest``, an index), as the framework writes
+        it; ``placed``: where the tensor files before it put each piece."""
         from ckptprof.synth.layouts.small_files import small_file_bytes
 
         return small_file_bytes(plan.spec, file.path)
 
-    def archive(self, plan: CheckpointPlan, file: FilePlan, tensors: dict[Piece, torch.Tensor]):
-        """The object the framework hands ``torch.save`` for ``file`` (``tensors[piece]``
-        are its tensors: real ones for a save, fake ones for generation)."""
-        raise NotImplementedError(f"the {self.name} layout has no torch.save archive")
-
-    def save_file(
-        self, plan: CheckpointPlan, file: FilePlan, dest: Path, tensors: dict[Piece, torch.Tensor]
-    ) -> None:
-        """Write ``file`` from real tensors through the framework's own writer, as a job
-        saves (``ckptprof synth save --strategy framework`` times it)."""
-        import torch
-
-        if not file.pieces:
-            dest.write_bytes(self.small_bytes(plan, file))
-            return
-        with open(dest, "wb") as handle:
-            torch.save(self.archive(plan, file, tensors), handle)
-
-    def serialize_file(
-        self, plan: CheckpointPlan, file: FilePlan, tensors: dict[Piece, torch.Tensor]
-    ) -> list:
-        """``file``'s bytes as the framework's writer lays them out, as segments in order,
-        for ckptprof's own parallel writer: the archive's small parts, and views of the
-        tensors' memory for their bytes (nothing copied)."""
-        from ckptprof.synth.layouts.torchfile import torch_save_segments
-
-        if not file.pieces:
-            return [self.small_bytes(plan, file)]
-        archive = self.archive(plan, file, tensors)
-        return torch_save_segments(archive, [tensors[p] for p in file.pieces])
-
-    def discover(self, storage: Storage, plan: CheckpointPlan) -> list[str]:
-        """Read the layout's own index as its framework does at resume (``latest``,
-        DCP ``.metadata``, the HF index json) and return the files it names.
-
-        Runs inside the timed ``list`` phase, after eviction, like a real resume; the
-        runner checks the names against the manifest. The default names every file.
-        """
+    def named_files(self, plan: CheckpointPlan, index: bytes) -> list[str]:
+        """The files :attr:`index_file`'s bytes name, read as the framework does at
+        resume (the runner checks them against the manifest). The default names every
+        file."""
         return [f.path for f in plan.files]
-
-    def deserialize(
-        self, plan: CheckpointPlan, file: FilePlan, buffer: HostBuffer
-    ) -> dict[Piece, torch.Tensor]:
-        """Tensors of ``file``'s pieces, read from the fetched bytes with the layout's loader
-        (views of the bytes; with :class:`~ckptprof.synth.index.SparseFile` bytes, only the
-        index is read)."""
-        from ckptprof.synth.layouts.torchfile import load_fetched
-
-        return self.pieces(plan, file, load_fetched(buffer))
-
-    def load_path(
-        self, plan: CheckpointPlan, file: FilePlan, path: str
-    ) -> dict[Piece, torch.Tensor]:
-        """Tensors of ``file``'s pieces, loaded from the path by the framework's own loader
-        (``torch.load(mmap=True)`` here; the pages are read as the tensors are used)."""
-        import torch
-
-        return self.pieces(plan, file, torch.load(path, mmap=True, weights_only=True))
-
-    def pieces(self, plan: CheckpointPlan, file: FilePlan, obj) -> dict[Piece, torch.Tensor]:
-        """Where each of ``file``'s pieces is in the object its loader returned."""
-        raise NotImplementedError(f"{self.name} has no pieces in {file.path}")
-
-    def index_hints(self, file: FilePlan, sparse) -> list[tuple[int, int]]:
-        """Ranges of ``file`` its loader reads to index it, fetched together first; a
-        ``torch.save`` archive's record headers by default."""
-        from ckptprof.synth.layouts.torchfile import zip_hints
-
-        return zip_hints(sparse)
 
     def sources(self, plan: CheckpointPlan, file: FilePlan, offsets: dict) -> list:
         """Byte offsets of ``file``'s pieces (``{piece: offset}``) as readplan Sources."""

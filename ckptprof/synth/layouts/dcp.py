@@ -10,7 +10,6 @@ metadata); restoring through ``dcp.load`` is the strategies' (:mod:`ckptprof.syn
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -22,8 +21,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from ckptprof.synth.layouts.base import Layout
-from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
+from ckptprof.synth.layouts.base import Layout, Placed
 from ckptprof.synth.plan import (
     GROUP_MODEL,
     CheckpointPlan,
@@ -45,7 +43,7 @@ def read_metadata(raw: bytes) -> Metadata:
     try:
         md = pickle.loads(raw)
     except Exception as exc:  # noqa: BLE001
-        from ckptprof.synth.layouts.base import unreadable
+        from ckptprof.errors import unreadable
 
         raise unreadable(METADATA, exc) from None
     if not isinstance(md, Metadata):
@@ -61,6 +59,7 @@ class DcpLayout(Layout):
     # each piece is its own torch.save archive (~1.6 KB) plus its entry in .metadata
     file_overhead = 0
     piece_overhead = 2560
+    index_file = METADATA
 
     def plan(self, spec: SynthSpec) -> CheckpointPlan:
         preset = spec.preset()
@@ -69,21 +68,20 @@ class DcpLayout(Layout):
             for rank, k, pieces in rank_files(spec, preset)
         ]
         files.append(FilePlan(METADATA, "metadata"))  # last: it needs every item's offset
-        return CheckpointPlan(spec, preset, tuple(files), extras={"items": {}})
+        return CheckpointPlan(spec, preset, tuple(files))
 
-    def write_file(self, plan, file, dest: Path, filler) -> None:
-        items = plan.extras["items"]
-        if file.path == METADATA:
-            dest.write_bytes(pickle.dumps(self._metadata(plan, items)))
-            return
-        dest.write_bytes(b"")
-        for piece in file.pieces:
-            start, end = write_torch_save(
-                dest, fake_tensor(piece.piece_shape, piece.dtype), filler, append=True
-            )
-            items[piece] = _StorageInfo(file.path, start, end - start)
+    def codec(self, file: FilePlan) -> str:
+        return "dcp"
 
-    def _metadata(self, plan: CheckpointPlan, items: dict) -> Metadata:
+    def archive(self, plan, file, tensors) -> dict:
+        """DCP's items of ``file``: each piece's tensor, appended in order."""
+        return {p: tensors[p] for p in file.pieces}
+
+    def small_bytes(self, plan, file, placed: Placed) -> bytes:
+        """``.metadata``: every chunk's offset in the files written before it."""
+        return pickle.dumps(self._metadata(plan, placed))
+
+    def _metadata(self, plan: CheckpointPlan, placed: Placed) -> Metadata:
         state_md: dict[str, TensorStorageMetadata] = {}
         storage: dict[MetadataIndex, _StorageInfo] = {}
         planner_data: dict[str, tuple[str, ...]] = {}
@@ -98,7 +96,7 @@ class DcpLayout(Layout):
                     ),
                 )
                 md.chunks.append(ChunkStorageMetadata(offsets, torch.Size(p.piece_shape)))
-                storage[MetadataIndex(key, offsets, len(md.chunks) - 1)] = items[p]
+                storage[MetadataIndex(key, offsets, len(md.chunks) - 1)] = _StorageInfo(*placed[p])
                 planner_data[key] = (
                     tuple(key.split(".", 1))
                     if p.group == GROUP_MODEL
@@ -106,6 +104,7 @@ class DcpLayout(Layout):
                 )
         return Metadata(state_md, planner_data, storage, version="1.0.0")
 
-    def discover(self, storage, plan) -> list[str]:
-        md = read_metadata(storage.read_bytes(METADATA))
+    def named_files(self, plan, index: bytes) -> list[str]:
+        """The files ``.metadata`` has chunks in, then itself."""
+        md = read_metadata(index)
         return sorted({info.relative_path for info in md.storage_data.values()}) + [METADATA]

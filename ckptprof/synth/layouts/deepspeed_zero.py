@@ -10,13 +10,10 @@ cost: concatenate partitions, unflatten into tensors, re-partition.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from ckptprof.errors import CkptprofError
 from ckptprof.synth.layouts.base import Layout
-from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
 from ckptprof.synth.plan import (
     GROUP_MASTER,
     GROUP_MODEL,
@@ -43,6 +40,7 @@ def _flat_groups(spec: SynthSpec) -> list[str]:
 class DeepSpeedLayout(Layout):
     name = "deepspeed"
     format = "deepspeed"
+    index_file = "latest"
 
     def plan(self, spec: SynthSpec) -> CheckpointPlan:
         if spec.files is not None:
@@ -77,13 +75,6 @@ class DeepSpeedLayout(Layout):
                 )
         files.append(FilePlan("zero_to_fp32.py", "small"))
         return CheckpointPlan(spec, preset, tuple(files), extras={"tag": tag, "numel": numel})
-
-    def write_file(self, plan, file, dest: Path, filler) -> None:
-        if file.kind == "small":
-            dest.write_bytes(self.small_bytes(plan, file))
-            return
-        fake = {p: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces}
-        write_torch_save(dest, self.archive(plan, file, fake), filler)
 
     def archive(self, plan, file, tensors: dict) -> dict:
         """What DeepSpeed's engine saves: the module states, or one rank's ZeRO partition."""
@@ -128,11 +119,12 @@ class DeepSpeedLayout(Layout):
             "ds_version": DS_VERSION,
         }
 
-    def discover(self, storage, plan) -> list[str]:
-        tag = storage.read_bytes("latest").decode().strip()
+    def named_files(self, plan, index: bytes) -> list[str]:
+        """Every file, once ``latest`` names the tag the manifest describes."""
+        tag = index.decode().strip()
         if tag != plan.extras["tag"]:
             raise CkptprofError(
-                f"{storage.uri}/latest names {tag!r} but the manifest describes "
+                f"it names {tag!r} but the manifest describes "
                 f"{plan.extras['tag']!r}; regenerate the checkpoint."
             )
         return [f.path for f in plan.files]

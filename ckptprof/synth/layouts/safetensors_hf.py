@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from pathlib import Path
 
 import torch
 
 from ckptprof.synth.layouts.base import Layout
 from ckptprof.synth.layouts.small_files import hf_small_files
-from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
 from ckptprof.synth.plan import (
     GROUP_MODEL,
     CheckpointPlan,
@@ -31,43 +28,6 @@ from ckptprof.synth.plan import (
 
 INDEX = "model.safetensors.index.json"
 MAX_SHARD_BYTES = 5_000_000_000  # transformers' default max_shard_size="5GB"
-_ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "int64": "I64"}
-
-
-def _header(pieces: tuple[Piece, ...]) -> bytes:
-    meta: dict[str, dict] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for p in pieces:
-        meta[p.key] = {
-            "dtype": _ST_DTYPES[p.dtype],
-            "shape": list(p.piece_shape),
-            "data_offsets": [offset, offset + p.nbytes],
-        }
-        offset += p.nbytes
-    raw = json.dumps(meta, separators=(",", ":")).encode()
-    return raw + b" " * (-len(raw) % 8)
-
-
-_TORCH_DTYPES = {v: getattr(torch, k) for k, v in _ST_DTYPES.items()}
-
-
-def read_safetensors(buffer) -> dict[str, torch.Tensor]:
-    """The tensors of a fetched ``.safetensors`` file, in place (what ``safe_open`` does
-    over its mmap: parse the JSON header, view each tensor's byte range; no copy)."""
-    with buffer.reader() as stream:
-        length = int.from_bytes(stream.read(8), "little")
-        header = json.loads(stream.read(length))
-    base = 8 + length
-    out = {}
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        dtype = _TORCH_DTYPES[info["dtype"]]
-        count = (end - start) // dtype.itemsize
-        flat = torch.frombuffer(buffer.view, dtype=dtype, count=count, offset=base + start)
-        out[key] = flat.view(info["shape"])
-    return out
 
 
 def _param_index(plan: CheckpointPlan) -> dict[str, int]:
@@ -78,6 +38,7 @@ def _param_index(plan: CheckpointPlan) -> dict[str, int]:
 class SafetensorsLayout(Layout):
     name = "safetensors"
     format = "safetensors"
+    index_file = INDEX
 
     def overhead(self, file: FilePlan) -> int:
         """Shards: 8 bytes plus a JSON header entry (and an index entry) per tensor; the
@@ -107,49 +68,22 @@ class SafetensorsLayout(Layout):
         files += hf_small_files(spec)
         return CheckpointPlan(spec, preset, tuple(files))
 
-    def write_file(self, plan, file, dest: Path, filler) -> None:
-        if file.kind == "weights":
-            header = _header(file.pieces)
-            with open(dest, "wb") as handle:
-                handle.write(len(header).to_bytes(8, "little"))
-                handle.write(header)
-            fd = os.open(dest, os.O_WRONLY)
-            try:
-                filler.fill_fd(fd, 8 + len(header), file.payload_bytes)
-            finally:
-                os.close(fd)
-        elif file.kind == "optim":
-            fake = {p: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces}
-            write_torch_save(dest, self.archive(plan, file, fake), filler)
-        else:
-            dest.write_bytes(self.small_bytes(plan, file))
+    def codec(self, file: FilePlan) -> str:
+        return "safetensors" if file.kind == "weights" else "torch"
 
-    def save_file(self, plan, file, dest: Path, tensors: dict) -> None:
-        if file.kind == "weights":  # safetensors' own writer, as save_pretrained calls it
-            from safetensors.torch import save_file
-
-            save_file({p.key: tensors[p] for p in file.pieces}, str(dest))
-        else:
-            super().save_file(plan, file, dest, tensors)
-
-    def serialize_file(self, plan, file, tensors: dict) -> list:
-        """A shard is its header, then each tensor's bytes as they are in memory."""
-        if file.kind != "weights":
-            return super().serialize_file(plan, file, tensors)
-        header = _header(file.pieces)
-        views = [tensors[p].reshape(-1).view(torch.uint8).numpy() for p in file.pieces]
-        return [len(header).to_bytes(8, "little") + header, *views]
-
-    def small_bytes(self, plan, file) -> bytes:
+    def small_bytes(self, plan, file, placed) -> bytes:
         if file.path != INDEX:
-            return super().small_bytes(plan, file)
+            return super().small_bytes(plan, file, placed)
         weight_map = {p.key: f.path for f in plan.files if f.kind == "weights" for p in f.pieces}
         total = sum(f.payload_bytes for f in plan.files if f.kind == "weights")
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         return json.dumps(index, indent=2).encode()
 
     def archive(self, plan, file, tensors: dict) -> dict:
-        """The Trainer's ``optimizer.pt``: AdamW's state by parameter index."""
+        """A shard's tensors by name, or the Trainer's ``optimizer.pt``: AdamW's state by
+        parameter index."""
+        if file.kind == "weights":
+            return {p.key: tensors[p] for p in file.pieces}
         state: dict[int, dict] = {}
         index = _param_index(plan)
         for p in file.pieces:
@@ -161,31 +95,13 @@ class SafetensorsLayout(Layout):
             ],
         }
 
-    def discover(self, storage, plan) -> list[str]:
-        index = json.loads(storage.read_bytes(INDEX))
-        shards = sorted(set(index["weight_map"].values()))
+    def named_files(self, plan, index: bytes) -> list[str]:
+        """The shards the index's ``weight_map`` names, then the Trainer's other files."""
+        shards = sorted(set(json.loads(index)["weight_map"].values()))
         return shards + [f.path for f in plan.files if f.path not in shards]
 
-    def deserialize(self, plan, file, buffer) -> dict[Piece, torch.Tensor]:
-        if file.kind == "weights":
-            tensors = read_safetensors(buffer)
-            return {p: tensors[p.key] for p in file.pieces}
-        return super().deserialize(plan, file, buffer)
-
-    def index_hints(self, file, sparse) -> list[tuple[int, int]]:
-        if file.kind == "weights":  # the header: 8 bytes of length, then the JSON
-            sparse.ensure(0, 8)
-            return [(8, int.from_bytes(sparse.view[:8], "little"))]
-        return super().index_hints(file, sparse)
-
-    def load_path(self, plan, file, path: str) -> dict[Piece, torch.Tensor]:
-        if file.kind == "weights":  # safetensors' own reader, over its mmap of the file
-            from safetensors import safe_open
-
-            with safe_open(path, framework="pt") as shard:
-                return {p: shard.get_tensor(p.key) for p in file.pieces}
-        return super().load_path(plan, file, path)
-
     def pieces(self, plan, file, obj) -> dict[Piece, torch.Tensor]:
+        if file.kind == "weights":
+            return {p: obj[p.key] for p in file.pieces}
         index = _param_index(plan)
         return {p: obj["state"][index[p.name]][p.group] for p in file.pieces}

@@ -7,13 +7,10 @@ into ``N / ranks`` archives ``checkpoint_rank{r}_part{k}.pt`` in state-dict orde
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from ckptprof.synth.layouts.base import Layout
 from ckptprof.synth.layouts.small_files import rng_state
-from ckptprof.synth.layouts.torchfile import fake_tensor, write_torch_save
 from ckptprof.synth.plan import (
     GROUP_MODEL,
     CheckpointPlan,
@@ -39,13 +36,6 @@ class TorchSaveLayout(Layout):
             )
             files.append(FilePlan(name, "weights", rank, tuple(pieces)))
         return CheckpointPlan(spec, preset, tuple(files))
-
-    def write_file(self, plan, file, dest: Path, filler) -> None:
-        if not file.pieces:
-            dest.write_bytes(self.small_bytes(plan, file))
-            return
-        fake = {p: fake_tensor(p.piece_shape, p.dtype) for p in file.pieces}
-        write_torch_save(dest, self.archive(plan, file, fake), filler)
 
     def archive(self, plan, file, tensors: dict) -> dict:
         """What the rank's ``torch.save`` holds: its model shard, Adam state, loop state."""

@@ -15,6 +15,8 @@ from ckptprof.storage.base import Storage
 from ckptprof.synth.plan import CheckpointPlan
 
 if TYPE_CHECKING:
+    from ckptprof.synth.layouts.base import Layout
+    from ckptprof.synth.plan import FilePlan
     from ckptprof.tracing.recorder import Operation
     from ckptprof.tracing.tracer import CheckpointTracer
 
@@ -76,6 +78,31 @@ class Saver(ABC):
     @abstractmethod
     def save(self, ctx: SaveContext) -> Written:
         """Write ``ctx.tensors`` to ``ctx.storage``, each phase timed on ``ctx.op``."""
+
+
+def write_with_framework(
+    layout: Layout, plan: CheckpointPlan, file: FilePlan, dest: Path, tensors: dict
+) -> None:
+    """Write ``file`` from real tensors through its codec's own writer (``torch.save``,
+    safetensors' ``save_file``), as a job saves."""
+    from ckptprof.synth.codecs import get_codec
+
+    if not file.pieces:
+        dest.write_bytes(layout.small_bytes(plan, file, {}))
+        return
+    get_codec(layout.codec(file)).save(dest, layout.archive(plan, file, tensors))
+
+
+def serialized(layout: Layout, plan: CheckpointPlan, file: FilePlan, tensors: dict) -> list:
+    """``file``'s bytes as its framework lays them out, as segments in order (the small
+    parts, and views of the tensors' memory for their bytes: nothing copied), for
+    ckptprof's own parallel writer."""
+    from ckptprof.synth.codecs import get_codec
+
+    if not file.pieces:
+        return [layout.small_bytes(plan, file, {})]
+    own = [tensors[p] for p in file.pieces]
+    return get_codec(layout.codec(file)).serialize(layout.archive(plan, file, tensors), own)
 
 
 class named:

@@ -12,7 +12,14 @@ from ckptprof import activity
 from ckptprof.atomic import fsync_dir, partial_path
 from ckptprof.phases import Attr, Phase, fused_value
 from ckptprof.synth.layouts import get_layout
-from ckptprof.synth.savers.base import SaveContext, Saver, Written, fsync_file, named
+from ckptprof.synth.savers.base import (
+    SaveContext,
+    Saver,
+    Written,
+    fsync_file,
+    named,
+    write_with_framework,
+)
 
 
 class Framework(Saver):
@@ -36,7 +43,7 @@ class Framework(Saver):
                 written.append((partial, final))
                 start = time.perf_counter()
                 with ctx.op.phase(Phase.WRITE, **fused), named(final), activity.growing(partial):
-                    layout.save_file(ctx.plan, file, partial, ctx.tensors)
+                    write_with_framework(layout, ctx.plan, file, partial, ctx.tensors)
                 size = partial.stat().st_size
                 ctx.op.add_file(Phase.WRITE, file.path, size, time.perf_counter() - start)
                 total += size

@@ -16,7 +16,7 @@ from ckptprof.io.buffers import BufferPool, HostBuffer
 from ckptprof.io.writes import STAGING, FileParts, cut_parts, write_files
 from ckptprof.phases import Attr, Phase
 from ckptprof.synth.layouts import get_layout
-from ckptprof.synth.savers.base import SaveContext, Saver, Written, named
+from ckptprof.synth.savers.base import SaveContext, Saver, Written, named, serialized
 
 
 class Parallel(Saver):
@@ -90,7 +90,7 @@ class _Serializer:
                 if self._stopped.is_set():
                     return
                 with ctx.op.phase(Phase.SERIALIZE):
-                    segments = layout.serialize_file(ctx.plan, file, ctx.tensors)
+                    segments = serialized(layout, ctx.plan, file, ctx.tensors)
                     parts = cut_parts(segments, ctx.part_size)
                 self._done.put((file, parts))
         except BaseException as exc:  # noqa: BLE001 - raised in the saving thread

@@ -194,12 +194,28 @@ def load_pieces(ctx: RunContext, loaded: Iterable[tuple[FilePlan, dict]]) -> Non
 
 
 # ---------------------------------------------------------------------- deserialize
+def pieces_read(ctx: RunContext, file: FilePlan, buffer: HostBuffer) -> dict:
+    """``file``'s pieces from its fetched bytes, by its codec's loader (views of them)."""
+    from ckptprof.synth.codecs import get_codec
+
+    obj = get_codec(ctx.layout.codec(file)).read(buffer)
+    return ctx.layout.pieces(ctx.plan, file, obj)
+
+
+def pieces_loaded(ctx: RunContext, file: FilePlan) -> dict:
+    """``file``'s pieces loaded from its path by the framework's own loader."""
+    from ckptprof.synth.codecs import get_codec
+
+    obj = get_codec(ctx.layout.codec(file)).load(ctx.path_of(file))
+    return ctx.layout.pieces(ctx.plan, file, obj)
+
+
 def deserialize_files(
     ctx: RunContext, load, files: list[FilePlan] | None = None
 ) -> list[tuple[FilePlan, dict]]:
     """The deserialize phase: ``load(file)`` for every data file read (of ``files``, by
     default all), ``threads`` at a time; a loader's failure names the file."""
-    from ckptprof.synth.layouts.base import unreadable
+    from ckptprof.errors import unreadable
 
     def one(file: FilePlan):
         with ctx.op.phase(Phase.DESERIALIZE):
@@ -228,9 +244,7 @@ def load_from_buffers(ctx: RunContext, buffers: dict[str, HostBuffer]) -> None:
     """verify, deserialize and reshard files already in memory; the buffers are released."""
     try:
         verify_all(ctx, buffers)
-        loaded = deserialize_files(
-            ctx, lambda f: ctx.layout.deserialize(ctx.plan, f, buffers[f.path])
-        )
+        loaded = deserialize_files(ctx, lambda f: pieces_read(ctx, f, buffers[f.path]))
         load_pieces(ctx, loaded)
         del loaded
     finally:

@@ -115,8 +115,7 @@ class _named_errors:
     def __exit__(self, exc_type, exc, tb):
         if exc is None or not isinstance(exc, Exception):
             return False
-        from ckptprof.errors import CkptprofError
-        from ckptprof.synth.layouts.base import unreadable
+        from ckptprof.errors import CkptprofError, unreadable
 
         if isinstance(exc, CkptprofError):
             return False

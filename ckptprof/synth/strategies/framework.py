@@ -13,6 +13,7 @@ from ckptprof.synth.strategies.base import (
     Strategy,
     deserialize_files,
     load_pieces,
+    pieces_loaded,
     verify_files,
     warm_files,
 )
@@ -38,7 +39,7 @@ class Framework(Strategy):
     def restore(self, ctx: RunContext) -> None:
         warm_files(ctx)
         verify_files(ctx)
-        loaded = deserialize_files(ctx, lambda f: ctx.layout.load_path(ctx.plan, f, ctx.path_of(f)))
+        loaded = deserialize_files(ctx, lambda f: pieces_loaded(ctx, f))
         load_pieces(ctx, loaded)
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from ckptprof.errors import CkptprofError
 from ckptprof.io.buffers import HostBuffer
 from ckptprof.io.requests import RequestPolicy, RequestSummary
+from ckptprof.io.sparse import INDEX_BLOCK, SparseFile
 from ckptprof.io.window import POOLED, FileClocks, Window
 from ckptprof.manifest import StreamingDigest
 from ckptprof.phases import Attr, Phase
 from ckptprof.synth.device import PinnedBuffer
-from ckptprof.synth.index import INDEX_BLOCK, SparseFile
 from ckptprof.synth.readplan import Read, Source, plan_copies, plan_reads, split_held
 from ckptprof.synth.strategies.base import (
     ANY,
@@ -273,7 +273,7 @@ def index_files(ctx: RunContext, clocks: FileClocks) -> tuple[list[Source], dict
         except CkptprofError:
             raise
         except Exception as exc:  # noqa: BLE001 - an unreadable index is a corrupt file
-            from ckptprof.synth.layouts.base import unreadable
+            from ckptprof.errors import unreadable
 
             raise unreadable(ctx.where(file.path), exc) from None
         finally:
@@ -310,10 +310,13 @@ def file_sources(
 ):
     """The file's tensor regions as :class:`Source` s, from the layout's own loader run
     over the sparse bytes (it reads the index; the tensors it returns are views)."""
-    hints = layout.index_hints(file, sparse)
+    from ckptprof.synth.codecs import get_codec
+
+    codec = get_codec(layout.codec(file))
+    hints = codec.index_hints(sparse)
     if hints:
         sparse.prefetch(hints, policy, concurrency)
-    tensors = layout.deserialize(plan, file, sparse)
+    tensors = layout.pieces(plan, file, codec.read(sparse))
     base = sparse.base_address
     return layout.sources(plan, file, {p: t.data_ptr() - base for p, t in tensors.items()})
 

@@ -23,6 +23,7 @@ from ckptprof.synth.strategies.base import (
     deserialize_files,
     env_for_run,
     load_pieces,
+    pieces_loaded,
     verify_files,
     warm_files,
 )
@@ -93,9 +94,7 @@ class RunAI(Strategy):
                 f"({len(missing)} missing); is the checkpoint complete?"
             )
         loaded = [(f, tensors[f.path]) for f in shards]
-        loaded += deserialize_files(
-            ctx, lambda f: ctx.layout.load_path(ctx.plan, f, ctx.path_of(f)), others
-        )
+        loaded += deserialize_files(ctx, lambda f: pieces_loaded(ctx, f), others)
         verify_files(ctx)
         load_pieces(ctx, loaded)
 

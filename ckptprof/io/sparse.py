@@ -3,7 +3,7 @@
 A restore that reads only what a rank needs must first learn where each tensor lies:
 the zip directory and pickle of a ``torch.save`` archive, the JSON header of a
 safetensors shard. :class:`SparseFile` holds a file's bytes as untouched virtual memory
-and fetches blocks of it only when a reader asks for them, so the layout's own loader
+and fetches blocks of it only when a reader asks for them, so the codec's own loader
 (``torch.load``'s zip reader and unpickler, the safetensors header parser) runs
 unchanged and pulls exactly the bytes it parses; the tensors it returns are views whose
 addresses give their byte offsets in the file. This is what

@@ -1,5 +1,6 @@
-"""Writing real ``torch.save`` archives without holding their tensors in memory, and
-serializing real ones without copying their tensors.
+"""The ``torch.save`` archive codec: writing real archives without holding their tensors
+in memory, serializing real ones without copying their tensors, and loading fetched ones
+in place.
 
 ``torch.serialization.skip_data`` writes the archive (pickle, records, zip
 directory) around fake tensors and leaves each storage's bytes as a hole; we
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ckptprof.synth.codecs.base import Codec
 from ckptprof.synth.fill import RandomFiller
 
 if TYPE_CHECKING:
@@ -199,3 +201,31 @@ def torch_save_segments(obj: Any, tensors) -> list:
     sink = _SegmentSink(tensors)
     torch.save(obj, sink)
     return sink.done()
+
+
+class TorchArchive(Codec):
+    """A ``torch.save`` zip archive: a job's ``.pt`` files, Lightning's ``.ckpt``,
+    DeepSpeed's model and optimizer states, the Trainer's ``optimizer.pt``."""
+
+    name = "torch"
+
+    def generate(self, dest: Path, obj: Any, filler: RandomFiller) -> dict:
+        write_torch_save(dest, obj, filler)
+        return {}
+
+    def save(self, dest: Path, obj: Any) -> None:
+        with open(dest, "wb") as handle:
+            torch.save(obj, handle)
+
+    def serialize(self, obj: Any, tensors: list) -> list:
+        return torch_save_segments(obj, tensors)
+
+    def read(self, buffer: HostBuffer) -> Any:
+        return load_fetched(buffer)
+
+    def load(self, path: str) -> Any:
+        """``torch.load(mmap=True)``: the pages are read as the tensors are used."""
+        return torch.load(path, mmap=True, weights_only=True)
+
+    def index_hints(self, sparse) -> list[tuple[int, int]]:
+        return zip_hints(sparse)
