@@ -172,8 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    ap.add_argument("--scale", type=float, default=0.1, help="llama2-7b scale (no optimizer)")
+    ap.add_argument("--scale", type=float, default=0.1, help="llama2-7b scale")
     ap.add_argument("--layout", default="safetensors")
+    ap.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="the weights alone; by default the full training state (weights and Adam "
+        "moments), which is what a job restores",
+    )
     ap.add_argument("--concurrency", type=_int_list, default=[1, 8, 16])
     ap.add_argument("--part-size", type=int, default=16 << 20, help="bytes per ranged GET")
     ap.add_argument("--repeat", type=int, default=3)
@@ -200,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             configure_env(server.endpoint_url, work)
             server.client(DUMMY_CREDENTIALS).create_bucket(Bucket="bench")
             location = "s3://bench/ckpt"
-            spec = SynthSpec("llama2-7b", args.layout, args.scale, optimizer=False)
+            spec = SynthSpec("llama2-7b", args.layout, args.scale, optimizer=not args.weights_only)
             generate(location, spec, progress=False)
             storage = open_storage(location, max(args.concurrency))
             infos = [i for i in storage.list() if i.path != MANIFEST_NAME]
@@ -209,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"server: SeaweedFS `weed mini` on {server.endpoint_url} (loopback)")
             print(f"client: s5cmd {version.stdout.strip()}, ckptprof fetch/download (boto3)")
             print(
-                f"objects: {len(infos)} ({args.layout}, llama2-7b x{args.scale}), "
+                f"objects: {len(infos)} ({args.layout}, llama2-7b x{args.scale}, "
+                f"{'weights' if args.weights_only else 'weights and Adam moments'}), "
                 f"{total / 1e9:.3f} GB; part {args.part_size >> 20} MiB; "
                 f"downloads to {args.dest}"
             )
