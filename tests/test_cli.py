@@ -50,6 +50,47 @@ def test_every_option_with_a_default_shows_it_in_help():
             assert "default" in shown, f"{where}: help does not show its default"
 
 
+HELP = {"-h", "--help"}
+
+
+def _declaration(action):
+    """What one declaration of an option fixes: its kind of action, names, help, value
+    type and choices (its default is each command's own)."""
+    convert = action.type
+    typed = tuple(getattr(convert, name, None) for name in ("__code__", "kind", "check", "role"))
+    choices = action.choices or getattr(convert, "choices", None)
+    return (type(action), tuple(action.option_strings), action.help, action.metavar,
+            action.nargs, action.const, action.required, typed, choices)  # fmt: skip
+
+
+def test_the_demo_restores_through_synth_restores_own_option_declarations():
+    """The demo's restore options are ``synth restore``'s, declared once: every option of
+    the demo's restore group, and every option string the two commands share, is the same
+    declaration (names, help, type, choices); a default differs only where the demo sets
+    its own (``DEMO_DEFAULTS``)."""
+    from ckptprof.cli import build_parser
+    from ckptprof.cli.demo import DEMO_DEFAULTS
+
+    commands = dict(_commands(build_parser()))
+    demo, restore = commands[("demo",)], commands[("synth", "restore")]
+    by_name = {name: a for a in restore._actions for name in a.option_strings}
+    group = next(g for g in demo._action_groups if (g.title or "").startswith("the restore"))
+    assert group._group_actions, "the demo's restore group is empty"
+    for action in group._group_actions:
+        name = action.option_strings[-1]
+        assert name in by_name, f"demo {name}: not an option of synth restore"
+    shared = [a for a in demo._actions if set(a.option_strings) & (by_name.keys() - HELP)]
+    assert set(group._group_actions) <= set(shared)
+    for action in shared:
+        theirs = by_name[action.option_strings[-1]]
+        name = action.option_strings[-1]
+        assert action.dest == theirs.dest, name
+        assert _declaration(action) == _declaration(theirs), f"demo {name}: declared apart"
+        own = action.dest in DEMO_DEFAULTS
+        assert own or action.default == theirs.default, f"demo {name}: a default of its own"
+    assert DEMO_DEFAULTS.keys() <= {a.dest for a in group._group_actions}
+
+
 @pytest.mark.slow
 def test_dry_run_plans_without_writing(tmp_path):
     dest = tmp_path / "plan"
@@ -117,7 +158,7 @@ def test_generate_restore_report_through_the_cli(tmp_path):
 
 
 def test_no_help_text_shows_a_placeholder():
-    """#21 item 14: `synth generate --help` showed a literal `%(choices)s`."""
+    """Once, `synth generate --help` showed a literal `%(choices)s`."""
     from ckptprof.cli import build_parser
 
     for path, parser in _commands(build_parser()):

@@ -217,6 +217,41 @@ def test_what_save_cannot_do_is_one_line(tmp_path):
     assert not (tmp_path / "a").exists()  # refused before anything was written
 
 
+def test_direct_io_staging_that_does_not_fit_beside_the_state_is_refused_first(
+    tmp_path, monkeypatch, capsys
+):
+    """--direct-io holds its staging buffers (one part per write in flight, and two) beside
+    the state: with memory for the state and a little more (faked), 8 parts of 16M in
+    flight are refused in one line naming the options and the fix, before anything is
+    written; the state alone fits, so it is the staging the check counted."""
+    import types
+
+    import psutil
+
+    from ckptprof.cli import main
+    from ckptprof.synth.layouts import get_layout
+    from ckptprof.synth.plan import SynthSpec
+    from ckptprof.synth.save import MEMORY_HEADROOM
+
+    state = get_layout("torch").plan(SynthSpec("llama2-7b", "torch", TINY_SCALE)).payload_bytes
+    available = int((state + (8 << 20)) / MEMORY_HEADROOM)  # the state and 8 MiB more
+    memory = types.SimpleNamespace(available=available, total=available)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory)
+    dest = tmp_path / "ckpt"
+    code = main([
+        "synth", "save", str(dest), "--layout", "torch", "--scale", str(TINY_SCALE),
+        "--strategy", "parallel", "--direct-io", "--concurrency", "8", "--part-size", "16M",
+        "--repeat", "1", "--ceiling-gbps", "1", "--out", str(tmp_path / "out"),
+    ])  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code != 0 and len(err) == 1, err
+    for needle in ("--direct-io", "--concurrency 8", "--part-size", "of memory available",
+                   "lower --concurrency or --part-size, or drop --direct-io"):  # fmt: skip
+        assert needle in err[0], err[0]
+    assert "--scale" not in err[0]  # the state alone fits
+    assert not dest.exists()  # refused before the location was claimed or the state built
+
+
 @pytest.mark.slow
 def test_save_refuses_a_location_that_is_not_its_own(tmp_path):
     dest = tmp_path / "ckpt"

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
-from ckptprof.cli.options import (
-    HelpFormatter,
-    add_device_option,
-    choice_list,
-    directory,
-    int_list,
-    size,
-    whole,
+from ckptprof.cli.options import HelpFormatter, add_device_option, directory
+from ckptprof.cli.synth_options import (
+    add_concurrency_option,
+    add_memory_budget_option,
+    add_rank_option,
+    add_repeat_option,
+    add_spec_arguments,
+    add_strategy_option,
+    add_world_size_option,
 )
-from ckptprof.cli.synth_options import add_spec_arguments
-from ckptprof.synth import ranges
-from ckptprof.synth.strategies import registry as strategy_registry
 
 DEMO_EXAMPLES = """examples:
   ckptprof demo                                   # llama2-7b at 1% scale, ~0.7 GB, a few minutes
@@ -26,13 +25,45 @@ DEMO_EXAMPLES = """examples:
 """
 
 
+@dataclass(frozen=True)
+class _BySize:
+    """A restore option's demo default: one value for the small demo, another with
+    --full; --help shows both."""
+
+    small: object
+    full: object
+
+    def __str__(self) -> str:  # what --help shows as the default
+        return f"{_text(self.small)}; {_text(self.full)} with --full"
+
+    @staticmethod
+    def chosen(value, full: bool):
+        """An option's value: as given, or the demo's default for its size."""
+        if isinstance(value, _BySize):
+            return value.full if full else value.small
+        return value
+
+
+def _text(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+#: where the demo restores differently from ``synth restore`` when not told
+DEMO_DEFAULTS = {
+    "strategy": _BySize(("staged", "pipelined"), ("pipelined",)),
+    "concurrency": _BySize((1, 8), (8,)),
+    "repeat": _BySize(3, 1),
+}
+
+
 def add_parser(commands) -> None:
     demo = commands.add_parser(
         "demo",
         help="save a small checkpoint locally, restore it cold and hot, print the report",
         description="The main job in one command on the local disk: synth save (the state "
-        "built in memory, saved and timed; with --full, too big to hold: synth generate) + "
-        "synth restore + report, the save beside its restores.",
+        "built in memory, saved and timed, --repeat times; with --full, too big to hold: "
+        "synth generate) + synth restore (cold and hot) + report, the save beside its "
+        "restores.",
         epilog=DEMO_EXAMPLES,
         formatter_class=HelpFormatter,
     )
@@ -42,53 +73,22 @@ def add_parser(commands) -> None:
         default="ckptprof-demo",
         help="working directory (default ./ckptprof-demo)",
     )
-    add_spec_arguments(demo, scale=0.01)
-    demo.add_argument(
-        "--world-size",
-        type=whole(ranges.RANKS),
-        default=None,
-        help="ranks of the job that restores it (default: the saved ranks)",
-    )
-    demo.add_argument(
-        "--rank",
-        type=whole(ranges.RANK),
-        default=None,
-        help="restore only this rank of --world-size (default: every rank)",
-    )
-    demo.add_argument("--full", action="store_true", help="full size (--scale 1)")
-    demo.add_argument(
-        "--strategy",
-        type=choice_list(strategy_registry.NAMES),
-        default=None,
-        help="restore strategies side by side (default staged,pipelined; pipelined with --full)",
-    )
-    demo.add_argument(
-        "--concurrency",
-        type=int_list(ranges.CONCURRENCY),
-        default=None,
-        help="requests in flight (default 1,8; 8 with --full)",
-    )
-    demo.add_argument(
-        "--repeat",
-        type=whole(ranges.REPEAT),
-        default=None,
-        help="repeats per setting (default 3; 1 with --full)",
-    )
-    demo.add_argument(
-        "--memory-budget",
-        type=size(ranges.MEMORY_BUDGET),
-        default=None,
-        metavar="SIZE",
-        help="bytes the pipelined strategy may hold in flight (default: from free memory)",
-    )
-    add_device_option(demo)
     demo.add_argument(
         "--plot",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also write DIR/report.png",
     )
-    demo.set_defaults(func=run)
+    spec = demo.add_argument_group("the checkpoint: what is saved")
+    add_spec_arguments(spec, scale=0.01)
+    spec.add_argument("--full", action="store_true", help="full size (--scale 1)")
+    restore = demo.add_argument_group("the restore: options as in `ckptprof synth restore`")
+    for add_option in (
+        add_strategy_option, add_concurrency_option, add_repeat_option, add_world_size_option,
+        add_rank_option, add_memory_budget_option, add_device_option,
+    ):  # fmt: skip
+        add_option(restore)
+    demo.set_defaults(func=run, **DEMO_DEFAULTS)
 
 
 def run(args) -> int:
@@ -108,10 +108,10 @@ def run(args) -> int:
     )  # fmt: skip
     full = args.full
     options = RestoreOptions(
-        strategies=args.strategy or (("pipelined",) if full else ("staged", "pipelined")),
+        strategies=_BySize.chosen(args.strategy, full),
         caches=("cold", "hot"),
-        concurrency=args.concurrency or ((8,) if full else (1, 8)),
-        repeat=args.repeat or (1 if full else 3),
+        concurrency=_BySize.chosen(args.concurrency, full),
+        repeat=_BySize.chosen(args.repeat, full),
         world_size=args.world_size,
         rank=args.rank,
         memory_budget=args.memory_budget,

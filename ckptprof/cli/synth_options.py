@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from ckptprof.cli.options import real, seconds_or_off, whole
+from ckptprof.cli.options import choice_list, int_list, real, seconds_or_off, size, whole
 from ckptprof.synth import ranges
 from ckptprof.synth.layouts import LAYOUT_NAMES
+from ckptprof.synth.options import RestoreOptions
 from ckptprof.synth.presets import PRESETS
+from ckptprof.synth.strategies import registry as strategy_registry
+
+#: what a restore does when not told: the options' own defaults
+RESTORE_DEFAULTS = RestoreOptions()
 
 
 def add_spec_arguments(parser, scale: float = 1.0) -> None:
@@ -52,6 +57,74 @@ def add_spec_arguments(parser, scale: float = 1.0) -> None:
     )
     parser.add_argument(
         "--seed", type=whole(ranges.SEED), default=0, help="seed of the random bytes"
+    )
+
+
+# The restore options ``synth restore`` and the demo share (with ``--device``, from
+# :func:`ckptprof.cli.options.add_device_option`): one declaration each. Their help says
+# what they are; the help formatter adds each command's own default, so a command that
+# restores differently by default (the demo) says so with ``set_defaults``.
+
+
+def add_strategy_option(parser) -> None:
+    parser.add_argument(
+        "--strategy",
+        type=choice_list(strategy_registry.NAMES),
+        default=RESTORE_DEFAULTS.strategies,
+        help="how bytes become state, comma-separated to compare side by side: staged "
+        "(everything into memory, then load), pipelined (only what the rank needs, loaded "
+        "as it lands, inside --memory-budget), framework (the layout's own loader on the "
+        "path), runai (the Run:ai Model Streamer on safetensors; pip install "
+        "runai-model-streamer) or s3torchconnector (AWS's S3 client for PyTorch, s3:// "
+        "only; pip install s3torchconnector)",
+    )
+
+
+def add_concurrency_option(parser) -> None:
+    parser.add_argument(
+        "--concurrency",
+        type=int_list(ranges.CONCURRENCY),
+        default=RESTORE_DEFAULTS.concurrency,
+        help="requests in flight, comma-separated",
+    )
+
+
+def add_repeat_option(parser) -> None:
+    parser.add_argument(
+        "--repeat",
+        type=whole(ranges.REPEAT),
+        default=RESTORE_DEFAULTS.repeat,
+        help="repeats per setting; medians are reported",
+    )
+
+
+def add_world_size_option(parser) -> None:
+    parser.add_argument(
+        "--world-size",
+        type=whole(ranges.RANKS),
+        default=RESTORE_DEFAULTS.world_size,
+        help="target ranks to reshard into (default: the saved ranks)",
+    )
+
+
+def add_rank_option(parser) -> None:
+    parser.add_argument(
+        "--rank",
+        type=whole(ranges.RANK),
+        default=RESTORE_DEFAULTS.rank,
+        help="restore only this rank of --world-size (what one process of the job holds and "
+        "reads); default: every rank, in this one process",
+    )
+
+
+def add_memory_budget_option(parser) -> None:
+    parser.add_argument(
+        "--memory-budget",
+        type=size(ranges.MEMORY_BUDGET),
+        default=RESTORE_DEFAULTS.memory_budget,
+        metavar="SIZE",
+        help="bytes the pipelined strategy may hold in flight, e.g. 1G (default: a quarter "
+        "of free memory, at most 2G)",
     )
 
 

@@ -12,20 +12,26 @@ from ckptprof.cli.options import (
     checkpoint,
     choice_list,
     directory,
-    int_list,
     real,
     size,
     size_text,
     whole,
 )
-from ckptprof.cli.synth_options import add_stall_option, stall_after_s, stall_option, without_nproc
+from ckptprof.cli.synth_options import RESTORE_DEFAULTS as DEFAULTS
+from ckptprof.cli.synth_options import (
+    add_concurrency_option,
+    add_memory_budget_option,
+    add_rank_option,
+    add_repeat_option,
+    add_stall_option,
+    add_strategy_option,
+    add_world_size_option,
+    stall_after_s,
+    stall_option,
+    without_nproc,
+)
 from ckptprof.manifest import VERIFY_MODES
 from ckptprof.synth import ranges
-from ckptprof.synth.options import RestoreOptions
-from ckptprof.synth.strategies import registry as strategy_registry
-
-#: what a restore does when not told: the options' own defaults
-DEFAULTS = RestoreOptions()
 
 RESTORE_EXAMPLES = """examples:
   ckptprof synth restore ./ckpt --strategy staged,pipelined,framework --cache cold --concurrency 8
@@ -62,36 +68,15 @@ def add_parser(sub) -> None:
 
 def _add_sweep(parser) -> None:
     group = parser.add_argument_group("the sweep: strategies, caches and concurrency, repeated")
-    group.add_argument(
-        "--strategy",
-        type=choice_list(strategy_registry.NAMES),
-        default=DEFAULTS.strategies,
-        help="how bytes become state, comma-separated to compare side by side: staged "
-        "(everything into memory, then load), pipelined (only what the rank needs, loaded "
-        "as it lands, inside --memory-budget), framework (the layout's own loader on the "
-        "path), runai (the Run:ai Model Streamer on safetensors; pip install "
-        "runai-model-streamer), s3torchconnector (AWS's S3 client for PyTorch, s3:// only; "
-        f"pip install s3torchconnector); default {','.join(DEFAULTS.strategies)}",
-    )
+    add_strategy_option(group)
     group.add_argument(
         "--cache",
         type=choice_list(ranges.CACHES),
         default=DEFAULTS.caches,
         help=f"cold, hot or cold,hot (default {','.join(DEFAULTS.caches)})",
     )
-    group.add_argument(
-        "--concurrency",
-        type=int_list(ranges.CONCURRENCY),
-        default=DEFAULTS.concurrency,
-        help="requests in flight, comma-separated (default "
-        f"{','.join(map(str, DEFAULTS.concurrency))})",
-    )
-    group.add_argument(
-        "--repeat",
-        type=whole(ranges.REPEAT),
-        default=DEFAULTS.repeat,
-        help=f"repeats per setting (medians; default {DEFAULTS.repeat})",
-    )
+    add_concurrency_option(group)
+    add_repeat_option(group)
     group.add_argument(
         "--verify",
         choices=VERIFY_MODES,
@@ -102,12 +87,7 @@ def _add_sweep(parser) -> None:
 
 def _add_job(parser) -> None:
     group = parser.add_argument_group("the job: the ranks it plays, where the state lives")
-    group.add_argument(
-        "--world-size",
-        type=whole(ranges.RANKS),
-        default=None,
-        help="target ranks to reshard into (default: the saved ranks)",
-    )
+    add_world_size_option(group)
     group.add_argument(
         "--nproc-per-node",
         type=whole(ranges.RANKS),
@@ -117,26 +97,13 @@ def _add_job(parser) -> None:
         "launcher (torch.distributed.run); across nodes, start `torchrun ... -m ckptprof "
         "synth restore` on each node instead (the job's RTO is its slowest rank's)",
     )
-    group.add_argument(
-        "--rank",
-        type=whole(ranges.RANK),
-        default=None,
-        help="restore only this rank of --world-size (what one process of the job holds and "
-        "reads); default: every rank, in this one process",
-    )
+    add_rank_option(group)
     add_device_option(group)
 
 
 def _add_reads(parser) -> None:
     group = parser.add_argument_group("reads: memory, request size, ceiling, cache, staging")
-    group.add_argument(
-        "--memory-budget",
-        type=size(ranges.MEMORY_BUDGET),
-        default=None,
-        metavar="SIZE",
-        help="bytes the pipelined strategy may hold in flight, e.g. 1G (default: a quarter "
-        "of free memory, at most 2G)",
-    )
+    add_memory_budget_option(group)
     group.add_argument(
         "--part-size",
         type=size(ranges.PART_SIZE),

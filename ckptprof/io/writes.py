@@ -112,11 +112,18 @@ def write_files(
 STAGING = "write_buffers"
 
 
+def staging_shape(concurrency: int, part_size: int) -> tuple[int, int]:
+    """How many staging buffers a direct writer holds, and the bytes of each: one per
+    write in flight and two for the writes handed back, each a part in whole blocks
+    (what :func:`staging_buffers` makes, and a save's memory check counts)."""
+    return concurrency + 2, whole_blocks(part_size)
+
+
 def staging_buffers(concurrency: int, part_size: int) -> BufferPool:
-    """A direct writer's staging buffers, made and touched now (before any timing): one
-    per write in flight and two for the writes handed back, as a job keeps them."""
+    """A direct writer's staging buffers (:func:`staging_shape`), made and touched now
+    (before any timing), as a job keeps them."""
     pool = BufferPool(HostBuffer)
-    pool.reserve(concurrency + 2, whole_blocks(part_size), "ckptprof-staging")
+    pool.reserve(*staging_shape(concurrency, part_size), "ckptprof-staging")
     for buffer in pool.free_buffers():
         for offset in range(0, buffer.size, mmap.PAGESIZE):
             buffer.view[offset] = 0  # fresh memory costs a fault a page: paid here
@@ -151,6 +158,7 @@ __all__ = [
     "as_bytes",
     "cut_parts",
     "staging_buffers",
+    "staging_shape",
     "write_files",
     "write_parts",
 ]

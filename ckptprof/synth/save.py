@@ -23,7 +23,7 @@ from statistics import median
 
 from ckptprof.env import capture
 from ckptprof.errors import CkptprofError
-from ckptprof.io.writes import STAGING, staging_buffers
+from ckptprof.io.writes import STAGING, staging_buffers, staging_shape
 from ckptprof.manifest import Manifest, entry_for_segments
 from ckptprof.phases import Attr
 from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA_VERSION
@@ -172,9 +172,10 @@ def build_state(plan: CheckpointPlan, seed: int = 0) -> dict:
     return tensors
 
 
-def _check_memory(plan: CheckpointPlan, sharing: int = 1) -> None:
-    """The state is held in memory, as a job holds it: refuse before building it when it
-    cannot fit (``sharing``: the ranks of this node, each holding its own)."""
+def _check_memory(plan: CheckpointPlan, options: SaveOptions, sharing: int = 1) -> None:
+    """The state is held in memory, as a job holds it, and with --direct-io the writer's
+    staging buffers beside it: refuse before building either when they cannot fit
+    (``sharing``: the ranks of this node, each holding its own)."""
     import psutil
 
     available = psutil.virtual_memory().available // sharing
@@ -183,6 +184,17 @@ def _check_memory(plan: CheckpointPlan, sharing: int = 1) -> None:
             f"the training state to save ({fmt_bytes(plan.payload_bytes)}) does not fit in "
             f"the {fmt_bytes(available)} of memory available; use a smaller --scale or more "
             "--ranks."
+        )
+    if not options.direct_io:
+        return
+    count, size = staging_shape(options.concurrency, options.part_size)
+    if plan.payload_bytes + count * size > available * MEMORY_HEADROOM:
+        raise CkptprofError(
+            f"--direct-io stages writes in {count} buffers of {fmt_bytes(size)} (--concurrency "
+            f"{options.concurrency}, --part-size {options.part_size}): "
+            f"{fmt_bytes(count * size)} beside the {fmt_bytes(plan.payload_bytes)} training "
+            f"state does not fit in the {fmt_bytes(available)} of memory available; lower "
+            "--concurrency or --part-size, or drop --direct-io."
         )
 
 
@@ -218,7 +230,7 @@ def run_save(
     layout = get_layout(spec.layout)
     plan = layout.plan(spec)
     mine = rank_plan(plan, job)
-    _check_memory(mine, job.local_world if job else 1)
+    _check_memory(mine, options, job.local_world if job else 1)
     storage = open_storage(location, direct_io=options.direct_io)
     lead = job is None or job.rank == 0
     with ExitStack() as held:  # the location is this save's until it returns
