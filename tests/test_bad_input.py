@@ -126,7 +126,7 @@ def test_corrupt_manifest(ckpt_copy):
         (["--ranks", "0"], ["--ranks", "'0'", "at least 1"]),
         (["--files", "3", "--ranks", "2"], ["--files 3", "multiple of --ranks 2"]),
         (["--layout", "deepspeed", "--files", "8"], ["--files", "deepspeed"]),
-        # once tracebacks (#17): IndexError, ZeroDivisionError, numpy's ValueError
+        # once tracebacks: IndexError, ZeroDivisionError, numpy's ValueError
         (["--ranks", "2000", "--scale", "0.001"], ["--ranks 2000", "use --ranks 1008"]),
         (
             ["--model", "llama3-405b", "--layout", "dcp", "--ranks", "512", "--scale", "0.00001"],
@@ -134,7 +134,7 @@ def test_corrupt_manifest(ckpt_copy):
         ),
         (["--dry-run", "--bandwidth-gbps", "0"], ["--bandwidth-gbps", "'0'", "above 0"]),
         (["--seed", "-1"], ["--seed", "'-1'", "at least 0"]),
-        # once "must be a multiple of --ranks 1" (#17)
+        # once "must be a multiple of --ranks 1"
         (["--files", "0"], ["--files", "'0'", "at least 1"]),
         (["--step", "x"], ["--step", "'x'", "whole number"]),
     ],
@@ -264,7 +264,7 @@ def _limit_files(soft: int, hard: int):
 @pytest.mark.slow
 def test_more_files_than_open_files_allowed_restore(checkpoints):
     """Fetched bytes hold no descriptor: 301 files restore under a hard limit of 128
-    (#17: this was refused with "raise ulimit -n to 730", beyond the hard limit)."""
+    (this was refused with "raise ulimit -n to 730", beyond the hard limit)."""
     many = checkpoints("torch", 1, optimizer=False, files=300)
     capped = restore_cli(many, "--verify", "full", preexec_fn=_limit_files(128, 128))
     assert capped.returncode == 0, capped.stderr
@@ -299,7 +299,7 @@ def _set_size(doc, value):
         (lambda d: d["spec"].update(model="gpt-9"), ["spec: model", "llama2-7b"]),
         (lambda d: d.update(files=list(d["files"])), ["files: expected an object, got a list"]),
         (lambda d: d.update(spec=None), ["spec: expected an object, got null"]),
-        # once "is 343 bytes but the manifest says 343" (#17)
+        # once "is 343 bytes but the manifest says 343"
         (lambda d: _set_size(d, "343"), ["['checkpoint_rank0.pt'].size", "'343' (a string)"]),
         (lambda d: _set_size(d, True), ["['checkpoint_rank0.pt'].size", "got true"]),
         (lambda d: d["files"]["checkpoint_rank0.pt"].pop("xxh3"), ["xxh3", "missing"]),
@@ -314,7 +314,7 @@ def test_manifest_with_wrong_types_is_one_line(ckpt_copy, change, needles):
 @pytest.mark.slow
 def test_sample_verify_passes_a_flip_outside_its_ranges_and_says_so(checkpoints, tmp_path):
     """By design `--verify sample` misses a byte outside its ranges; the report must say
-    how much it checked (#17), while `--verify full` catches the same byte."""
+    how much it checked, while `--verify full` catches the same byte."""
     from ckptprof.manifest import sample_ranges
 
     dest = tmp_path / "ckpt"
@@ -371,7 +371,7 @@ def test_unexpected_errors_are_one_line_with_the_debug_hint(tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_the_ceiling_probe_reads_enough_and_names_requests_the_files_hold(checkpoints, tmp_path):
-    """#21 item 6: with 2000 files the probe read 578 kB and called it "one 16.78 MB
+    """Once, with 2000 files the probe read 578 kB and called it "one 16.78 MB
     request"; with --part-size 1G on a 66 MB file, "one 1.07 GB request"."""
     from ckptprof.storage.posix import PosixStorage
     from ckptprof.synth import ceiling
@@ -395,7 +395,7 @@ def test_the_ceiling_probe_reads_enough_and_names_requests_the_files_hold(checkp
 
 @pytest.mark.slow
 def test_a_corrupt_header_under_full_verify_does_not_advise_full_verify(checkpoints, tmp_path):
-    """#21 item 11: a corrupt safetensors header under --verify full said "re-run with
+    """Once, a corrupt safetensors header under --verify full said "re-run with
     --verify full"."""
     dest = tmp_path / "st"
     shutil.copytree(checkpoints("safetensors"), dest)
@@ -413,7 +413,7 @@ def test_a_corrupt_header_under_full_verify_does_not_advise_full_verify(checkpoi
 
 @pytest.mark.slow
 def test_memory_advice_never_names_the_strategy_in_use(checkpoints, tmp_path):
-    """#21 item 13: --memory-budget 100G with pipelined advised "use --strategy pipelined"."""
+    """Once, --memory-budget 100G with pipelined advised "use --strategy pipelined"."""
     result = restore_cli(checkpoints("torch"), "--strategy", "pipelined", "--memory-budget",
                          "100G")  # fmt: skip
     line = assert_one_line_error(result, "of memory", "smaller --memory-budget")
@@ -425,7 +425,7 @@ def test_memory_advice_never_names_the_strategy_in_use(checkpoints, tmp_path):
 
 @pytest.mark.slow
 def test_a_scale_below_the_shapes_floor_says_what_was_written(tmp_path):
-    """#21 item 15: --scale 1e-9 wrote 5.7 MB labelled "x1e-09" without a word."""
+    """Once, --scale 1e-9 wrote 5.7 MB labelled "x1e-09" without a word."""
     done = run_cli("synth", "generate", str(tmp_path / "tiny"), "--scale", "1e-9")
     assert done.returncode == 0, done.stderr
     assert "x1e-09 (floored to x8.1e-05" in done.stdout and "larger than asked" in done.stdout

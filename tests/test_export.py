@@ -247,7 +247,7 @@ def _status(message: str) -> bytes:
     return status_pb2.Status(code=3, message=message).SerializeToString()
 
 
-#: refusals as real backends send them (#21 item 19: the tests used a made-up body)
+#: refusals as real backends send them (the tests used a made-up body)
 REFUSALS = {
     # MLflow 3's OTLP endpoint (FastAPI): a list of validation errors under "detail"
     "mlflow3": (
@@ -374,9 +374,9 @@ def test_span_ids_ignore_and_keep_the_jobs_random_state(tmp_path, clean_otel_env
 def test_a_collector_that_never_answers_is_one_warning_not_silence(
     tmp_path, clean_otel_env, caplog
 ):
-    """#17: the shutdown wait (2 s) was shorter than the request timeout (3 s), so spans
+    """Once, the shutdown wait (2 s) was shorter than the request timeout (3 s), so spans
     sent to a collector that accepts but never answers were lost without a word."""
-    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "3")  # #17's request timeout
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "3")  # the request timeout above
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)
@@ -454,7 +454,7 @@ def test_the_otlp_request_timeout_is_the_sdks_own(clean_otel_env):
 
 
 def test_a_replay_to_a_collector_that_accepts_and_never_answers_is_bounded(tmp_path):
-    """#22: replay was tried against a refused port only, so a missing request timeout
+    """Once, replay was tried against a refused port only, so a missing request timeout
     would have passed. This collector reads the request and never answers."""
     telemetry = setup_telemetry(tmp_path, otlp=False)
     record_one_restore(telemetry)

@@ -393,7 +393,7 @@ def test_strategies_that_checkpoint_themselves_are_traced(tmp_path):
 
 @pytest.mark.slow
 def test_an_unwritable_state_dir_is_named_once_and_training_goes_on(tmp_path, monkeypatch, caplog):
-    """#21 item 12: the only output was `ckptprof: internal error in commit ignored:
+    """Once, the only output was `ckptprof: internal error in commit ignored:
     PermissionError(13, 'Permission denied')`."""
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")  # root passes permission checks; this fails for all

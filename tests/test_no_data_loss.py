@@ -1,4 +1,4 @@
-"""`synth generate` never overwrites or deletes what it did not write (#17).
+"""`synth generate` never overwrites or deletes what it did not write.
 
 Each test puts the user's own files in and around DEST, runs the real CLI, and checks
 they are all still there, byte for byte.
@@ -121,7 +121,7 @@ def test_writes_and_deletes_never_follow_a_link_out_of_the_location(tmp_path):
 
 @pytest.mark.slow
 def test_an_interrupted_generate_can_be_replaced_with_force(tmp_path, monkeypatch):
-    """#17: after a failed generate, `generate` said "pass --force" and --force refused."""
+    """Once, after a failed generate, `generate` said "pass --force" and --force refused."""
     dest = tmp_path / "partial"
     (tmp_path / "mine.txt").write_text("precious")
     interrupted_generation(dest, 3, monkeypatch)  # config.json and two of the four parts
@@ -140,7 +140,7 @@ def test_an_interrupted_generate_can_be_replaced_with_force(tmp_path, monkeypatc
 
 
 def test_force_checks_every_path_before_deleting_anything(tmp_path):
-    """#21 item 2: a checkpoint file replaced by a folder made --force delete the old
+    """Once, a checkpoint file replaced by a folder made --force delete the old
     checkpoint and then fail: the user had neither. Now nothing is deleted."""
     from ckptprof.synth.generate import generate as generate_in_process
     from ckptprof.synth.plan import SynthSpec
@@ -226,7 +226,7 @@ def traced_results(tmp_path_factory):
 def test_outputs_write_through_links_devices_and_fifos_never_replace_them(
     traced_results, tmp_path, command, capsys
 ):
-    """#21 item 1: `--html /dev/full` replaced the machine's /dev/full with a regular file."""
+    """Once, `--html /dev/full` replaced the machine's /dev/full with a regular file."""
     import stat
     import threading
 

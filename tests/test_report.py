@@ -995,7 +995,7 @@ def test_a_phase_that_moves_less_than_the_floor_is_never_judged(tmp_path):
 
 
 def test_a_gate_that_compared_nothing_fails_naming_each_sides_settings(tmp_path, capsys):
-    """#21 item 3: two results with no common setting printed "gate: nothing slower" and
+    """Once, two results with no common setting printed "gate: nothing slower" and
     exited 0."""
     from ckptprof.cli import main
 
@@ -1056,7 +1056,7 @@ def test_compare_says_when_the_sources_restored_different_checkpoints(tmp_path, 
 
 
 def test_a_limit_is_printed_as_given(tmp_path, capsys):
-    """#21 item 3: `--fail-if-slower 5.5%` was printed as "6%"."""
+    """Once, `--fail-if-slower 5.5%` was printed as "6%"."""
     from ckptprof.cli import main
 
     base = write_results(tmp_path / "base", results_doc())
@@ -1065,7 +1065,7 @@ def test_a_limit_is_printed_as_given(tmp_path, capsys):
 
 
 def test_export_skips_a_cut_last_line_as_report_does(three_restores, tmp_path, capsys):
-    """#21 item 8: a job killed mid-write leaves a cut last line: report skipped it with a
+    """Once, a job killed mid-write leaves a cut last line: report skipped it with a
     warning, export refused the whole file."""
     from ckptprof.cli import main
 
@@ -1086,7 +1086,7 @@ def test_export_skips_a_cut_last_line_as_report_does(three_restores, tmp_path, c
 
 
 def test_results_and_their_own_traces_count_each_restore_once(results_dir, clock, capsys):
-    """#21 item 18: a results.json given with its own traces showed every configuration
+    """Once, a results.json given with its own traces showed every configuration
     twice (one row per source) and each hint once per source."""
     from ckptprof.cli import main
 
@@ -1109,7 +1109,7 @@ def test_results_and_their_own_traces_count_each_restore_once(results_dir, clock
 
 @pytest.mark.slow
 def test_output_degrades_to_ascii_where_the_stream_cannot_encode(tmp_path):
-    """#21 item 9: `LC_ALL=C PYTHONUTF8=0 ckptprof report out` crashed on '…'."""
+    """Once, `LC_ALL=C PYTHONUTF8=0 ckptprof report out` crashed on '…'."""
     folder = write_results(tmp_path / "run", results_doc())
     env = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}
     done = run_cli("report", str(folder), env=env)
@@ -1121,7 +1121,7 @@ def test_output_degrades_to_ascii_where_the_stream_cannot_encode(tmp_path):
 
 
 def test_a_stalled_request_is_named_by_a_hint():
-    """#21 item 17: a 12 s stall below the read timeout showed as RTO 15.7 s, no word."""
+    """Once, a 12 s stall below the read timeout showed as RTO 15.7 s, no word."""
     stalled = breakdown(rto=15.7, fetch=(13.0, None, None, False))
     assert "stall" not in codes(stalled)  # no request time recorded: no verdict
     stalled.phase("fetch").details["slowest_request_s"] = 12.0

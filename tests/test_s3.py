@@ -520,7 +520,7 @@ def test_generation_checks_local_staging_space_first(s3_bucket, s3_env):
 
 
 def test_retries_of_calls_that_finally_fail_are_counted(s3_bucket, s3_env, fault_proxy):
-    """#17: only completed calls' RetryAttempts were counted ("0 retries, 21 failed
+    """Once, only completed calls' RetryAttempts were counted ("0 retries, 21 failed
     attempts" while botocore did retry)."""
     s3_env()
     location = s3_generate(s3_bucket.name, "torch", optimizer=False)
@@ -546,7 +546,7 @@ def hung_proxy_env(s3_bucket, s3_env, fault_proxy, monkeypatch, read_timeout: st
 def test_a_hung_endpoint_stops_the_sweep_within_seconds(
     s3_bucket, s3_env, fault_proxy, monkeypatch, tmp_path
 ):
-    """#17: a server that keeps the connection open and never answers stalled each run
+    """Once, a server that keeps the connection open and never answers stalled each run
     for minutes, and the sweep went on to the next run."""
     import time
 
@@ -598,7 +598,7 @@ def test_a_bad_timeout_setting_is_one_line(s3_bucket, s3_env, tmp_path):
 
 
 def test_a_key_with_a_hash_is_kept_whole_and_a_query_is_refused(s3_bucket, s3_env, tmp_path):
-    """#21 item 4: `s3://b/hash#tag` was written to `s3://b/hash`, `s3://b/q?x=1` to
+    """Once, `s3://b/hash#tag` was written to `s3://b/hash`, `s3://b/q?x=1` to
     `s3://b/q`: another object than the one named."""
     s3_env()
     location = f"s3://{s3_bucket.name}/hash#tag"
@@ -615,7 +615,7 @@ def test_a_key_with_a_hash_is_kept_whole_and_a_query_is_refused(s3_bucket, s3_en
 
 
 def test_a_stall_below_the_read_timeout_is_named(s3_bucket, s3_env, fault_proxy, tmp_path):
-    """#21 item 17: the server stops answering for a few seconds mid-fetch (under the
+    """Once, the server stops answering for a few seconds mid-fetch (under the
     read timeout, so nothing fails): the run line and the fetch span say so."""
     s3_env()
     location = s3_generate(s3_bucket.name, "safetensors")
