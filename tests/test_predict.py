@@ -240,6 +240,22 @@ def test_file_counts_give_back_a_per_file_cost():
     assert cost.seconds(10**8, 200) == pytest.approx(seconds(10**8, 200))
 
 
+def test_the_part_per_file_is_the_cost_of_the_files_beyond_the_concurrency():
+    """Below the files read at a time, an added file adds parallelism as well as work (the
+    slope from 2 to 20 files was 3-4x the cost of the files beyond, docs/predict.md): the
+    part per file is the slope between the two largest counts at the same bytes."""
+    seconds = {1: 0.50, 2: 0.60, 20: 0.80, 60: 1.00}  # 5 ms a file from 20 to 60
+    points = [Point(10**8, f, s) for f, s in seconds.items()] + [Point(2 * 10**8, 1, 0.7)]
+    cost = fit(points, "runs")
+    assert cost.per_file_s.value == pytest.approx(0.005)
+    assert cost.per_file_s.source.endswith("per file: 20 → 60 files")
+    # the fixed part stays a fixed part: a single file does not carry it as a per-file cost
+    assert cost.fixed_s is not None and cost.fixed_s.value > 0.4
+    # more files that took less time: no part per file
+    fewer_faster = [Point(10**8, 2, 1.0), Point(10**8, 20, 0.9), Point(2 * 10**8, 2, 1.2)]
+    assert fit(fewer_faster, "runs").per_file_s is None
+
+
 def test_a_negative_term_is_dropped_and_the_rest_fitted_again():
     # noise that makes the larger size faster: per byte alone (a larger job is not free),
     # least squares through zero: (1e8 x 1.0 + 2e8 x 0.9) / (1e16 + 4e16) = 5.6e-9 s/B

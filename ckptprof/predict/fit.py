@@ -17,8 +17,6 @@ from statistics import median
 
 from ckptprof.predict.model import Cost, Given
 
-TERMS = ("fixed", "per byte", "per file")
-
 
 @dataclass(frozen=True)
 class Point:
@@ -47,12 +45,33 @@ def _solve(rows: list[tuple[float, ...]], values: list[float]) -> list[float]:
     return [b[i] / a[i][i] for i in range(n)]
 
 
+def per_file_slope(settings: dict[tuple[int, int], list[float]]) -> tuple[float, int, int] | None:
+    """The cost of one more file: the slope between the two largest file counts measured
+    at about the same bytes (within a tenth: each file's own headers add bytes with the
+    count, and belong to its cost), ``(seconds, fewer, more)``; None where no bytes were
+    measured at two counts, or where more files took less time (a cost is not negative).
+
+    Not a least-squares line through every count: a restore reads 8 files at a time and a
+    save serializes while it writes, so below that concurrency an added file adds
+    parallelism as well as work; and with the fixed part a line through every count could
+    drop (a negative term), one file carried the whole fixed cost as its part per file.
+    The largest counts are the nearest to the jobs a many-file prediction is for."""
+    by_files = sorted(settings, key=lambda key: key[1])
+    most = by_files[-1]
+    near = [k for k in by_files if k[1] < most[1] and abs(k[0] - most[0]) <= most[0] / 10]
+    if not near:
+        return None
+    fewer = near[-1]
+    slope = (median(settings[most]) - median(settings[fewer])) / (most[1] - fewer[1])
+    return (slope, fewer[1], most[1]) if slope >= 0 else None
+
+
 def fit(points: list[Point], source: str) -> Cost:
     """The cost that ``points`` measured: per byte alone from one setting; from more,
-    fixed plus per byte (where the bytes vary) plus per file (where the files vary), by
-    least squares over each setting's median. A term that comes out negative is dropped
-    (a cost is not negative; a negative part per byte drops the fixed part instead) and
-    the rest fitted again."""
+    fixed plus per byte (where the bytes vary) by least squares over each setting's
+    median, after a part per file (where the files vary: :func:`per_file_slope`) is taken
+    out of each. A term that comes out negative is dropped and the rest fitted again (a
+    cost is not negative; a negative part per byte drops the fixed part instead)."""
     settings: dict[tuple[int, int], list[float]] = defaultdict(list)
     for p in points:
         settings[(p.bytes, p.files)].append(p.seconds)
@@ -61,15 +80,15 @@ def fit(points: list[Point], source: str) -> Cost:
     if len(keys) == 1:
         nbytes = keys[0][0]
         return Cost(Given(values[0] / nbytes if nbytes else 0.0, f"measured: {source}"))
+    where = f"fitted: {len(keys)} settings, {sum(map(len, settings.values()))} runs of {source}"
+    per_file = per_file_slope(settings)
+    if per_file is not None:
+        values = [v - per_file[0] * f for v, (_, f) in zip(values, keys, strict=True)]
     terms = ["fixed"]
     if len({b for b, _ in keys}) > 1:
         terms.append("per byte")
-    if len({f for _, f in keys}) > 1 and len(keys) > len(terms):
-        terms.append("per file")
-    where = f"fitted: {len(keys)} settings, {sum(map(len, settings.values()))} runs of {source}"
     while True:
-        rows = [tuple({"fixed": 1.0, "per byte": b, "per file": f}[t] for t in terms)
-                for b, f in keys]  # fmt: skip
+        rows = [tuple({"fixed": 1.0, "per byte": b}[t] for t in terms) for b, _ in keys]
         try:
             solved = dict(zip(terms, _solve(rows, values), strict=True))
         except ZeroDivisionError:
@@ -85,7 +104,9 @@ def fit(points: list[Point], source: str) -> Cost:
     return Cost(
         per_byte_s=given.get("per byte", Given(0.0, where)),
         fixed_s=given.get("fixed"),
-        per_file_s=given.get("per file"),
+        per_file_s=Given(per_file[0], f"{where}; per file: {per_file[1]} → {per_file[2]} files")
+        if per_file is not None
+        else None,
     )
 
 
