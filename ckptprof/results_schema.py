@@ -27,6 +27,7 @@ _PHASE = schema.record(
         "emulation_reason": schema.optional(schema.text()),
         "fused": schema.optional(schema.text()),  # an Attr.FUSED value
         "lazy": schema.boolean(),  # fetch: Attr.FETCH_LAZY
+        "first_in_process": schema.boolean(),  # first_step: Attr.FIRST_STEP_FIRST_IN_PROCESS
     },
     required=("busy_s",),
 )

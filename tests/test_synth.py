@@ -343,10 +343,16 @@ def test_first_step_estimate_is_beside_the_rto_not_in_it(checkpoints, tmp_path):
 
 
 def test_first_step_is_a_real_training_step(checkpoints, tmp_path):
-    payload = restore(checkpoints("torch"), tmp_path, caches=("hot",), concurrency=(2,))
-    first = payload["runs"][0]["phases"]["first_step"]
+    """Measured, and the first of its process named: it pays the one-time set-up a
+    resumed job's first step pays, the sweep's later runs do not."""
+    payload = restore(checkpoints("torch"), tmp_path, caches=("hot",), concurrency=(2, 4))
+    first, later = (run["phases"]["first_step"] for run in payload["runs"])
     assert first["busy_s"] > 0 and not first.get("emulated")
     assert payload["runs"][0]["first_step"] == "measured"
+    assert first.get("first_in_process") is True and "first_in_process" not in later
+    roots, children = restore_spans(payload)
+    flags = [children[r["context"]["span_id"]]["ckpt.first_step"]["attributes"] for r in roots]
+    assert [f["ckpt.first_step.first_in_process"] for f in flags] == [True, False]
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ class FirstStep:
         self.subject = subject
         self.progress = progress
         self.model = self.optimizer = None
+        self.steps_run = 0  # real steps this process has run
         self.estimate: tuple[float, str] | None = None
         self.user_seconds = user_seconds
         if not enabled:
@@ -98,7 +99,10 @@ class FirstStep:
                 }
 
     def run(self, op) -> None:
-        """The step, inside the restore (real or the user's), or its estimate beside it."""
+        """The step, inside the restore (real or the user's), or its estimate beside it.
+        A real step says whether it is its process's first: that one pays what a resumed
+        job's first step pays once (kernels chosen, caches and allocator pools made; on a
+        GPU the CUDA context and library handles), the sweep's later runs do not."""
         import torch
 
         from ckptprof.synth.model import train_step
@@ -106,11 +110,13 @@ class FirstStep:
         if self.mode == STEP_REAL:
             previous = torch.set_flush_denormal(True)
             try:
+                first = {Attr.EMULATED: False, Attr.FIRST_STEP_FIRST_IN_PROCESS: not self.steps_run}
                 with (
-                    op.phase(Phase.FIRST_STEP, **{Attr.EMULATED: False}),
+                    op.phase(Phase.FIRST_STEP, **first),
                     self._bar(3, "first step (forward, backward, AdamW)") as bar,
                 ):
                     train_step(self.model, self.optimizer, advance=bar.update)
+                self.steps_run += 1
             finally:
                 torch.set_flush_denormal(previous)
         elif self.mode == STEP_USER:

@@ -85,6 +85,8 @@ def phases_of(summary) -> dict[str, dict]:
                    and not isinstance(v, bool)}  # fmt: skip
         if details:
             entry["details"] = details
+        if stats.attributes.get(Attr.FIRST_STEP_FIRST_IN_PROCESS):
+            entry["first_in_process"] = True  # the step paid its process's one-time set-up
         if stats.attributes.get(Attr.EMULATED):
             entry["emulated"] = True
             entry["emulation_reason"] = stats.attributes.get(Attr.EMULATION_REASON, "")
