@@ -38,7 +38,7 @@ def spec_schema() -> schema.Check:
     return schema.record(
         {
             "model": schema.text(choices=PRESETS),
-            "layout": schema.text(choices=ranges.LAYOUTS),
+            "layout": schema.text(choices=tuple(ranges.LAYOUTS)),
             "scale": ranges.SCALE,
             "ranks": ranges.RANKS,
             "optimizer": schema.boolean(),

@@ -27,4 +27,12 @@ STEP_SECONDS = schema.number(minimum=0, maximum=DAY_S)
 GBPS = schema.number(maximum=100_000, above=0)
 SECONDS = schema.number(maximum=7 * DAY_S, above=0)
 CACHES = ("cold", "hot")
-LAYOUTS = ("torch", "safetensors", "dcp", "deepspeed")  # each a module of synth.layouts
+#: ``--layout``'s choices, each with the class that holds it (imported when used:
+#: :func:`ckptprof.synth.layouts.get_layout`); here, below the plan that checks a
+#: spec's layout, so that the names are written once
+LAYOUTS = {
+    "torch": "ckptprof.synth.layouts.torch_save:TorchSaveLayout",
+    "safetensors": "ckptprof.synth.layouts.safetensors_hf:SafetensorsLayout",
+    "dcp": "ckptprof.synth.layouts.dcp:DcpLayout",
+    "deepspeed": "ckptprof.synth.layouts.deepspeed_zero:DeepSpeedLayout",
+}
