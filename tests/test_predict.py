@@ -256,6 +256,18 @@ def test_the_part_per_file_is_the_cost_of_the_files_beyond_the_concurrency():
     assert fit(fewer_faster, "runs").per_file_s is None
 
 
+def test_the_part_per_file_does_not_depend_on_the_order_of_the_runs():
+    """The pair is the largest count with a smaller one at about its bytes, whatever order
+    the runs came in; a largest count alone at its size leaves the pair below it."""
+    import itertools
+
+    from ckptprof.predict.fit import per_file_slope
+
+    runs = {(10**8, 2): [1.0], (10**8, 20): [1.2], (2 * 10**8, 20): [1.5], (5 * 10**8, 200): [9.0]}
+    for order in itertools.permutations(runs.items()):
+        assert per_file_slope(dict(order)) == (pytest.approx(0.2 / 18), 2, 20)
+
+
 def test_a_negative_term_is_dropped_and_the_rest_fitted_again():
     # noise that makes the larger size faster: per byte alone (a larger job is not free),
     # least squares through zero: (1e8 x 1.0 + 2e8 x 0.9) / (1e16 + 4e16) = 5.6e-9 s/B

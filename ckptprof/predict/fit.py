@@ -28,7 +28,7 @@ class Point:
 
 
 def _solve(rows: list[tuple[float, ...]], values: list[float]) -> list[float]:
-    """Least squares by the normal equations (at most three terms: no library needed)."""
+    """Least squares by the normal equations (two terms at most: no library needed)."""
     n = len(rows[0])
     a = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
     b = [sum(r[i] * v for r, v in zip(rows, values, strict=True)) for i in range(n)]
@@ -56,12 +56,14 @@ def per_file_slope(settings: dict[tuple[int, int], list[float]]) -> tuple[float,
     parallelism as well as work; and with the fixed part a line through every count could
     drop (a negative term), one file carried the whole fixed cost as its part per file.
     The largest counts are the nearest to the jobs a many-file prediction is for."""
-    by_files = sorted(settings, key=lambda key: key[1])
-    most = by_files[-1]
-    near = [k for k in by_files if k[1] < most[1] and abs(k[0] - most[0]) <= most[0] / 10]
-    if not near:
+    keys = sorted(settings, key=lambda key: (key[1], key[0]), reverse=True)
+    for most in keys:  # the largest count with a smaller one at about its bytes
+        near = [k for k in keys if k[1] < most[1] and abs(k[0] - most[0]) <= most[0] / 10]
+        if near:
+            fewer = near[0]  # the largest such count (the larger bytes on a tie)
+            break
+    else:
         return None
-    fewer = near[-1]
     slope = (median(settings[most]) - median(settings[fewer])) / (most[1] - fewer[1])
     return (slope, fewer[1], most[1]) if slope >= 0 else None
 
