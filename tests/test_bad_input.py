@@ -458,3 +458,31 @@ def test_two_restores_into_one_out_refuse_the_second(checkpoints, tmp_path):
     finally:
         holder.communicate("", timeout=30)
     assert restore_cli(checkpoints("torch"), "--out", str(out)).returncode == 0  # released
+
+
+def _indexed_layouts() -> list[str]:
+    from ckptprof.synth.layouts import LAYOUT_NAMES, get_layout
+
+    return [name for name in LAYOUT_NAMES if get_layout(name).index_file]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", _indexed_layouts())
+def test_a_bad_index_file_is_named_where_it_is(layout, checkpoints, tmp_path):
+    """Every layout's own index (`latest`, DCP's `.metadata`, the HF index json), its bytes
+    replaced by others of the same size, is one line naming the file where it is and the
+    fix, with the exit status of its kind: a corrupt file's (3), or a tag that is not the
+    manifest's (2)."""
+    from ckptprof.synth.layouts import get_layout
+
+    dest = tmp_path / layout
+    shutil.copytree(checkpoints(layout), dest)
+    index = dest / get_layout(layout).index_file
+    size = index.stat().st_size
+    if layout == "deepspeed":  # a readable tag, but not the one the manifest describes
+        index.write_bytes(b"global_step" + b"9" * (size - len("global_step")))
+    else:
+        index.write_bytes(b"\x00garbage" * (size // 8) + b"\x00" * (size % 8))
+    result = restore_cli(dest, "--verify", "none")
+    line = assert_one_line_error(result, str(index), "regenerate")
+    assert result.returncode == (2 if layout == "deepspeed" else 3), line

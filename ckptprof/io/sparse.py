@@ -79,9 +79,10 @@ class SparseFile:
         return [(a * self.block, min(self.size, (b + 1) * self.block)) for a, b in runs]
 
     def reader(self, offset: int = 0, length: int | None = None) -> io.BufferedReader:
-        """A file object over the bytes; it reads ahead one page, not one block: a zip
-        reader's 30-byte local header must not fetch the megabyte of tensor data after it
-        (on an object store, one request in series per record)."""
+        """A file object over the bytes; it reads ahead one page, not one block. A zip
+        reader's 30-byte local header is in its prefetched hint (a page from the header),
+        so reading it fetches nothing; a block's read-ahead ran past the hint into tensor
+        data not fetched yet, on an object store one request in series per record."""
         end = self.size if length is None else offset + length
         return io.BufferedReader(_SparseReader(self, offset, end), buffer_size=INDEX_BLOCK)
 

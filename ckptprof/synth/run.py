@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ckptprof.errors import CkptprofError, VerifyError
+from ckptprof.errors import CkptprofError
 from ckptprof.memory import MemoryWatch
 from ckptprof.phases import Attr, Phase
 from ckptprof.storage.base import ObjectInfo
@@ -175,8 +175,8 @@ def list_phase(subject: RestoreSubject, op: Operation) -> list[ObjectInfo]:
     with op.phase(Phase.LIST) as stats:
         requests_before = storage.stats.requests
         listed = storage.list()
+        infos = check_listing(subject, listed)  # first: a missing index is named as missing
         named = index_names(subject)
-        infos = check_listing(subject, listed)
         unknown = sorted(set(named) - set(subject.manifest.files))
         if unknown:
             raise CkptprofError(
@@ -197,10 +197,9 @@ def index_names(subject: RestoreSubject) -> list[str]:
     raw = subject.storage.read_bytes(index)
     try:
         return layout.named_files(subject.plan, raw)
-    except VerifyError:  # it names the file already
-        raise
-    except CkptprofError as exc:
-        raise CkptprofError(f"{subject.where(index)}: {exc}") from None
+    except CkptprofError as exc:  # named by where it is, as every other file is
+        said = str(exc).removeprefix(f"{index}: ")
+        raise type(exc)(f"{subject.where(index)}: {said}") from None
     except Exception as exc:  # noqa: BLE001 - a corrupt index/latest/.metadata file
         from ckptprof.errors import unreadable
 

@@ -191,7 +191,7 @@ def _check_memory(plan: CheckpointPlan, options: SaveOptions, sharing: int = 1) 
     if plan.payload_bytes + count * size > available * MEMORY_HEADROOM:
         raise CkptprofError(
             f"--direct-io stages writes in {count} buffers of {fmt_bytes(size)} (--concurrency "
-            f"{options.concurrency}, --part-size {options.part_size}): "
+            f"{options.concurrency}, --part-size {fmt_bytes(options.part_size)}): "
             f"{fmt_bytes(count * size)} beside the {fmt_bytes(plan.payload_bytes)} training "
             f"state does not fit in the {fmt_bytes(available)} of memory available; lower "
             "--concurrency or --part-size, or drop --direct-io."

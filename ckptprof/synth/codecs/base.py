@@ -2,7 +2,7 @@
 
 A layout says which codec each of its files is in and what object goes into it
 (:meth:`~ckptprof.synth.layouts.base.Layout.archive`); the codec turns that object into
-bytes four ways (random bytes for generation, the framework's own writer, segments for
+bytes three ways (random bytes for generation, the framework's own writer, segments for
 ckptprof's parallel writer) and back (fetched bytes, or a path with the framework's own
 loader). Nothing here knows a layout, so a new layout reuses the codecs it is written in.
 """
@@ -23,8 +23,8 @@ class Codec(ABC):
 
     @abstractmethod
     def generate(self, dest: Path, obj: Any, filler: RandomFiller) -> dict:
-        """Write ``obj`` (fake tensors inside) to ``dest`` with random tensor bytes, byte
-        for byte what the framework's writer would write. Returns where each of ``obj``'s
+        """Write ``obj`` (fake tensors inside) to ``dest`` with random tensor bytes, in the
+        format's own layout, as the framework's writer lays it out. Returns where each of ``obj``'s
         items landed, ``{key: (offset, length)}``, for formats that index items by offset
         (empty where the file indexes itself)."""
 

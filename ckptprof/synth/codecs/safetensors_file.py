@@ -21,8 +21,9 @@ _TORCH_DTYPES = {v: getattr(torch, k) for k, v in _ST_DTYPES.items()}
 
 
 def header(tensors: dict[str, torch.Tensor]) -> bytes:
-    """The length-prefixed JSON header ``save_file`` writes for ``tensors``, in order,
-    padded to 8 bytes."""
+    """The length-prefixed JSON header of a shard holding ``tensors`` in state-dict order,
+    ``{"format": "pt"}`` as its metadata, padded to 8 bytes (``safetensors``' own
+    ``save_file`` sorts the tensors by dtype and name instead: the same format)."""
     meta: dict[str, dict] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for key, tensor in tensors.items():
@@ -73,7 +74,7 @@ class Safetensors(Codec):
         return {}
 
     def save(self, dest: Path, obj: dict) -> None:
-        """safetensors' own writer, as ``save_pretrained`` calls it."""
+        """safetensors' own writer (``save_pretrained`` calls it, with metadata)."""
         from safetensors.torch import save_file
 
         save_file(obj, str(dest))

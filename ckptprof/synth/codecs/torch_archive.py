@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ckptprof.io.sparse import INDEX_BLOCK
 from ckptprof.synth.codecs.base import Codec
 from ckptprof.synth.fill import RandomFiller
 
@@ -135,7 +136,9 @@ def _patch_crcs(fd: int, start: int, start_dir: int, infos, crcs: dict[str, int]
         pos += 46 + name_len + extra_len + comment_len
 
 
-ZIP_HEADER_BLOCK = 4 << 10  # one zip local header; a page
+# one zip local header: at least the sparse reader's read-ahead, so reading a header stays
+# inside its hint
+ZIP_HEADER_BLOCK = INDEX_BLOCK
 ZIP_TAIL = 64 << 10  # where a zip archive's end record and (mostly) its directory are
 
 

@@ -255,7 +255,7 @@ class FileMaps:
 
 def index_files(ctx: RunContext, clocks: FileClocks) -> tuple[list[Source], dict[str, SparseFile]]:
     """Each data file's own index: read from storage on demand (fetch) and parsed by the
-    layout's loader (deserialize), ``concurrency`` files at a time. The sparse files stay
+    codec's loader (deserialize), ``concurrency`` files at a time. The sparse files stay
     open: the bytes they hold are not read again (the caller closes them)."""
     op = ctx.op
     policy = ctx.policy()
@@ -308,7 +308,7 @@ def file_sources(
     policy: RequestPolicy,
     concurrency: int = 8,
 ):
-    """The file's tensor regions as :class:`Source` s, from the layout's own loader run
+    """The file's tensor regions as :class:`Source` s, from its codec's loader run
     over the sparse bytes (it reads the index; the tensors it returns are views)."""
     from ckptprof.synth.codecs import get_codec
 
