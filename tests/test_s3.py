@@ -117,14 +117,24 @@ PART = 256 << 10
 
 @contextlib.contextmanager
 def fetch_requests(monkeypatch):
-    """Every GET the pipelined restore's fetch makes on S3 (after the index reads), as
-    ``(path, offset, length)``, recorded where the storage is asked for them."""
+    """Every GET the pipelined restore's fetch makes on S3 (not the index reads, which may
+    run at the same time: those of a sparse file's blocks), as ``(path, offset, length)``,
+    recorded where the storage is asked for them."""
+    from ckptprof.io.sparse import SparseFile
     from ckptprof.storage.s3 import S3Storage
     from ckptprof.synth.strategies import dcp, pipelined
 
     seen: list[tuple[str, int, int]] = []
     fetching = threading.Event()
-    real_views = S3Storage.read_into_views
+    indexing = threading.local()  # this thread is reading an index's blocks
+    real_views, real_ensure = S3Storage.read_into_views, SparseFile.ensure
+
+    def ensure(self, offset, length):
+        indexing.on = True
+        try:
+            return real_ensure(self, offset, length)
+        finally:
+            indexing.on = False
 
     def fetches(real):  # the part of a restore that reads what the state needs
         def fetch(*args, **kwargs):
@@ -137,13 +147,14 @@ def fetch_requests(monkeypatch):
         return fetch
 
     def views(self, path, offset, buffers):
-        if fetching.is_set():
+        if fetching.is_set() and not getattr(indexing, "on", False):
             seen.append((path, offset, sum(memoryview(b).nbytes for b in buffers)))
         return real_views(self, path, offset, buffers)
 
-    monkeypatch.setattr(pipelined, "_restore_ranges", fetches(pipelined._restore_ranges))
+    monkeypatch.setattr(pipelined._Ranges, "run", fetches(pipelined._Ranges.run))
     monkeypatch.setattr(dcp, "load_targets", fetches(dcp.load_targets))  # after .metadata
     monkeypatch.setattr(S3Storage, "read_into_views", views)
+    monkeypatch.setattr(SparseFile, "ensure", ensure)
     yield seen
 
 

@@ -83,8 +83,12 @@ def flat_sources(
     return out
 
 
-def plan_copies(targets: list[TargetTensor], sources: list[Source]) -> list[Copy]:
-    """For every target, the source byte ranges that fill it; all of it, or an error."""
+def plan_copies(
+    targets: list[TargetTensor], sources: list[Source], covered: dict[int, int] | None = None
+) -> list[Copy]:
+    """For every target, the source byte ranges that fill it; all of it, or an error.
+    With ``covered`` (target index → elements filled so far), ``sources`` are some of
+    the files: what they cover is added there and checked later (:func:`check_covered`)."""
     by_key: dict[TensorKey, list[Source]] = defaultdict(list)
     for source in sources:
         by_key[source.key].append(source)
@@ -92,7 +96,7 @@ def plan_copies(targets: list[TargetTensor], sources: list[Source]) -> list[Copy
     for index, target in enumerate(targets):
         size = DTYPE_SIZE[target.dtype]
         lo_t, hi_t = target.elem_start, target.elem_start + target.numel
-        covered = 0
+        filled = 0
         for source in sorted(by_key.get(target.key, []), key=lambda s: s.elem_start):
             if source.dtype != target.dtype:
                 raise CkptprofError(
@@ -111,14 +115,24 @@ def plan_copies(targets: list[TargetTensor], sources: list[Source]) -> list[Copy
                     (lo - lo_t) * size,
                 )
             )
-            covered += hi - lo
-        if covered != hi_t - lo_t:
+            filled += hi - lo
+        if covered is not None:
+            covered[index] = covered.get(index, 0) + filled
+        else:
+            check_covered([target], {0: filled})
+    return copies
+
+
+def check_covered(targets: list[TargetTensor], covered: dict[int, int]) -> None:
+    """Every target filled whole (``covered``: target index → elements), or an error."""
+    for index, target in enumerate(targets):
+        filled = covered.get(index, 0)
+        if filled != target.numel:
             raise CkptprofError(
-                f"the checkpoint holds {covered} of the {hi_t - lo_t} elements of "
+                f"the checkpoint holds {filled} of the {target.numel} elements of "
                 f"{target.name} ({target.group}) rank {target.rank} needs; a file is missing "
                 "or was replaced, regenerate the checkpoint."
             )
-    return copies
 
 
 def plan_reads(
@@ -241,6 +255,7 @@ __all__ = [
     "Copy",
     "Read",
     "Source",
+    "check_covered",
     "flat_sources",
     "plan_copies",
     "plan_reads",

@@ -9,19 +9,28 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
 from ckptprof.errors import CkptprofError
-from ckptprof.io.buffers import HostBuffer
+from ckptprof.io.buffers import BufferPool, HostBuffer
 from ckptprof.io.requests import RequestPolicy, RequestSummary
 from ckptprof.io.sparse import INDEX_BLOCK, SparseFile
 from ckptprof.io.window import POOLED, FileClocks, Window
 from ckptprof.manifest import StreamingDigest
 from ckptprof.phases import Attr, Phase
 from ckptprof.synth.device import PinnedBuffer
-from ckptprof.synth.readplan import Read, Source, plan_copies, plan_reads, split_held
+from ckptprof.synth.readplan import (
+    Read,
+    Source,
+    check_covered,
+    plan_copies,
+    plan_reads,
+    split_held,
+)
 from ckptprof.synth.strategies.base import (
     ANY,
     RunContext,
@@ -47,11 +56,11 @@ class Pipelined(Strategy):
 
     def restore(self, ctx: RunContext) -> None:
         clocks = FileClocks()
-        sources, indexed = index_files(ctx, clocks)
+        indexed = sparse_files(ctx)
         try:
             maps = FileMaps(ctx)
             try:
-                _restore_ranges(ctx, sources, indexed, maps, clocks)
+                _Ranges(ctx, indexed, maps, clocks).run(index_files(ctx, clocks, indexed))
             finally:
                 maps.close()
         finally:
@@ -59,89 +68,118 @@ class Pipelined(Strategy):
                 sparse.close()
 
 
-def _restore_ranges(ctx: RunContext, sources, indexed, maps: FileMaps, clocks) -> None:
-    copies = plan_copies(ctx.state.targets, sources)
-    whole = {f.path: ctx.size(f.path) for f in ctx.files if not f.pieces}
-    if ctx.verify == "full":  # a full-file hash needs every byte of every file
-        whole = {f.path: ctx.size(f.path) for f in ctx.files}
-    held = {path: sparse.held() for path, sparse in indexed.items()}
-    on_host = ctx.state.on_host  # reads land in host memory only
-    direct = {f.path for f in ctx.files if f.path not in maps.maps} if on_host else set()
-    summary = RequestSummary()
-    reads = plan_reads(copies, ctx.policy(), whole, have=held, direct=direct, summary=summary)
-    if ctx.verify == "sample":
-        reads += sample_reads(ctx, held, reads)
-    digests = (
-        {f.path: StreamingDigest(ctx.size(f.path), ctx.verify) for f in ctx.files}
-        if ctx.verify in ("full", "sample")
-        else {}
-    )
-    # for a device state, page-locked buffers, made before the run (the runner's pool):
-    # the copy out of them is a DMA
-    window = Window(
-        ctx.storage, ctx.op, ctx.concurrency, budget=ctx.memory_budget, digests=digests,
-        progress=ctx.progress, desc="restore", clocks=clocks,
-        buffer_type=HostBuffer if on_host else PinnedBuffer,
-        pool=None if on_host else ctx.buffers,
-    )  # fmt: skip
-    placed = [0]  # bytes the reads put straight into the state
+class _Ranges:
+    """The rank's byte ranges read, verified and placed, a window per batch of files: the
+    files without tensors at once, then each batch as its files' indexes are read, so
+    the reads of the files indexed first run while the others are still being indexed
+    (on S3 a large archive's index takes seconds of requests)."""
 
-    def mapped(read: Read) -> bool:
-        return read.path in maps.maps and not read.resident
+    def __init__(self, ctx: RunContext, indexed: dict, maps: FileMaps, clocks) -> None:
+        self.ctx, self.indexed, self.maps, self.clocks = ctx, indexed, maps, clocks
+        self.on_host = ctx.state.on_host  # reads land in host memory only
+        self.summary = RequestSummary()
+        self.covered: dict[int, int] = {}
+        self.digests = (
+            {f.path: StreamingDigest(ctx.size(f.path), ctx.verify) for f in ctx.files}
+            if ctx.verify in ("full", "sample")
+            else {}
+        )
+        self.copier = DeviceCopier(ctx) if not self.on_host else None
+        # one pool of window buffers for every batch's window (made as the first needs
+        # them, then reused); a device state's pinned ones are the runner's, made before
+        self.pool = BufferPool(HostBuffer) if self.on_host else ctx.buffers
+        self.placed = 0  # bytes the reads put straight into the state
+        self.window_bytes = self.in_flight = 0
 
-    def into(read: Read):
-        if mapped(read):  # into the page cache, no copy: copied from the mapping
+    def run(self, batches) -> None:
+        ctx = self.ctx
+        try:
+            self.batch([f.path for f in ctx.files if not f.pieces], [])
+            with closing(batches):  # on a failure, the indexing ends before its files close
+                for paths, sources in batches:
+                    self.batch(paths, sources)
+            check_covered(ctx.state.targets, self.covered)
+            if self.copier is not None:
+                self.copier.finish()  # reshard ends when the last copy has landed on the device
+        finally:
+            self.clocks.record(ctx.op)
+            if self.on_host:
+                self.pool.close()
+        ctx.op.set_phase_attributes(Phase.FETCH, **self.summary.attributes())
+        ctx.op.set_attributes({
+            Attr.MEMORY_WINDOW_BYTES: self.window_bytes,
+            # what the copies came from: pinned buffers, unless a file was mapped (pageable)
+            Attr.MEMORY_WINDOW_PINNED: not self.on_host and not self.maps.maps,
+        })  # fmt: skip
+        ctx.op.set_phase_attributes(Phase.FETCH, **{Attr.CONCURRENCY: self.in_flight})
+        if self.placed:  # the reshard these reads did: bytes landed where the state needs them
+            ctx.op.set_phase_attributes(
+                Phase.RESHARD, **{Attr.RESHARD_PLACED_BY_READS_BYTES: self.placed}
+            )
+        finish_digests(ctx, self.digests)
+
+    def batch(self, paths: list[str], sources: list[Source]) -> None:
+        """One window over ``paths``: the copies their ``sources`` give, whole files where
+        a file has no tensors or a full hash needs every byte."""
+        ctx = self.ctx
+        copies = plan_copies(ctx.state.targets, sources, self.covered)
+        pieces = {f.path for f in ctx.files if f.pieces}
+        whole = {p: ctx.size(p) for p in paths if ctx.verify == "full" or p not in pieces}
+        held = {p: self.indexed[p].held() for p in paths if p in self.indexed}
+        direct = {p for p in paths if p not in self.maps.maps} if self.on_host else set()
+        reads = plan_reads(copies, ctx.policy(), whole, have=held, direct=direct,
+                           summary=self.summary)  # fmt: skip
+        if ctx.verify == "sample":
+            reads += sample_reads(ctx, held, reads, paths)
+        if not reads:
+            return
+        # for a device state, page-locked buffers, made before the run (the runner's pool):
+        # the copy out of them is a DMA
+        window = Window(
+            ctx.storage, ctx.op, ctx.concurrency, budget=ctx.memory_budget,
+            digests=self.digests, progress=ctx.progress, desc="restore", clocks=self.clocks,
+            buffer_type=HostBuffer if self.on_host else PinnedBuffer, pool=self.pool,
+        )  # fmt: skip
+        window.run(reads, into=self.into, read=self.read, land=self.land, release=self.release)
+        self.window_bytes = max(self.window_bytes, window.window_bytes)
+        self.in_flight = max(self.in_flight, window.in_flight)
+
+    def mapped(self, read: Read) -> bool:
+        return read.path in self.maps.maps and not read.resident
+
+    def into(self, read: Read):
+        if self.mapped(read):  # into the page cache, no copy: copied from the mapping
             return None
         if read.into:  # straight into the state: no buffer, no copy after
-            views = [ctx.state.memory(c.target, c.target_offset, c.length) for c in read.into]
+            state = self.ctx.state
+            views = [state.memory(c.target, c.target_offset, c.length) for c in read.into]
             return views[0] if len(views) == 1 else views  # several: one scattered request
         return POOLED
 
-    def read_bytes(read: Read, view: memoryview | None) -> memoryview:
+    def read(self, read: Read, view: memoryview | None) -> memoryview:
         if read.resident:  # in memory from the index
-            return indexed[read.path].view[read.offset : read.end]
-        if mapped(read):
-            maps.warm(read)
-            return maps.view(read)
+            return self.indexed[read.path].view[read.offset : read.end]
+        if self.mapped(read):
+            self.maps.warm(read)
+            return self.maps.view(read)
         if isinstance(view, list):
-            ctx.storage.read_into_views(read.path, read.offset, view)
+            self.ctx.storage.read_into_views(read.path, read.offset, view)
         else:
-            ctx.storage.read_into(read.path, read.offset, view)
+            self.ctx.storage.read_into(read.path, read.offset, view)
         return view
 
-    copier = DeviceCopier(ctx) if not on_host else None
-
-    def land(read: Read, view: memoryview):
+    def land(self, read: Read, view: memoryview):
         if read.into:
-            placed[0] += read.length
+            self.placed += read.length
         if read.copies and read.length:
-            if copier is not None:  # queued on a copy stream: the fence frees the buffer
-                return copier.copy(read, view)
-            _copy(ctx, read, view)
+            if self.copier is not None:  # queued on a copy stream: the fence frees the buffer
+                return self.copier.copy(read, view)
+            _copy(self.ctx, read, view)
         return None
 
-    def release(read: Read) -> None:
-        if mapped(read):
-            maps.drop(read)
-
-    ctx.op.set_phase_attributes(Phase.FETCH, **summary.attributes())
-    try:
-        window.run(reads, into=into, read=read_bytes, land=land, release=release)
-        if copier is not None:
-            copier.finish()  # reshard ends when the last copy has landed on the device
-    finally:
-        clocks.record(ctx.op)
-    ctx.op.set_attributes({
-        Attr.MEMORY_WINDOW_BYTES: window.window_bytes,
-        # what the copies came from: pinned buffers, unless a file was mapped (pageable)
-        Attr.MEMORY_WINDOW_PINNED: not on_host and not maps.maps,
-    })  # fmt: skip
-    ctx.op.set_phase_attributes(Phase.FETCH, **{Attr.CONCURRENCY: window.in_flight})
-    if placed[0]:  # the reshard these reads did: bytes landed where the state needs them
-        ctx.op.set_phase_attributes(
-            Phase.RESHARD, **{Attr.RESHARD_PLACED_BY_READS_BYTES: placed[0]}
-        )
-    finish_digests(ctx, digests)
+    def release(self, read: Read) -> None:
+        if self.mapped(read):
+            self.maps.drop(read)
 
 
 def _copy(ctx: RunContext, read: Read, view: memoryview) -> None:
@@ -253,17 +291,30 @@ class FileMaps:
         self.fds.clear()
 
 
-def index_files(ctx: RunContext, clocks: FileClocks) -> tuple[list[Source], dict[str, SparseFile]]:
+def sparse_files(ctx: RunContext) -> dict[str, SparseFile]:
+    """A sparse file for each data file's index (nothing fetched yet; the caller closes
+    them)."""
+    # on an object store a request costs a round trip: the first read of an index brings
+    # a larger block (the header and what follows it, which the restore reads anyway)
+    block = INDEX_BLOCK if ctx.policy().cheap_requests else OBJECT_STORE_INDEX_BLOCK
+    return {
+        f.path: SparseFile(ctx.storage, f.path, ctx.size(f.path), block)
+        for f in ctx.files
+        if f.pieces
+    }
+
+
+def index_files(
+    ctx: RunContext, clocks: FileClocks, indexed: dict[str, SparseFile]
+) -> Iterator[tuple[list[str], list[Source]]]:
     """Each data file's own index: read from storage on demand (fetch) and parsed by the
-    codec's loader (deserialize), ``concurrency`` files at a time. The sparse files stay
-    open: the bytes they hold are not read again (the caller closes them)."""
+    codec's loader (deserialize), ``concurrency`` files at a time; yields the files whose
+    indexes are read, with their sources, as they finish (the bytes the sparse files hold
+    are not read again)."""
     op = ctx.op
     policy = ctx.policy()
     data = [f for f in ctx.files if f.pieces]
-    # on an object store a request costs a round trip: the first read of an index brings
-    # a larger block (the header and what follows it, which the restore reads anyway)
-    block = INDEX_BLOCK if policy.cheap_requests else OBJECT_STORE_INDEX_BLOCK
-    indexed = {f.path: SparseFile(ctx.storage, f.path, ctx.size(f.path), block) for f in data}
+    order = {f.path: n for n, f in enumerate(data)}
 
     def one(file) -> list[Source]:
         sparse = indexed[file.path]
@@ -287,17 +338,20 @@ def index_files(ctx: RunContext, clocks: FileClocks) -> tuple[list[Source], dict
                 clocks.note(file.path, first, last, sparse.fetched_bytes)
 
     op.set_phase_attributes(Phase.DESERIALIZE, **{Attr.DESERIALIZE_WHAT: "each file's index"})
-    try:  # reads on demand: fetch is under way while the indexes are read
-        with (
-            op.running(Phase.FETCH),
-            ThreadPoolExecutor(max(1, min(ctx.concurrency, len(data) or 1))) as pool,
-        ):
-            sources = [s for found in pool.map(one, data) for s in found]
-    except BaseException:
-        for sparse in indexed.values():
-            sparse.close()
-        raise
-    return sources, indexed
+    with (  # reads on demand: fetch is under way while the indexes are read
+        op.running(Phase.FETCH),
+        ThreadPoolExecutor(max(1, min(ctx.concurrency, len(data) or 1))) as pool,
+    ):
+        pending = {pool.submit(one, f): f for f in data}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                found = {pending.pop(d).path: d.result() for d in done}
+                paths = sorted(found, key=order.__getitem__)
+                yield paths, [s for path in paths for s in found[path]]
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def file_sources(
@@ -321,7 +375,7 @@ def file_sources(
     return layout.sources(plan, file, {p: t.data_ptr() - base for p, t in tensors.items()})
 
 
-def sample_reads(ctx: RunContext, held: dict, planned: list[Read]) -> list[Read]:
+def sample_reads(ctx: RunContext, held: dict, planned: list[Read], paths: list[str]) -> list[Read]:
     """What ``--verify sample`` hashes (8 × 1 MiB per file) that the ``planned`` reads do
     not bring: extra reads (resident where the index read them already). Planned reads
     feed the hash as they land, so no byte is read twice for it."""
@@ -331,14 +385,13 @@ def sample_reads(ctx: RunContext, held: dict, planned: list[Read]) -> list[Read]
     for r in planned:
         covered.setdefault(r.path, []).append((r.offset, r.offset + r.length))
     out = []
-    for file in ctx.files:
-        for offset, length in sample_ranges(ctx.size(file.path)):
-            runs = split_held(offset, offset + length, covered.get(file.path, []))
-            for lo, hi, already in runs:
+    for path in paths:
+        for offset, length in sample_ranges(ctx.size(path)):
+            for lo, hi, already in split_held(offset, offset + length, covered.get(path, [])):
                 if already:
                     continue
-                for a, b, resident in split_held(lo, hi, held.get(file.path, [])):
-                    out.append(Read(file.path, a, b - a, resident=resident))
+                for a, b, resident in split_held(lo, hi, held.get(path, [])):
+                    out.append(Read(path, a, b - a, resident=resident))
     return out
 
 
