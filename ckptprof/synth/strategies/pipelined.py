@@ -101,11 +101,11 @@ class _Ranges:
             check_covered(ctx.state.targets, self.covered)
             if self.copier is not None:
                 self.copier.finish()  # reshard ends when the last copy has landed on the device
-        finally:
+        finally:  # the plan's shape on the fetch span, of the batches planned, also on failure
+            ctx.op.set_phase_attributes(Phase.FETCH, **self.summary.attributes())
             self.clocks.record(ctx.op)
             if self.on_host:
                 self.pool.close()
-        ctx.op.set_phase_attributes(Phase.FETCH, **self.summary.attributes())
         ctx.op.set_attributes({
             Attr.MEMORY_WINDOW_BYTES: self.window_bytes,
             # what the copies came from: pinned buffers, unless a file was mapped (pageable)
