@@ -10,7 +10,7 @@ import pytest
 
 from ckptprof.cli import main
 from ckptprof.errors import CkptprofError
-from ckptprof.predict.check import Setting, node_limits, plan_for
+from ckptprof.predict.check import FILE_BASES, FILE_TARGET, Setting, node_limits, plan_for
 from ckptprof.predict.fit import Point, fit, remainder
 from ckptprof.predict.measured import measured
 from ckptprof.predict.model import (
@@ -212,6 +212,60 @@ def test_check_predicts_then_measures_on_s3_and_reports_the_error(
         error = (row["predicted_s"] - row["measured_s"]) / row["measured_s"]
         assert row["error"] == pytest.approx(error)
         assert f"{error:+.0%}" in table and f"{row['measured_s']:.2f}s" in table
+
+
+@pytest.mark.slow
+def test_check_predicts_more_ranks_and_many_files_on_the_local_disk(tmp_path, capsys):
+    """The ranks case runs its targets under the launcher, the files case writes and reads
+    FILE_TARGET files, and each prediction is what `predict` says given the bases the check
+    measured (the part per file from the two counts beyond the requests in flight)."""
+    dest, out = tmp_path / "dest", tmp_path / "check"
+    code = main(["predict", "--check", str(dest), "--cases", "ranks,files", "--scale",
+                 str(TINY_SCALE), "--repeat", "1", "--out", str(out)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    table = capsys.readouterr().out
+    rows = json.loads((out / "check.json").read_text())
+    scale = f"x{TINY_SCALE:g}"
+    targets = [f"{scale}, 2 ranks", f"{scale}, 4 ranks", f"{scale}, 1 rank, {FILE_TARGET} files"]
+    assert [(r["case"], r["to"], r["what"]) for r in rows] == [
+        (case, to, what)
+        for case, to in zip(("ranks", "ranks", "files"), targets, strict=True)
+        for what in ("save", "restore (time to state)")
+    ]
+    for ranks in (2, 4):  # under the launcher: every rank saved and restored
+        name = f"{scale}-r{ranks}-f0"
+        save = json.loads((out / f"save-{name}" / "save.json").read_text())
+        job = json.loads((out / f"restore-{name}" / "results.json").read_text())["job"]
+        assert [s["ranks"] for s in save["saves"]] == [ranks]
+        assert sorted(r["rank"] for r in job["per_rank"]) == list(range(ranks))
+    written = list((dest / f"{scale}-r1-f{FILE_TARGET}").glob("*.pt"))
+    assert len(written) == FILE_TARGET
+    bases = [Setting(TINY_SCALE), Setting(TINY_SCALE * 2)] + [
+        Setting(TINY_SCALE, files=count) for count in FILE_BASES
+    ]
+    runs = [
+        out / f"{kind}-x{b.scale:g}-r{b.ranks}-f{b.files or 0}"
+        for b in bases
+        for kind in ("save", "restore")
+    ]
+    found = measured([str(run) for run in runs])
+    fewer, more = FILE_BASES
+    assert found.costs.read.per_file_s.source.endswith(f"per file: {fewer} → {more} files")
+    target = plan_for("llama2-7b", Setting(TINY_SCALE, files=FILE_TARGET))
+    assert target.files_per_rank == FILE_TARGET
+    read_limits, write_limits = node_limits(*runs[:2])
+    files_save, files_restore = rows[4:]
+    assert files_save["predicted_s"] == pytest.approx(
+        predict_save(target, found.costs, write_limits).total_s
+    )
+    assert files_restore["predicted_s"] == pytest.approx(
+        predict_restore(target, found.costs, read_limits).total_s
+    )
+    for row in rows:
+        assert row["error"] == pytest.approx(
+            (row["predicted_s"] - row["measured_s"]) / row["measured_s"]
+        )
+        assert f"{row['error']:+.0%}" in table and f"{row['predicted_s']:.2f}s" in table
 
 
 def test_two_scales_give_back_a_fixed_and_a_per_byte_cost():

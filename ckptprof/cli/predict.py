@@ -19,7 +19,7 @@ from ckptprof.cli.options import (
     whole,
 )
 from ckptprof.cost import MAX_PRICE_PER_HOUR
-from ckptprof.predict.check import CASES
+from ckptprof.predict.check import CASES, FILE_BASES, FILE_TARGET
 from ckptprof.synth import ranges
 from ckptprof.synth.presets import PRESETS
 
@@ -150,7 +150,8 @@ def _add_check(parser) -> None:
     check.add_argument(
         "--cases", type=choice_list(CASES), default=CASES,
         help="ranks: 2 and 4 ranks from 1 rank at the base scale and twice it; scale: 5x the "
-        "base scale from the same two; files: 200 files from those and 2 and 20 files",
+        f"base scale from the same two; files: {FILE_TARGET} files from those and "
+        f"{' and '.join(map(str, FILE_BASES))} files",
     )  # fmt: skip
     check.add_argument("--scale", type=real(ranges.SCALE), default=0.002, help="the base's scale")
     check.add_argument(

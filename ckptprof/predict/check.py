@@ -6,9 +6,9 @@ After one save that warms the storage up, each case measures its bases (``ckptpr
 save`` and ``synth restore`` at two scales, and for many files at two file counts more,
 run as a user would, in processes of their own), predicts the target from them alone,
 then measures the target the same way and prints both with the error. Restores run
-hot-cache-free where the storage allows (cold), 8 requests in flight, no first step: what
-is compared is the time to state and the save's time. The ranks of one machine share its
-disk or network: the node's limit is the base's own probed ceiling.
+hot-cache-free where the storage allows (cold), ``IN_FLIGHT`` requests in flight, no
+first step: what is compared is the time to state and the save's time. The ranks of one
+machine share its disk or network: the node's limit is the base's own probed ceiling.
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ from ckptprof.predict.model import Given, JobPlan, Limits, predict_restore, pred
 from ckptprof.synth.presets import get_preset
 
 CASES = ("ranks", "scale", "files")
+#: requests a checked restore keeps in flight
+IN_FLIGHT = 8
+#: the files case: a part per file from two counts beyond the requests in flight and ten
+#: times apart (below the concurrency an added file adds parallelism as well as work, and
+#: close counts differ by less than the runs' noise: docs/predict.md), then ten times more
+FILE_BASES, FILE_TARGET = (20, 200), 2000
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ def _measure(where: str, work: Path, setting: Setting, repeat: int, save_options
     launch = ["--nproc-per-node", str(setting.ranks)] if setting.ranks > 1 else []
     _run(["synth", "save", dest, *spec, *launch, *save_options, "--repeat", str(repeat),
           "--force", "--out", str(save_out)], echo)  # fmt: skip
-    _run(["synth", "restore", dest, *launch, "--cache", "cold", "--concurrency", "8",
+    _run(["synth", "restore", dest, *launch, "--cache", "cold", "--concurrency", str(IN_FLIGHT),
           "--repeat", str(repeat), "--no-first-step", "--no-report", "--verify", "full",
           "--out", str(restore_out)], echo)  # fmt: skip
     return save_out, restore_out
@@ -141,19 +147,19 @@ def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: flo
           repeat: int = 2, echo: Callable[[str], None] = print,
           direct_io: bool = False) -> list[Checked]:  # fmt: skip
     """Run each case; what it predicted and measured. Each case's base is two scales (a
-    fixed part and a part per byte), and for many files two file counts more (a part per
-    file): what ``predict`` is given, measured the same way. ``direct_io``: every save
-    through the parallel writer with ``--direct-io``, so that the saves time the device,
-    not the page cache's memory."""
+    fixed part and a part per byte), and for many files two file counts more
+    (``FILE_BASES``: a part per file): what ``predict`` is given, measured the same way.
+    ``direct_io``: every save through the parallel writer with ``--direct-io``, so that
+    the saves time the device, not the page cache's memory."""
     save_options = ["--strategy", "parallel", "--direct-io"] if direct_io else []
     small, large = Setting(scale), Setting(scale * 2)
     targets = {
         "ranks": [Setting(scale, ranks=2), Setting(scale, ranks=4)],
         "scale": [Setting(scale * 5)],
-        "files": [Setting(scale, files=200)],
+        "files": [Setting(scale, files=FILE_TARGET)],
     }
-    few = [Setting(scale, files=2), Setting(scale, files=20)]
-    bases = {"ranks": [small, large], "scale": [small, large], "files": [small, large, *few]}
+    many = [Setting(scale, files=count) for count in FILE_BASES]
+    bases = {"ranks": [small, large], "scale": [small, large], "files": [small, large, *many]}
     measured_at: dict[Setting, tuple[Path, Path]] = {}
 
     def at(setting: Setting) -> tuple[Path, Path]:
