@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ckptprof.io.reader import RangeReader
+
 
 class HostBuffer:
     """A file's bytes in host memory, as a writable, page-aligned memoryview.
@@ -109,27 +111,14 @@ def view_reader(view: memoryview) -> io.BufferedReader:
     return io.BufferedReader(_ViewReader(view))
 
 
-class _ViewReader(io.RawIOBase):
+class _ViewReader(RangeReader):
     def __init__(self, view: memoryview) -> None:
-        self._view, self._pos = view, 0
+        super().__init__(len(view))
+        self._view = view
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self._pos = {0: 0, 1: self._pos, 2: len(self._view)}[whence] + pos
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readinto(self, buf) -> int:
-        chunk = self._view[self._pos : self._pos + len(buf)]
-        buf[: len(chunk)] = chunk
-        self._pos += len(chunk)
+    def read_at(self, offset: int, into: memoryview) -> int:
+        chunk = self._view[offset : offset + len(into)]
+        into[: len(chunk)] = chunk
         return len(chunk)
 
 

@@ -18,6 +18,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from ckptprof.io.reader import RangeReader
+
 if TYPE_CHECKING:
     from ckptprof.storage.base import Storage
 
@@ -131,31 +133,18 @@ def _runs(blocks: list[int]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in runs]
 
 
-class _SparseReader(io.RawIOBase):
+class _SparseReader(RangeReader):
+    """``[start, end)`` of a sparse file; each read fetches the blocks it covers first."""
+
     def __init__(self, sparse: SparseFile, start: int, end: int) -> None:
-        self._sparse, self._start, self._end, self._pos = sparse, start, end, 0
+        super().__init__(end - start)
+        self._sparse, self._start = sparse, start
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self._pos = {0: 0, 1: self._pos, 2: self._end - self._start}[whence] + pos
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readinto(self, buf) -> int:
-        start = self._start + self._pos
-        n = max(0, min(len(buf), self._end - start))
-        if n:
-            self._sparse.ensure(start, n)
-            buf[:n] = self._sparse.view[start : start + n]
-        self._pos += n
-        return n
+    def read_at(self, offset: int, into: memoryview) -> int:
+        start = self._start + offset
+        self._sparse.ensure(start, len(into))
+        into[:] = self._sparse.view[start : start + len(into)]
+        return len(into)
 
 
 __all__ = ["INDEX_BLOCK", "SparseFile"]

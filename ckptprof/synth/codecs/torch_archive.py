@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ckptprof.io.reader import RangeReader
 from ckptprof.io.sparse import INDEX_BLOCK
 from ckptprof.synth.codecs.base import Codec
 from ckptprof.synth.fill import RandomFiller
@@ -56,31 +57,16 @@ def load_fetched(buffer: HostBuffer) -> Any:
         )
 
 
-class _FileRange(io.RawIOBase):
+class _FileRange(RangeReader):
     """A read-only view of ``[start, end)`` of an open file, for the zip readers."""
 
     def __init__(self, fd: int, start: int, end: int) -> None:
-        self._fd, self._start, self._end, self._pos = fd, start, end, 0
+        super().__init__(end - start)
+        self._fd, self._start = fd, start
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._end - self._start}[whence]
-        self._pos = base + pos
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readinto(self, buf) -> int:
-        n = max(0, min(len(buf), self._end - self._start - self._pos))
-        data = os.pread(self._fd, n, self._start + self._pos)
-        buf[: len(data)] = data
-        self._pos += len(data)
+    def read_at(self, offset: int, into: memoryview) -> int:
+        data = os.pread(self._fd, len(into), self._start + offset)
+        into[: len(data)] = data
         return len(data)
 
 
