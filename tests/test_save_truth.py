@@ -10,14 +10,15 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from ckptprof.atomic import partial_path
+from ckptprof.atomic import PARTIAL_SUFFIX, partial_path
 from ckptprof.errors import CkptprofError
-from ckptprof.manifest import MANIFEST_NAME
+from ckptprof.manifest import GENERATING_NAME, MANIFEST_NAME
 from ckptprof.phases import Attr
 from ckptprof.storage import PosixStorage
 from ckptprof.synth.generate import entry_of
@@ -57,7 +58,7 @@ def test_every_layout_has_a_default_writer_on_every_storage_and_each_saver_a_lay
 
 def save_here(dest: Path, layout: str, strategy: str, traces: Path, **options):
     """One untimed-probe save of the tiny preset into ``dest``, in this process."""
-    spec = SynthSpec("llama2-7b", layout, TINY_SCALE)
+    spec = SynthSpec("llama2-7b", layout, TINY_SCALE, files=options.pop("files", None))
     telemetry = setup_telemetry(traces)
     stall_after_s = options.pop("stall_after_s", None)
     try:
@@ -141,6 +142,54 @@ def test_every_file_and_its_folder_is_fsynced_before_it_is_visible(
     manifest = next(i for i, p in enumerate(synced) if MANIFEST_NAME in p)
     for folder in folders:  # in the save's commit: after its files, before the manifest
         assert folder in synced[last_file:manifest], (folder, synced)
+
+
+def test_the_parallel_writers_fsyncs_run_at_its_concurrency_and_a_failed_one_is_named(
+    tmp_path, monkeypatch
+):
+    """Each file is forced to the device ``concurrency`` at a time under its temporary name
+    (one file's wait hides the next's); a failed fsync is one line naming its file, the
+    fsyncs not started are not run, and nothing is renamed into place."""
+    in_flight, most, started = 0, 0, []
+    lock = threading.Lock()
+    real = os.fsync
+    failing = {"on": False}
+
+    def observed(fd):
+        nonlocal in_flight, most
+        path = fd_path(fd)
+        if not (path.endswith(PARTIAL_SUFFIX) and "/checkpoint_" in path):
+            return real(fd)  # a folder's in the commit, ckptprof's own marker or manifest
+        with lock:
+            started.append(path)
+            nth = len(started)
+            in_flight += 1
+            most = max(most, in_flight)
+        try:
+            if failing["on"] and nth == 3:
+                time.sleep(0.05)
+                raise OSError(errno.EIO, "Input/output error")
+            time.sleep(0.2)  # a device's flush: long enough for the others to start
+            return real(fd)
+        finally:
+            with lock:
+                in_flight -= 1
+
+    monkeypatch.setattr(os, "fsync", observed)
+    save_here(tmp_path / "ok", "torch", "parallel", tmp_path / "t1", concurrency=4, files=12)
+    assert len(started) == 12 and most == 4
+    started.clear()
+    failing["on"] = True
+    dest = tmp_path / "failed"
+    with pytest.raises(CkptprofError) as caught:
+        save_here(dest, "torch", "parallel", tmp_path / "t2", concurrency=2, files=12)
+    message = str(caught.value)
+    assert "\n" not in message and "could not be written (" in message
+    assert Path(message.split(":")[0]).name.startswith(Path(started[2]).name.split(".")[0])
+    # the rest cancelled: the fourth ran beside the third, a thread took one more at most
+    assert len(started) <= 3 + 1 + 2
+    # no file of the checkpoint left, under any name: only the marker --force clears it by
+    assert [p.name for p in dest.rglob("*") if p.is_file()] == [GENERATING_NAME]
 
 
 #: the layouts the parallel writer saves: each with --direct-io too

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from ckptprof.atomic import fsync_dir
 from ckptprof.io.buffers import BufferPool, HostBuffer
@@ -50,9 +51,7 @@ class Parallel(Saver):
                     total += write_files(batch, ctx.concurrency, op, pool=pool)
             direct = bool(files) and all(f.writer.direct for f in files)  # what was done
             if ctx.fsync and not ctx.storage.object_store:
-                for f in files:
-                    with op.phase(Phase.FSYNC), named(f"{ctx.storage.uri}/{f.path}"):
-                        f.writer.sync()
+                _sync(files, ctx)
                 op.add_bytes(Phase.FSYNC, total)
             with op.phase(Phase.COMMIT):
                 while files:  # a writer leaves the list once committed
@@ -70,6 +69,23 @@ class Parallel(Saver):
             raise
         op.set_attributes({Attr.FILES: len(ctx.plan.files), Attr.SAVE_DIRECT_IO: direct})
         return Written(total)
+
+
+def _sync(files: list[FileParts], ctx: SaveContext) -> None:
+    """Each file forced to the device, ``concurrency`` at once, as they were written: a
+    device or a network file system takes several flushes at a time, and one file's wait
+    hides the next's (2,000 files' fsyncs one after another were a fifth of their save)."""
+
+    def one(f: FileParts) -> None:
+        with ctx.op.phase(Phase.FSYNC), named(f"{ctx.storage.uri}/{f.path}"):
+            f.writer.sync()
+
+    pool = ThreadPoolExecutor(max(1, min(ctx.concurrency, len(files))), "ckptprof-fsync")
+    try:
+        for done in [pool.submit(one, f) for f in files]:
+            done.result()  # the first failure (or a Ctrl-C) in file order
+    finally:  # what has not started never starts; what has ends (one fsync each)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _Serializer:
