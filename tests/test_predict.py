@@ -212,6 +212,11 @@ def test_check_predicts_then_measures_on_s3_and_reports_the_error(
         error = (row["predicted_s"] - row["measured_s"]) / row["measured_s"]
         assert row["error"] == pytest.approx(error)
         assert f"{error:+.0%}" in table and f"{row['measured_s']:.2f}s" in table
+    # the loopback server shares the ranks' cores: the check says so under its table
+    found_at = json.loads((out / f"restore-{target}" / "results.json").read_text())
+    endpoint = found_at["environment"]["s3.endpoint"]
+    assert table.splitlines()[-1].startswith(f"note: the S3 endpoint {endpoint} is on this machine")
+    assert table.endswith((out / "check.txt").read_text())  # the same table in check.txt
 
 
 @pytest.mark.slow
@@ -266,6 +271,28 @@ def test_check_predicts_more_ranks_and_many_files_on_the_local_disk(tmp_path, ca
             (row["predicted_s"] - row["measured_s"]) / row["measured_s"]
         )
         assert f"{row['error']:+.0%}" in table and f"{row['predicted_s']:.2f}s" in table
+    assert "note:" not in table  # a local disk: no server on the ranks' cores
+
+
+@pytest.mark.parametrize(
+    "endpoint, here",
+    [("http://127.0.0.1:8333", True), ("http://[::1]:8333", True), ("http://localhost:9000", True),
+     ("https://s3.us-east-1.amazonaws.com", False), ("http://10.0.0.5:9000", False), (None, False)],
+)  # fmt: skip
+def test_the_check_notes_a_storage_served_from_this_machine(endpoint, here, tmp_path):
+    """Only an S3 endpoint on a loopback address is this machine's; a name or another
+    address is not known to be, and a path has no endpoint."""
+    from ckptprof.predict.check import served_here_note
+
+    environment = {"s3.endpoint": endpoint} if endpoint else {"storage.kind": "posix"}
+    (tmp_path / "restore-x1-r1-f0").mkdir()
+    (tmp_path / "restore-x1-r1-f0" / "results.json").write_text(
+        json.dumps({"environment": environment})
+    )
+    note = served_here_note(tmp_path)
+    assert (note is not None) == here
+    if here:
+        assert note.startswith(f"note: the S3 endpoint {endpoint} is on this machine")
 
 
 def test_two_scales_give_back_a_fixed_and_a_per_byte_cost():

@@ -188,7 +188,33 @@ def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: flo
     return out
 
 
-def render_check(rows: list[Checked]) -> str:
+def served_here_note(work: Path) -> str | None:
+    """A line for a check whose storage is served from this machine (an S3 endpoint on a
+    loopback address): its server shares the ranks' cores, a limit no one rank's run
+    measures and a remote storage does not have; None otherwise."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    for results in sorted(work.glob("restore-*/results.json")):
+        endpoint = json.loads(results.read_text()).get("environment", {}).get("s3.endpoint")
+        host = urlsplit(endpoint).hostname if endpoint else None
+        if host is None:
+            continue
+        try:
+            here = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:  # a name: not known to be this machine
+            here = False
+        if here:
+            return (
+                f"note: the S3 endpoint {endpoint} is on this machine: its server runs on "
+                "the ranks' cores, so more ranks or more bytes can meet a limit one rank's "
+                "run does not measure and a remote storage does not have (docs/predict.md)"
+            )
+        return None
+    return None
+
+
+def render_check(rows: list[Checked], note: str | None = None) -> str:
     width = max([len(r.base_label()) for r in rows] + [4])
     lines = [f"{'case':<6} {'from':<{width}} {'to':<22} {'what':<24} {'predicted':>9} "
              f"{'measured':>9} {'error':>7}  binds"]  # fmt: skip
@@ -197,4 +223,4 @@ def render_check(rows: list[Checked]) -> str:
             f"{r.case:<6} {r.base_label():<{width}} {r.target.label():<22} {r.what:<24} "
             f"{r.predicted_s:>8.2f}s {r.measured_s:>8.2f}s {r.error:>+7.0%}  {r.binds}"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *([note] if note else [])]) + "\n"
