@@ -285,10 +285,7 @@ def test_the_check_notes_a_storage_served_from_this_machine(endpoint, here, tmp_
     from ckptprof.predict.check import served_here_note
 
     environment = {"s3.endpoint": endpoint} if endpoint else {"storage.kind": "posix"}
-    (tmp_path / "restore-x1-r1-f0").mkdir()
-    (tmp_path / "restore-x1-r1-f0" / "results.json").write_text(
-        json.dumps({"environment": environment})
-    )
+    (tmp_path / "results.json").write_text(json.dumps({"environment": environment}))
     note = served_here_note(tmp_path)
     assert (note is not None) == here
     if here:

@@ -187,14 +187,14 @@ def limits_for(args, object_store: bool):
 
 
 def run_check(args) -> int:
-    from ckptprof.predict.check import check, render_check, served_here_note
+    from ckptprof.predict.check import check, render_check
     from ckptprof.preflight import OutputClaim
 
     args.out.mkdir(parents=True, exist_ok=True)
     with OutputClaim(args.out, "--out"):
-        rows = check(args.check, args.out, args.cases, args.model, args.scale, args.repeat,
-                     direct_io=args.direct_io)  # fmt: skip
-    table = render_check(rows, served_here_note(args.out))
+        rows, note = check(args.check, args.out, args.cases, args.model, args.scale,
+                           args.repeat, direct_io=args.direct_io)  # fmt: skip
+    table = render_check(rows, note)
     from ckptprof.atomic import atomic_write
 
     atomic_write(args.out / "check.txt", table)

@@ -23,15 +23,21 @@ class RangeReader(io.RawIOBase):
         return True
 
     def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        self._pos = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence] + pos
+        bases = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}
+        if whence not in bases:
+            raise ValueError(f"invalid whence ({whence})")
+        if bases[whence] + pos < 0:
+            raise ValueError(f"negative seek position {bases[whence] + pos}")
+        self._pos = bases[whence] + pos
         return self._pos
 
     def tell(self) -> int:
         return self._pos
 
     def readinto(self, buf) -> int:
-        n = max(0, min(len(buf), self._size - self._pos))
-        got = self.read_at(self._pos, memoryview(buf)[:n]) if n else 0
+        view = memoryview(buf).cast("B")  # bytes, whatever the buffer's items
+        n = max(0, min(len(view), self._size - self._pos))
+        got = self.read_at(self._pos, view[:n]) if n else 0
         self._pos += got
         return got
 

@@ -145,10 +145,12 @@ def node_limits(save_out: Path, restore_out: Path) -> tuple[Limits, Limits]:
 
 def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: float,
           repeat: int = 2, echo: Callable[[str], None] = print,
-          direct_io: bool = False) -> list[Checked]:  # fmt: skip
-    """Run each case; what it predicted and measured. Each case's base is two scales (a
-    fixed part and a part per byte), and for many files two file counts more
-    (``FILE_BASES``: a part per file): what ``predict`` is given, measured the same way.
+          direct_io: bool = False) -> tuple[list[Checked], str | None]:  # fmt: skip
+    """Run each case; what it predicted and measured, and a note on where the storage is
+    served from (:func:`served_here_note`, of this run's own restores). Each case's base
+    is two scales (a fixed part and a part per byte), and for many files two file counts
+    more (``FILE_BASES``: a part per file): what ``predict`` is given, measured the same
+    way.
     ``direct_io``: every save through the parallel writer with ``--direct-io``, so that
     the saves time the device, not the page cache's memory."""
     save_options = ["--strategy", "parallel", "--direct-io"] if direct_io else []
@@ -185,33 +187,33 @@ def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: flo
                 Checked(case, base, target, "restore (time to state)", restore.total_s,
                         _measured_restore_s(t_restore), restore.limit_name),
             ]  # fmt: skip
-    return out
+    return out, served_here_note(at(small)[1])
 
 
-def served_here_note(work: Path) -> str | None:
-    """A line for a check whose storage is served from this machine (an S3 endpoint on a
-    loopback address): its server shares the ranks' cores, a limit no one rank's run
-    measures and a remote storage does not have; None otherwise."""
+def served_here_note(restore_out: Path) -> str | None:
+    """A line for a check whose storage is served from this machine (the S3 endpoint its
+    restore at ``restore_out`` used is a loopback address): its server shares the ranks'
+    cores, a limit no one rank's run measures and a remote storage does not have; None
+    otherwise (a path; a name or another address, not known to be this machine)."""
     import ipaddress
     from urllib.parse import urlsplit
 
-    for results in sorted(work.glob("restore-*/results.json")):
-        endpoint = json.loads(results.read_text()).get("environment", {}).get("s3.endpoint")
-        host = urlsplit(endpoint).hostname if endpoint else None
-        if host is None:
-            continue
-        try:
-            here = host == "localhost" or ipaddress.ip_address(host).is_loopback
-        except ValueError:  # a name: not known to be this machine
-            here = False
-        if here:
-            return (
-                f"note: the S3 endpoint {endpoint} is on this machine: its server runs on "
-                "the ranks' cores, so more ranks or more bytes can meet a limit one rank's "
-                "run does not measure and a remote storage does not have (docs/predict.md)"
-            )
+    doc = json.loads((restore_out / "results.json").read_text())
+    endpoint = (doc.get("environment") or {}).get("s3.endpoint")
+    host = urlsplit(endpoint).hostname if endpoint else None
+    if host is None:
         return None
-    return None
+    try:
+        here = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return None
+    if not here:
+        return None
+    return (
+        f"note: the S3 endpoint {endpoint} is on this machine: its server runs on the ranks' "
+        "cores, so more ranks or more bytes can meet a limit one rank's run does not measure "
+        "and a remote storage does not have (docs/predict.md)"
+    )
 
 
 def render_check(rows: list[Checked], note: str | None = None) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 from ckptprof.atomic import fsync_dir
 from ckptprof.io.buffers import BufferPool, HostBuffer
@@ -82,10 +82,18 @@ def _sync(files: list[FileParts], ctx: SaveContext) -> None:
 
     pool = ThreadPoolExecutor(max(1, min(ctx.concurrency, len(files))), "ckptprof-fsync")
     try:
-        for done in [pool.submit(one, f) for f in files]:
-            done.result()  # the first failure (or a Ctrl-C) in file order
-    finally:  # what has not started never starts; what has ends (one fsync each)
-        pool.shutdown(wait=True, cancel_futures=True)
+        futures = [pool.submit(one, f) for f in files]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)  # a failure: at once
+        failed = [f.exception() for f in futures if f in done and f.exception() is not None]
+        if failed:
+            raise failed[0]  # the first in file order of those that failed by then
+    finally:  # what has not started never starts; what has ends (one fsync each) before
+        while True:  # the save aborts its writers: a second Ctrl-C must not close an fd
+            try:  # a worker is syncing
+                pool.shutdown(wait=True, cancel_futures=True)
+                break
+            except KeyboardInterrupt:
+                continue
 
 
 class _Serializer:

@@ -69,10 +69,10 @@ class Pipelined(Strategy):
 
 
 class _Ranges:
-    """The rank's byte ranges read, verified and placed, a window per batch of files: the
-    files without tensors at once, then each batch as its files' indexes are read, so
-    the reads of the files indexed first run while the others are still being indexed
-    (on S3 a large archive's index takes seconds of requests)."""
+    """The rank's byte ranges read, verified and placed, a window per batch of files as
+    its files' indexes are read (the files without tensors with the first), so the reads
+    of the files indexed first run while the others are still being indexed (on S3 a
+    large archive's index takes seconds of requests)."""
 
     def __init__(self, ctx: RunContext, indexed: dict, maps: FileMaps, clocks) -> None:
         self.ctx, self.indexed, self.maps, self.clocks = ctx, indexed, maps, clocks
@@ -94,10 +94,13 @@ class _Ranges:
     def run(self, batches) -> None:
         ctx = self.ctx
         try:
-            self.batch([f.path for f in ctx.files if not f.pieces], [])
+            small = [f.path for f in ctx.files if not f.pieces]  # read with the first batch
             with closing(batches):  # on a failure, the indexing ends before its files close
                 for paths, sources in batches:
-                    self.batch(paths, sources)
+                    self.batch([*small, *paths], sources)
+                    small = []
+            if small:  # no file had tensors
+                self.batch(small, [])
             check_covered(ctx.state.targets, self.covered)
             if self.copier is not None:
                 self.copier.finish()  # reshard ends when the last copy has landed on the device
