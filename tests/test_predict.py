@@ -260,6 +260,14 @@ def test_check_predicts_more_ranks_and_many_files_on_the_local_disk(tmp_path, ca
     assert target.files_per_rank == FILE_TARGET
     read_limits, write_limits = node_limits(*runs[:2])
     files_save, files_restore = rows[4:]
+    # measured: the target's own runs, the files the check wrote and read back
+    name = f"{scale}-r1-f{FILE_TARGET}"
+    saved = json.loads((out / f"save-{name}" / "save.json").read_text())
+    restored = json.loads((out / f"restore-{name}" / "results.json").read_text())["runs"]
+    assert files_save["measured_s"] == pytest.approx(saved["summary"]["median_s"])
+    assert files_restore["measured_s"] == pytest.approx(
+        statistics.median(r["wall_s"] for r in restored)
+    )
     assert files_save["predicted_s"] == pytest.approx(
         predict_save(target, found.costs, write_limits).total_s
     )

@@ -47,9 +47,7 @@ class SparseFile:
         with self._lock:
             missing = [b for b in range(first, last + 1) if b not in self._have]
             self._have.update(missing)  # claimed: a concurrent caller skips them
-        for run_start, run_end in _runs(missing):
-            lo = run_start * self.block
-            hi = min(self.size, (run_end + 1) * self.block)
+        for lo, hi in self._spans(missing):
             started = time.time_ns()
             self.storage.read_into(self.path, lo, self.view[lo:hi])
             with self._lock:
@@ -70,14 +68,14 @@ class SparseFile:
         requests = [
             Request(self.path, o, n) for lo, hi in spans for o, n in cut(lo, hi, policy.part_size)
         ]
-        if len(requests) <= 1:
-            for request in requests:
-                self.ensure(request.offset, request.length)
-            return
 
-        def ensure(request: Request, _view) -> None:
+        def ensure(request: Request, _view=None) -> None:
             self.ensure(request.offset, request.length)
 
+        if len(requests) <= 1:
+            for request in requests:
+                ensure(request)
+            return
         # op=None: ensure() records its own read intervals, as for reads on demand
         Window(self.storage, None, concurrency).run(requests, into=lambda r: None, read=ensure)
 
@@ -91,15 +89,19 @@ class SparseFile:
                 blocks.update(range(offset // self.block, (end - 1) // self.block + 1))
         with self._lock:
             blocks -= self._have
-        return [
-            (a * self.block, min(self.size, (b + 1) * self.block)) for a, b in _runs(sorted(blocks))
-        ]
+        return self._spans(blocks)
 
     def held(self) -> list[tuple[int, int]]:
         """The ``[start, end)`` ranges fetched so far, merged."""
         with self._lock:
-            runs = _runs(sorted(self._have))
-        return [(a * self.block, min(self.size, (b + 1) * self.block)) for a, b in runs]
+            have = set(self._have)
+        return self._spans(have)
+
+    def _spans(self, blocks) -> list[tuple[int, int]]:
+        """``blocks`` as the ``[start, end)`` byte spans of their runs."""
+        return [
+            (a * self.block, min(self.size, (b + 1) * self.block)) for a, b in _runs(sorted(blocks))
+        ]
 
     def reader(self, offset: int = 0, length: int | None = None) -> io.BufferedReader:
         """A file object over the bytes; it reads ahead one page, not one block. A zip

@@ -150,9 +150,8 @@ def check(where: str, work: Path, cases: tuple[str, ...], model: str, scale: flo
     served from (:func:`served_here_note`, of this run's own restores). Each case's base
     is two scales (a fixed part and a part per byte), and for many files two file counts
     more (``FILE_BASES``: a part per file): what ``predict`` is given, measured the same
-    way.
-    ``direct_io``: every save through the parallel writer with ``--direct-io``, so that
-    the saves time the device, not the page cache's memory."""
+    way. ``direct_io``: every save through the parallel writer with ``--direct-io``, so
+    that the saves time the device, not the page cache's memory."""
     save_options = ["--strategy", "parallel", "--direct-io"] if direct_io else []
     small, large = Setting(scale), Setting(scale * 2)
     targets = {
@@ -204,10 +203,9 @@ def served_here_note(restore_out: Path) -> str | None:
     if host is None:
         return None
     try:
-        here = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return None
-    if not here:
+        if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:  # a name: not known to be this machine
         return None
     return (
         f"note: the S3 endpoint {endpoint} is on this machine: its server runs on the ranks' "
