@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import xxhash
@@ -17,6 +16,7 @@ import xxhash
 from ckptprof import schema
 from ckptprof.errors import CkptprofError, VerifyError
 from ckptprof.phases import Phase
+from ckptprof.threads import thread_pool
 
 MANIFEST_NAME = "ckptprof-manifest.json"
 #: written before a generation's first file and removed after its manifest: the files a
@@ -240,6 +240,6 @@ def verify_buffers(
             )
             op.add_file(Phase.VERIFY, path, nbytes, time.perf_counter() - t0)
 
-    with ThreadPoolExecutor(max(1, threads)) as pool:
+    with thread_pool(threads, "checks") as pool:
         for future in [pool.submit(check, p) for p in buffers]:
             future.result()

@@ -9,6 +9,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -189,6 +190,50 @@ def test_the_parallel_writers_fsyncs_run_at_its_concurrency_and_a_failed_one_is_
     # the rest cancelled: the fourth ran beside the third, a thread took one more at most
     assert len(started) <= 3 + 1 + 2
     # no file of the checkpoint left, under any name: only the marker --force clears it by
+    assert [p.name for p in dest.rglob("*") if p.is_file()] == [GENERATING_NAME]
+
+
+@pytest.mark.parametrize("call", ["pwritev", "fsync"])
+def test_a_second_ctrl_c_lets_the_parallel_writers_calls_under_way_end_first(
+    call, tmp_path, monkeypatch, capfd
+):
+    """Ctrl-C while a file of the checkpoint is written (or forced to the device), and a
+    second one while that call is under way: the save raises only once every call under
+    way has ended, before the writers close their files (a write through a closed
+    descriptor may land in whatever file took its number); the wait is said, and nothing
+    is left but the marker. Each system call the parallel writer makes from its threads."""
+    main, real = threading.main_thread().ident, getattr(os, call)
+    calls, under_way, closed_under = [], [0], []
+    lock = threading.Lock()
+
+    def observed(fd, *args):
+        path = fd_path(fd)
+        if not (path.endswith(PARTIAL_SUFFIX) and "/checkpoint_" in path):
+            return real(fd, *args)
+        with lock:
+            calls.append(path)
+            under_way[0] += 1
+        try:
+            if len(calls) == 1:
+                signal.pthread_kill(main, signal.SIGINT)
+                time.sleep(0.2)
+                signal.pthread_kill(main, signal.SIGINT)  # the second, this call under way
+            time.sleep(0.4)
+            return real(fd, *args)
+        except OSError as exc:
+            if exc.errno == errno.EBADF:
+                closed_under.append(path)
+            raise
+        finally:
+            with lock:
+                under_way[0] -= 1
+
+    monkeypatch.setattr(os, call, observed)
+    dest = tmp_path / "ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        save_here(dest, "torch", "parallel", tmp_path / "t", concurrency=2, files=6)
+    assert calls and under_way == [0] and closed_under == []
+    assert "ckptprof: stopping once the " in capfd.readouterr().err
     assert [p.name for p in dest.rglob("*") if p.is_file()] == [GENERATING_NAME]
 
 

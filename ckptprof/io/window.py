@@ -30,13 +30,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import Any, Protocol
 
 from ckptprof.io.buffers import BufferPool, HostBuffer
 from ckptprof.phases import Phase
 from ckptprof.progress import bar as progress_bar
+from ckptprof.threads import thread_pool, through_interrupts
 
 POOLED = object()  # ``into`` answer: land in one of the window's buffers
 
@@ -199,6 +199,7 @@ class _Run:
         self.done: queue.Queue = queue.Queue()
         self.error: list[BaseException] = []
         self.fences: dict[int, Any] = {}  # id(buffer) -> the copy still reading it
+        self.consumed = threading.Event()  # the consumer thread has ended
         label = f"{window.desc} x{window.concurrency}"
         self.bar = progress_bar(sum(r.length for r in self.live), label, window.progress)
 
@@ -251,6 +252,12 @@ class _Run:
     def consume(self) -> None:
         """The consumer thread: each landed request handed to ``land``, then to its
         file's digest in file order (a request waits for its turn), then given back."""
+        try:
+            self._consume()
+        finally:
+            self.consumed.set()
+
+    def _consume(self) -> None:
         waiting: dict[str, list] = {}  # path -> heap of (offset, seq, item)
         seq = 0
         while True:
@@ -299,21 +306,21 @@ class _Run:
             self.done.put((request, self.read(request, None), None, False))
         failure: list[BaseException] = []
         under_way = window.op.running(window.phase) if window.op is not None else nullcontext()
-        try:
-            with under_way, ThreadPoolExecutor(window.in_flight, "ckptprof-io") as pool:
+        what = f"{window.desc} requests"
+        try:  # leaving the pool cancels the requests not started: every earlier ticket
+            # has started, so none waits for a cancelled one's turn
+            with under_way, thread_pool(window.in_flight, what, "ckptprof-io") as pool:
                 futures = [pool.submit(self.one, r, n) for n, r in enumerate(self.live)]
                 for future in futures:
                     try:
                         future.result()
                     except BaseException as exc:  # noqa: BLE001 - raised below
                         failure.append(exc)
-                        # the requests not started see it and return at once, each in its
-                        # turn (a cancelled one would never take its turn: the next waits)
-                        self.error.append(exc)
+                        self.error.append(exc)  # the requests started see it and return
                         break
         finally:
             self.done.put(None)
-            consumer.join()
+            through_interrupts(self.consumed.wait, what)  # a cut join would not wait again
             self.bar.close()
             if window.pool is None:
                 self.buffers.close()

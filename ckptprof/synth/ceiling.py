@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from ckptprof.io.buffers import HostBuffer
 from ckptprof.io.requests import whole_files
 from ckptprof.storage.base import ObjectInfo, Storage
+from ckptprof.threads import thread_pool
 from ckptprof.units import fmt_bytes
 
 PROBE_BYTES = 512 << 20
@@ -221,7 +221,7 @@ def probe(
         for _ in range(PROBE_PASSES):  # best of a few passes: the ceiling is the best case
             storage.evict(paths)
             t0 = time.perf_counter()
-            with ThreadPoolExecutor(max(1, concurrency)) as pool:
+            with thread_pool(concurrency, "probe reads") as pool:
                 list(pool.map(read, enumerate(reqs)))
             seconds = min(seconds, time.perf_counter() - t0)
         storage.evict(paths)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, wait
 
 from ckptprof.atomic import fsync_dir
 from ckptprof.io.buffers import BufferPool, HostBuffer
@@ -18,6 +18,7 @@ from ckptprof.io.writes import STAGING, FileParts, cut_parts, write_files
 from ckptprof.phases import Attr, Phase
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.savers.base import SaveContext, Saver, Written, named, serialized
+from ckptprof.threads import thread_pool
 
 
 class Parallel(Saver):
@@ -80,20 +81,14 @@ def _sync(files: list[FileParts], ctx: SaveContext) -> None:
         with ctx.op.phase(Phase.FSYNC), named(f"{ctx.storage.uri}/{f.path}"):
             f.writer.sync()
 
-    pool = ThreadPoolExecutor(max(1, min(ctx.concurrency, len(files))), "ckptprof-fsync")
-    try:
+    # leaving the pool: what has not started never starts; what has ends (one fsync
+    # each) before the save aborts its writers, even through a second Ctrl-C
+    with thread_pool(min(ctx.concurrency, len(files)), "fsyncs", "ckptprof-fsync") as pool:
         futures = [pool.submit(one, f) for f in files]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)  # a failure: at once
         failed = [f.exception() for f in futures if f in done and f.exception() is not None]
         if failed:
             raise failed[0]  # the first in file order of those that failed by then
-    finally:  # what has not started never starts; what has ends (one fsync each) before
-        while True:  # the save aborts its writers: a second Ctrl-C must not close an fd
-            try:  # a worker is syncing
-                pool.shutdown(wait=True, cancel_futures=True)
-                break
-            except KeyboardInterrupt:
-                continue
 
 
 class _Serializer:

@@ -14,7 +14,6 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -29,6 +28,7 @@ from ckptprof.progress import bar as progress_bar
 from ckptprof.storage.base import ObjectInfo
 from ckptprof.synth.device import synchronize
 from ckptprof.synth.readplan import Source, plan_copies
+from ckptprof.threads import thread_pool
 
 if TYPE_CHECKING:
     import torch
@@ -235,7 +235,7 @@ def deserialize_files(
     total = sum(ctx.size(f.path) for f in data)
     with (
         progress_bar(total, "deserialize", ctx.progress) as bar,
-        ThreadPoolExecutor(max(1, ctx.threads)) as pool,
+        thread_pool(ctx.threads, "deserializations") as pool,
     ):
         return list(pool.map(one, data))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +39,7 @@ from ckptprof.synth.strategies.base import (
     finish_digests,
 )
 from ckptprof.synth.strategies.registry import dcp_handler
+from ckptprof.threads import thread_pool
 from ckptprof.tracing.summary import uncovered
 
 OBJECT_STORE_INDEX_BLOCK = 1 << 20
@@ -343,7 +344,7 @@ def index_files(
     op.set_phase_attributes(Phase.DESERIALIZE, **{Attr.DESERIALIZE_WHAT: "each file's index"})
     with (  # reads on demand: fetch is under way while the indexes are read
         op.running(Phase.FETCH),
-        ThreadPoolExecutor(max(1, min(ctx.concurrency, len(data) or 1))) as pool,
+        thread_pool(min(ctx.concurrency, len(data)), "index reads") as pool,
     ):
         pending = {pool.submit(one, f): f for f in data}
         try:

@@ -1,0 +1,73 @@
+"""Every thread pool of ckptprof's ends before its caller cleans up, through a second
+Ctrl-C: the work not started is cancelled, the work under way is waited for (a
+descriptor closed under a write may already name another file), and the wait is said
+once. The rule is enumerated from the code: no pool is made outside ``ckptprof.threads``."""
+
+from __future__ import annotations
+
+import ast
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ckptprof.io.window import Window
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = sorted(p for d in ("ckptprof", "integrations") for p in (ROOT / d).rglob("*.py"))
+
+
+def test_no_thread_pool_is_made_outside_ckptprof_threads():
+    """No module but ``ckptprof.threads`` names an executor (to import, make or subclass one)."""
+    named = {}
+    for source in SOURCES:
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            names += [getattr(node, "id", None) or getattr(node, "attr", None)]
+            if {"ThreadPoolExecutor", "ProcessPoolExecutor"} & set(names):
+                named.setdefault(str(source.relative_to(ROOT)), node.lineno)
+    outside = {path: line for path, line in named.items() if path != "ckptprof/threads.py"}
+    assert named and not outside, f"make pools with ckptprof.threads.thread_pool: {outside}"
+
+
+@dataclass(frozen=True)
+class _Request:
+    path: str
+    offset: int
+    length: int
+
+
+def twice_interrupted(first: int):
+    """A request handler that, on request ``first``, sends the main thread SIGINT, then
+    a second SIGINT while it is still under way; every request takes 0.4 s. Returns the
+    handler and the offsets started and ended."""
+    main, started, ended = threading.main_thread().ident, [], []
+
+    def handle(request, view):
+        started.append(request.offset)
+        if request.offset == first:
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.2)
+            signal.pthread_kill(main, signal.SIGINT)  # the second Ctrl-C, this one under way
+        time.sleep(0.4)
+        ended.append(request.offset)
+        return view
+
+    return handle, started, ended
+
+
+@pytest.mark.parametrize("first", [1, 5], ids=["as-its-threads-start", "once-running"])
+def test_a_window_left_by_a_second_ctrl_c_waits_for_its_requests_under_way(first, capfd):
+    """Request ``first`` is cut by a Ctrl-C, and by a second one while it is still under
+    way: ``run`` raises only once every request started has ended, and starts no more."""
+    handle, started, ended = twice_interrupted(first)
+    requests = [_Request("f", n, 1) for n in range(20)]
+    with pytest.raises(KeyboardInterrupt):
+        Window(None, None, 2, progress=False).run(requests, into=lambda r: None, read=handle)
+    assert sorted(ended) == sorted(started)  # none under way once the caller has it back
+    assert first in started and len(started) <= first + 3  # the two in flight, one more
+    err = capfd.readouterr().err
+    assert err.count("ckptprof: stopping once the fetch requests under way end") == 1
