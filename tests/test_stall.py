@@ -112,6 +112,8 @@ def test_a_paused_s3_server_is_named_mid_fetch_and_the_restore_finishes(
     read_timeout_s, stall_after_s = 30, 2
     env["CKPTPROF_S3_READ_TIMEOUT"] = str(read_timeout_s)  # what ends a wait on its own
     paused: dict = {}
+    held: set[str] = set()  # the objects of the requests the stopped server holds
+    answering: dict[int, str] = {}  # the requests the proxy is answering now
     lock = threading.Lock()
 
     class PauseServer(_ProxyHandler):
@@ -121,12 +123,21 @@ def test_a_paused_s3_server_is_named_mid_fetch_and_the_restore_finishes(
 
         def _handle(self):
             start, _, end = self.headers.get("Range", "bytes=0-0")[6:].partition("-")
+            key = self.path.split("?")[0].rsplit("/", 1)[-1]
             with lock:
                 first = self.command == "GET" and int(end) - int(start) > 1 << 20 and not paused
                 if first:
                     os.killpg(seaweed.proc.pid, signal.SIGSTOP)
                     paused["at"] = time.monotonic()
-            super()._handle()
+                    held.update(answering.values())  # sent on before the stop, unanswered
+                if paused:
+                    held.add(key)
+                answering[id(self)] = key
+            try:
+                super()._handle()
+            finally:
+                with lock:
+                    answering.pop(id(self), None)
 
     fault_proxy._server.RequestHandlerClass = PauseServer
     out = tmp_path / "out"
@@ -162,7 +173,11 @@ def test_a_paused_s3_server_is_named_mid_fetch_and_the_restore_finishes(
     assert warned_at - paused["at"] < read_timeout_s
     warning = next(line for line in lines if "stalled" in line)
     assert "restore rank 0 stalled in fetch" in warning
-    assert f"waiting on {location}/optimizer.pt" in warning
+    # the object named is one the stopped server holds a request for (which of them was
+    # asked first depends on the load: the restore reads its files two at a time)
+    waited_on = warning.split("; waiting on ", 1)[1].split(" (", 1)[0]
+    assert waited_on.startswith(f"{location}/"), warning
+    assert waited_on.rsplit("/", 1)[1] in held, (warning, held)
     assert proc.returncode == 0, rest
     spans = [s for f in sorted((out / "traces").glob("*.jsonl")) for s in read_spans(f)]
     [fetch] = [s for s in spans if s["name"] == "ckpt.fetch"]
