@@ -153,8 +153,10 @@ def fresh_first_step(path: Path, scratch: Path) -> dict:
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1:]}
     run = json.loads((out / "results.json").read_text())["runs"][0]
-    return {"first_step": run.get("first_step"),
-            "first_step_s": run["phases"].get("first_step", {}).get("busy_s"),
+    step = run["phases"].get("first_step", {})
+    return {"first_step": run.get("first_step"), "first_step_s": step.get("busy_s"),
+            "tokens": step.get("details", {}).get("tokens"),
+            "first_in_process": step.get("first_in_process", False),
             "rto_s": run["wall_s"]}  # fmt: skip
 
 

@@ -195,6 +195,7 @@ class Attr:
     FIRST_STEP_BATCH_INCLUDES = "ckpt.first_step.batch_includes"  # what batch_s also holds
     FIRST_STEP_SKIPPED_BATCHES = "ckpt.first_step.skipped_batches"  # data skipped to resume
     FIRST_STEP_FIRST_IN_PROCESS = "ckpt.first_step.first_in_process"  # pays one-time set-up
+    FIRST_STEP_TOKENS = "ckpt.first_step.tokens"  # the synthetic step's batch x sequence
 
     # ---- a stall (``ckpt.stall`` events on the phase that was open)
     STALL_IDLE_S = "ckpt.stall.idle_s"  # seconds without progress when it was said

@@ -46,9 +46,67 @@ def test_the_first_step_counts_the_restored_state_once(monkeypatch):
         device=torch.device("cuda", 0),
     )
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (141 * 10**9, 0))
-    assert FirstStep(subject, True, None).mode == STEP_REAL
+    assert FirstStep(subject, True, None).mode == STEP_REAL  # with 4,096 tokens' activations
+    # the activations count too: 64 sequences of 4,096 tokens keep ~1.4 TB for the backward
+    assert FirstStep(subject, True, None, tokens=64 * 4096).mode != STEP_REAL
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 10**9, 0))
     assert FirstStep(subject, True, None).mode != STEP_REAL  # 67 GB + 13 GB of gradients do not fit
+
+
+@pytest.mark.parametrize(
+    "device, asked, shape",
+    [("cuda", None, (1, 4096)), ("cpu", None, (1, 32)), ("cuda", 512, (1, 512)),
+     ("cpu", 10_000, (3, 3333)), ("cuda", 1, (1, 1))],
+)  # fmt: skip
+def test_the_first_steps_shape_on_each_device_and_as_asked(device, asked, shape):
+    """On a GPU the step runs a sequence the device is busy with (32 tokens time a 7B
+    step's kernel launches, not its arithmetic); on a CPU a short one; the user's
+    ``--first-step-tokens`` over both, in sequences of at most 4,096. The span and the
+    step say the tokens it ran."""
+    from ckptprof.synth.first_step import FirstStep
+    from ckptprof.synth.model import step_shape
+    from ckptprof.synth.presets import get_preset
+
+    subject = SimpleNamespace(
+        world_size=2,  # estimated: no memory is asked of a device this machine lacks
+        plan=SimpleNamespace(preset=get_preset("llama2-7b")),
+        device=torch.device(device),
+    )
+    step = FirstStep(subject, True, None, tokens=asked)
+    assert step_shape(step.tokens) == shape and step.tokens == shape[0] * shape[1]
+
+
+@pytest.mark.parametrize("scale", [0.001, 0.01])
+def test_the_activations_counted_cover_what_autograd_keeps(scale):
+    """What the step is said to need for its backward (``activation_bytes``, counted from
+    the layers) is at least what autograd saves in the forward of the real model, and not
+    much more: tensors saved for the backward, parameters aside, summed by storage."""
+    from dataclasses import replace
+
+    import torch.nn.functional as F
+
+    from ckptprof.synth.model import activation_bytes, build_model, step_shape
+    from ckptprof.synth.presets import get_preset
+
+    preset = replace(get_preset("llama2-7b").scaled(scale), layers=2)
+    model, _ = build_model(preset)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    for tokens in (64, 512):
+        saved: dict[int, int] = {}
+
+        def keep(tensor, saved=saved):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in params:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        batch, seq = step_shape(tokens)
+        ids = torch.randint(0, preset.vocab, (batch, seq + 1))
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+            logits = model(ids[:, :-1])
+            F.cross_entropy(logits.float().reshape(-1, preset.vocab), ids[:, 1:].reshape(-1))
+        counted = activation_bytes(preset, tokens)
+        assert sum(saved.values()) <= counted <= 1.25 * sum(saved.values()), (tokens, saved)
 
 
 @pytest.mark.parametrize(

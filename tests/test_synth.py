@@ -332,6 +332,7 @@ def test_first_step_estimate_is_beside_the_rto_not_in_it(checkpoints, tmp_path):
     roots, children = restore_spans(payload)
     root = roots[0]["attributes"]
     assert root["ckpt.first_step.estimate_s"] > 0
+    assert root["ckpt.first_step.tokens"] == 32  # the step estimated: the CPU's default
     assert "cannot step alone" in root["ckpt.first_step.estimate_reason"]
     assert "ckpt.first_step" not in children[roots[0]["context"]["span_id"]]
     # a step time measured in the real job counts, as the user's
@@ -342,17 +343,22 @@ def test_first_step_estimate_is_beside_the_rto_not_in_it(checkpoints, tmp_path):
     assert run["wall_s"] >= 0.25
 
 
-def test_first_step_is_a_real_training_step(checkpoints, tmp_path):
+@pytest.mark.parametrize("tokens", [None, 96])
+def test_first_step_is_a_real_training_step(tokens, checkpoints, tmp_path):
     """Measured, and the first of its process named: it pays the one-time set-up a
-    resumed job's first step pays, the sweep's later runs do not."""
-    payload = restore(checkpoints("torch"), tmp_path, caches=("hot",), concurrency=(2, 4))
+    resumed job's first step pays, the sweep's later runs do not. It runs the tokens
+    asked (``--first-step-tokens``; the CPU's 32 by default), and says so."""
+    payload = restore(checkpoints("torch"), tmp_path, caches=("hot",), concurrency=(2, 4),
+                      first_step_tokens=tokens)  # fmt: skip
     first, later = (run["phases"]["first_step"] for run in payload["runs"])
     assert first["busy_s"] > 0 and not first.get("emulated")
     assert payload["runs"][0]["first_step"] == "measured"
     assert first.get("first_in_process") is True and "first_in_process" not in later
+    assert first["details"]["tokens"] == later["details"]["tokens"] == (tokens or 32)
     roots, children = restore_spans(payload)
     flags = [children[r["context"]["span_id"]]["ckpt.first_step"]["attributes"] for r in roots]
     assert [f["ckpt.first_step.first_in_process"] for f in flags] == [True, False]
+    assert {f["ckpt.first_step.tokens"] for f in flags} == {tokens or 32}
 
 
 @pytest.mark.slow

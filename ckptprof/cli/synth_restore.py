@@ -32,6 +32,7 @@ from ckptprof.cli.synth_options import (
 )
 from ckptprof.manifest import VERIFY_MODES
 from ckptprof.synth import ranges
+from ckptprof.synth.options import DEFAULT_STEP_TOKENS, STEP_SEQ_MAX
 
 RESTORE_EXAMPLES = """examples:
   ckptprof synth restore ./ckpt --strategy staged,pipelined,framework --cache cold --concurrency 8
@@ -151,6 +152,16 @@ def _add_first_step(parser) -> None:
         help="the first step's time measured in the real job (e.g. a callback's first_step), "
         "counted in the RTO where the step cannot run here (default: estimated beside it)",
     )
+    group.add_argument(
+        "--first-step-tokens",
+        type=whole(ranges.STEP_TOKENS),
+        default=None,
+        metavar="N",
+        help="tokens in the step that runs here or is estimated: the job's micro-batch x "
+        f"sequence length, in sequences of at most {STEP_SEQ_MAX} (default: "
+        f"{DEFAULT_STEP_TOKENS['cuda']} on a GPU, a step the device is busy with rather than "
+        f"one its kernel launches time; {DEFAULT_STEP_TOKENS['cpu']} on the CPU)",
+    )
 
 
 def _add_outputs(parser) -> None:
@@ -216,6 +227,7 @@ def run_restore(args) -> int:
         ceiling_gbps=args.ceiling_gbps,
         first_step=args.first_step,
         first_step_s=args.first_step_s,
+        first_step_tokens=args.first_step_tokens,
         drop_caches=args.drop_caches,
         per_file_spans=args.per_file_spans,
         stage_dir=args.stage,

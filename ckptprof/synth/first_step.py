@@ -34,9 +34,14 @@ class FirstStep:
         enabled: bool,
         user_seconds: float | None,
         progress: bool | None = None,
+        tokens: int | None = None,
     ) -> None:
+        from ckptprof.synth.model import default_step_tokens, step_shape
+
         self.subject = subject
         self.progress = progress
+        batch, seq = step_shape(tokens or default_step_tokens(subject.device))
+        self.tokens = batch * seq  # what the step runs: --first-step-tokens, or the device's
         self.model = self.optimizer = None
         self.steps_run = 0  # real steps this process has run
         self.estimate: tuple[float, str] | None = None
@@ -54,7 +59,7 @@ class FirstStep:
         subject = self.subject
         if subject.world_size != 1:
             return False
-        need = subject.state.nbytes + step_bytes_beyond_state(subject.plan.preset)
+        need = subject.state.nbytes + step_bytes_beyond_state(subject.plan.preset, self.tokens)
         if subject.device.type == "cuda":
             import torch
 
@@ -110,12 +115,18 @@ class FirstStep:
         if self.mode == STEP_REAL:
             previous = torch.set_flush_denormal(True)
             try:
-                first = {Attr.EMULATED: False, Attr.FIRST_STEP_FIRST_IN_PROCESS: not self.steps_run}
+                first = {
+                    Attr.EMULATED: False,
+                    Attr.FIRST_STEP_FIRST_IN_PROCESS: not self.steps_run,
+                    Attr.FIRST_STEP_TOKENS: self.tokens,
+                }
                 with (
                     op.phase(Phase.FIRST_STEP, **first),
-                    self._bar(3, "first step (forward, backward, AdamW)") as bar,
+                    self._bar(
+                        3, f"first step ({self.tokens} tokens: forward, backward, AdamW)"
+                    ) as bar,
                 ):
-                    train_step(self.model, self.optimizer, advance=bar.update)
+                    train_step(self.model, self.optimizer, self.tokens, advance=bar.update)
                 self.steps_run += 1
             finally:
                 torch.set_flush_denormal(previous)
@@ -131,6 +142,7 @@ class FirstStep:
             op.set_attributes(
                 {
                     Attr.FIRST_STEP_ESTIMATE_S: round(seconds, 6),
+                    Attr.FIRST_STEP_TOKENS: self.tokens,
                     Attr.FIRST_STEP_ESTIMATE_REASON: reason,
                     Attr.RTO_ENDS_AT: "state restored (first step estimated beside it)",
                 }
@@ -151,9 +163,9 @@ class FirstStep:
             for layers in (1, 2):
                 model, optim = build_model(replace(preset, layers=layers), self.subject.device)
                 # warm-up: first-call allocations are not per-layer cost
-                train_step(model, optim, advance=bar.update)
+                train_step(model, optim, self.tokens, advance=bar.update)
                 t0 = time.perf_counter()
-                train_step(model, optim, advance=bar.update)
+                train_step(model, optim, self.tokens, advance=bar.update)
                 times.append(time.perf_counter() - t0)
                 del model, optim
         per_layer = max(0.0, times[1] - times[0])

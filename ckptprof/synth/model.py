@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim.adam import adam
 
+from ckptprof.synth.options import DEFAULT_STEP_TOKENS, STEP_SEQ_MAX
 from ckptprof.synth.presets import ModelPreset
 
 #: torch.optim.adam.adam takes decoupled_weight_decay (AdamW) from torch 2.6; before, the
@@ -25,6 +26,9 @@ _ADAM_DECOUPLES = "decoupled_weight_decay" in inspect.signature(adam).parameters
 #: what a step needs beyond the restored state it trains on in place (bf16 gradients, at
 #: most all at once: each is released as its parameter steps)
 GRAD_BYTES_PER_PARAM = 2
+#: the logits' bytes per token and vocabulary entry: bf16, their fp32 copy for the loss,
+#: and its gradient
+LOGIT_BYTES = 2 + 4 + 4
 
 
 class RMSNorm(nn.Module):
@@ -170,23 +174,49 @@ def build_model(
     return model, optimizer
 
 
-def step_bytes_beyond_state(preset: ModelPreset) -> int:
-    """Memory the first step adds to the restored weights and moments (counted once:
-    the step trains on them in place)."""
-    return preset.params * GRAD_BYTES_PER_PARAM
+def default_step_tokens(device: torch.device) -> int:
+    """The first step's tokens on ``device`` when the user gives none."""
+    return DEFAULT_STEP_TOKENS.get(device.type, DEFAULT_STEP_TOKENS["cuda"])
+
+
+def step_shape(tokens: int) -> tuple[int, int]:
+    """``(sequences, length)`` of a step of about ``tokens`` tokens: one sequence up to
+    :data:`STEP_SEQ_MAX`, then as many of that length as fit (``batch × length`` are the
+    tokens it runs)."""
+    batch = -(-tokens // STEP_SEQ_MAX)
+    return batch, max(1, tokens // batch)
+
+
+def activation_bytes(preset: ModelPreset, tokens: int) -> int:
+    """What a step's forward keeps for its backward, counted from the layers above (bf16,
+    attention through SDPA, which keeps no score matrix): per token and layer the two
+    norms' inputs and outputs, q/k/v, the attention's output, the MLP's gate, up, SiLU
+    and product; then the logits."""
+    kv = preset.kv_heads * preset.head_dim
+    per_token_layer = 2 * (7 * preset.hidden + 2 * kv + 4 * preset.intermediate)
+    return tokens * (preset.layers * per_token_layer + preset.vocab * LOGIT_BYTES)
+
+
+def step_bytes_beyond_state(preset: ModelPreset, tokens: int) -> int:
+    """Memory a first step of ``tokens`` tokens adds to the restored weights and moments
+    (counted once: the step trains on them in place): the gradients and the
+    activations."""
+    return preset.params * GRAD_BYTES_PER_PARAM + activation_bytes(preset, tokens)
 
 
 def train_step(
     model: LlamaForCausalLM,
     optimizer: torch.optim.Optimizer,
-    seq: int = 32,
+    tokens: int = DEFAULT_STEP_TOKENS["cpu"],
     advance: Callable[[int], object] | None = None,
 ) -> float:
-    """One real forward/backward/AdamW step on a random batch; returns the loss.
-    ``advance(1)`` after each of the three (a progress bar)."""
+    """One real forward/backward/AdamW step on a random batch of ``tokens`` tokens
+    (:func:`step_shape`); returns the loss. ``advance(1)`` after each of the three (a
+    progress bar)."""
     tick = advance or (lambda n: None)
     vocab = model.preset.vocab
-    ids = torch.randint(0, vocab, (1, seq + 1), generator=torch.Generator().manual_seed(0))
+    batch, seq = step_shape(tokens)
+    ids = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
     ids = ids.to(model.lm_head.weight.device)
     model.train()
     logits = model(ids[:, :-1])

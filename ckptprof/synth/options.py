@@ -16,6 +16,14 @@ from ckptprof.synth import ranges
 from ckptprof.synth.device import check_device
 from ckptprof.synth.strategies import registry as strategy_registry
 
+#: the longest sequence the synthetic first step runs (Llama 2's context); more tokens
+#: are more sequences
+STEP_SEQ_MAX = 4096
+#: the first step's tokens where ``--first-step-tokens`` does not say: on a GPU a
+#: sequence the device is busy with (at 32 tokens a 7B step times its kernel launches,
+#: not its arithmetic); on a CPU few, as a CPU's arithmetic is slow at any shape
+DEFAULT_STEP_TOKENS = {"cuda": STEP_SEQ_MAX, "cpu": 32}
+
 
 @dataclass
 class RestoreOptions:
@@ -31,6 +39,7 @@ class RestoreOptions:
     ceiling_gbps: float | None = None
     first_step: bool = True
     first_step_s: float | None = None  # the step time measured in the real job
+    first_step_tokens: int | None = None  # the step's tokens (default: the device's)
     drop_caches: bool = False
     per_file_spans: bool = False
     stage_dir: Path | None = None
@@ -60,6 +69,7 @@ class RestoreOptions:
             ("--memory-budget", self.memory_budget, schema.optional(ranges.MEMORY_BUDGET)),
             ("--ceiling-gbps", self.ceiling_gbps, schema.optional(ranges.GBPS)),
             ("--first-step-s", self.first_step_s, schema.optional(ranges.STEP_SECONDS)),
+            ("--first-step-tokens", self.first_step_tokens, schema.optional(ranges.STEP_TOKENS)),
             ("--deadline", self.deadline_s, ranges.SECONDS),
         )
         for option, value, check in checks:

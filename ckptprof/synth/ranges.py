@@ -24,6 +24,8 @@ DAY_S = 86_400.0
 # every number has a ceiling a real setting stays under: a value past it is a typo, and
 # would only fill a report with digits (100 TB/s of bandwidth, a week of waiting)
 STEP_SECONDS = schema.number(minimum=0, maximum=DAY_S)
+#: tokens in one step (micro-batch x sequence length): a million is past any job's
+STEP_TOKENS = schema.integer(1, 1 << 20)
 GBPS = schema.number(maximum=100_000, above=0)
 SECONDS = schema.number(maximum=7 * DAY_S, above=0)
 CACHES = ("cold", "hot")

@@ -113,7 +113,11 @@ class RestoreRunner:
         ensure_open_files(max(options.concurrency))
         check_listing(self.subject, self.storage.list())  # fail before any cache work or timing
         self.first_step = FirstStep(
-            self.subject, options.first_step, options.first_step_s, options.progress
+            self.subject,
+            options.first_step,
+            options.first_step_s,
+            options.progress,
+            tokens=options.first_step_tokens,
         )
         self.prepared = False
         self.runs: list[RunRecord] = []
