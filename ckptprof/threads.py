@@ -79,7 +79,8 @@ class _CountedPool(ThreadPoolExecutor):
 def thread_pool(workers: int, what: str, name: str = "ckptprof") -> Iterator[ThreadPoolExecutor]:
     """A pool of ``workers`` threads (at least one) that, when left, stops the work not
     started and waits for the work under way (``what``: how to name it, if a Ctrl-C
-    comes while it waits)."""
+    comes while it waits). Unlike ``ThreadPoolExecutor``'s own exit, a normal exit also
+    drops what has not started: take every result inside the block."""
     pool = _CountedPool(workers, name)
     try:
         yield pool
