@@ -125,7 +125,7 @@ class MasterAdamW(torch.optim.AdamW):
     def step_param(self, param: torch.Tensor) -> None:
         if param.grad is None:
             return
-        group = next(g for g in self.param_groups if any(p is param for p in g["params"]))
+        group = self._group_of(param)
         state = self.state[param]
         if not state:  # no restored moments: fresh fp32 ones, as the job's would be
             state["step"] = torch.tensor(0.0)
@@ -148,6 +148,19 @@ class MasterAdamW(torch.optim.AdamW):
         if weights is not param:
             param.copy_(weights)
         param.grad = None  # released once used
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        self._groups_by_param = None  # made again when next asked
+
+    def _group_of(self, param: torch.Tensor) -> dict:
+        """``param``'s group, from a map made once (searching the groups for each
+        parameter cost the timed step a scan of all of them per parameter)."""
+        groups = getattr(self, "_groups_by_param", None)
+        if groups is None:
+            groups = {id(p): g for g in self.param_groups for p in g["params"]}
+            self._groups_by_param = groups
+        return groups[id(param)]
 
     def step_in_backward(self) -> list:
         """Step every parameter from inside ``backward()``, as its gradient lands; the
