@@ -27,15 +27,18 @@ from ckptprof.errors import Terminated
 def through_interrupts(wait: Callable[[], object], what: str) -> None:
     """``wait()`` to its end, whatever Ctrl-C or SIGTERM arrives meanwhile (the first
     is said on stderr: ``what`` is what is waited for)."""
-    told = False
+    first: BaseException | None = None
     while True:
         try:
-            wait()
-            return
-        except (KeyboardInterrupt, Terminated):
-            if not told:
+            if first is not None and not getattr(first, "_told", False):
+                first._told = True  # said once
                 print(f"ckptprof: stopping once the {what} under way end", file=sys.stderr)
-                told = True
+            wait()
+            break
+        except (KeyboardInterrupt, Terminated) as exc:
+            first = first or exc
+    if first is not None:  # the interruption is not lost: raised once the wait is over
+        raise first
 
 
 class _CountedPool(ThreadPoolExecutor):

@@ -79,11 +79,19 @@ class OrderedSlots:
     def __init__(self, n: int) -> None:
         self.free = n
         self.next = 0
+        self.closed = False
         self._cond = threading.Condition()
+
+    def close(self) -> None:
+        """The run is failing: every waiter returns at once (a ticket cancelled before
+        its turn would otherwise hold the next for ever)."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
 
     def acquire(self, ticket: int) -> None:
         with self._cond:
-            while ticket != self.next or self.free == 0:
+            while not self.closed and (ticket != self.next or self.free == 0):
                 self._cond.wait()
             self.free -= 1
             self.next += 1
@@ -92,7 +100,7 @@ class OrderedSlots:
     def skip(self, ticket: int) -> None:
         """Ticket ``ticket`` needs no slot: let the next one through once it is its turn."""
         with self._cond:
-            while ticket != self.next:
+            while not self.closed and ticket != self.next:
                 self._cond.wait()
             self.next += 1
             self._cond.notify_all()
@@ -310,13 +318,19 @@ class _Run:
         try:  # leaving the pool cancels the requests not started: every earlier ticket
             # has started, so none waits for a cancelled one's turn
             with under_way, thread_pool(window.in_flight, what, "ckptprof-io") as pool:
-                futures = [pool.submit(self.one, r, n) for n, r in enumerate(self.live)]
+                try:
+                    futures = [pool.submit(self.one, r, n) for n, r in enumerate(self.live)]
+                except BaseException as exc:  # e.g. Ctrl-C while submitting: stop the rest
+                    self.error.append(exc)
+                    self.slots.close()
+                    raise
                 for future in futures:
                     try:
                         future.result()
                     except BaseException as exc:  # noqa: BLE001 - raised below
                         failure.append(exc)
                         self.error.append(exc)  # the requests started see it and return
+                        self.slots.close()
                         break
         finally:
             self.done.put(None)
