@@ -525,7 +525,12 @@ def test_long_phases_show_progress(checkpoints, tmp_path, capsys):
     )  # fmt: skip
     run_restore(str(checkpoints("torch")), options, tmp_path / "out", echo=lambda *_: None)
     err = capsys.readouterr().err
-    for bar in ("fetch x1", "deserialize", "reshard", "first step (forward, backward, AdamW)"):
+    for bar in (
+        "fetch x1",
+        "deserialize",
+        "reshard",
+        "first step (32 tokens: forward, backward, AdamW)",
+    ):
         assert f"{bar}:" in err, bar
     filler, chunks = RandomFiller(0, chunk=1 << 20), []
     filler.on_chunk = chunks.append
