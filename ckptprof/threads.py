@@ -28,10 +28,11 @@ def through_interrupts(wait: Callable[[], object], what: str) -> None:
     """``wait()`` to its end, whatever Ctrl-C or SIGTERM arrives meanwhile (the first
     is said on stderr: ``what`` is what is waited for)."""
     first: BaseException | None = None
+    told = False
     while True:
-        try:
-            if first is not None and not getattr(first, "_told", False):
-                first._told = True  # said once
+        try:  # said inside the try: a Ctrl-C while printing is waited through too
+            if first is not None and not told:
+                told = True
                 print(f"ckptprof: stopping once the {what} under way end", file=sys.stderr)
             wait()
             break

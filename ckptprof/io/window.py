@@ -315,8 +315,8 @@ class _Run:
         failure: list[BaseException] = []
         under_way = window.op.running(window.phase) if window.op is not None else nullcontext()
         what = f"{window.desc} requests"
-        try:  # leaving the pool cancels the requests not started: every earlier ticket
-            # has started, so none waits for a cancelled one's turn
+        try:  # leaving the pool drops the requests not started; a failure closes the
+            # slots first, so no request started waits for a dropped one's turn
             with under_way, thread_pool(window.in_flight, what, "ckptprof-io") as pool:
                 try:
                     futures = [pool.submit(self.one, r, n) for n, r in enumerate(self.live)]
