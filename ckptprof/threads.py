@@ -5,8 +5,11 @@ buffer that the caller's clean-up closes, aborts or frees as soon as the pool is
 a descriptor closed under a write may already name another file, and a part that lands
 after its upload's abort is stored for nothing. So leaving a pool stops the work not
 started and waits for the work under way, and a further Ctrl-C or SIGTERM meanwhile is
-said once and waited through (each request is bounded by its storage's own timeouts,
-so the wait is too). Every pool of ckptprof's is one of these.
+said once and waited through. S3 requests end within their client's timeouts, but a
+read from a hung NFS mount may never end: one more Ctrl-C or SIGTERM ends the process
+at once (``os._exit``, the work under way unfinished, nothing cleaned up), as a user
+pressing it a third time asks. Every pool of ckptprof's is one of these; they run only
+in ckptprof's own commands, never in a training job's process.
 
 The pool counts its work itself rather than joining its threads: on Python 3.11 a
 ``Thread.join`` cut by Ctrl-C marks a running thread as ended, and a Ctrl-C inside
@@ -15,6 +18,8 @@ The pool counts its work itself rather than joining its threads: on Python 3.11 
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -25,21 +30,37 @@ from ckptprof.errors import Terminated
 
 
 def through_interrupts(wait: Callable[[], object], what: str) -> None:
-    """``wait()`` to its end, whatever Ctrl-C or SIGTERM arrives meanwhile (the first
-    is said on stderr: ``what`` is what is waited for)."""
-    first: BaseException | None = None
+    """``wait()`` to its end through one Ctrl-C or SIGTERM (said on stderr: ``what`` is
+    what is waited for, and raised once the wait is over); a second one during the
+    wait ends the process now, with the exit status of its signal."""
+    interruptions: list[BaseException] = []
     told = False
     while True:
         try:  # said inside the try: a Ctrl-C while printing is waited through too
-            if first is not None and not told:
+            if len(interruptions) > 1:
+                _exit_now(interruptions[-1], what)
+            if interruptions and not told:
                 told = True
-                print(f"ckptprof: stopping once the {what} under way end", file=sys.stderr)
+                print(
+                    f"ckptprof: stopping once the {what} under way end (once more: stop now, "
+                    "leaving them unfinished)",
+                    file=sys.stderr,
+                )
             wait()
             break
         except (KeyboardInterrupt, Terminated) as exc:
-            first = first or exc
-    if first is not None:  # the interruption is not lost: raised once the wait is over
-        raise first
+            interruptions.append(exc)
+    if interruptions:  # the interruption is not lost: raised once the wait is over
+        raise interruptions[0]
+
+
+def _exit_now(interruption: BaseException, what: str) -> None:
+    """End the process without waiting or cleaning up: a wait the user has refused
+    twice (a hung mount's read never ends)."""
+    signum = signal.SIGTERM if isinstance(interruption, Terminated) else signal.SIGINT
+    print(f"ckptprof: stopped now, with the {what} under way unfinished", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 class _CountedPool(ThreadPoolExecutor):

@@ -71,3 +71,51 @@ def test_a_window_left_by_a_second_ctrl_c_waits_for_its_requests_under_way(first
     assert first in started and len(started) <= first + 3  # the two in flight, one more
     err = capfd.readouterr().err
     assert err.count("ckptprof: stopping once the fetch requests under way end") == 1
+
+
+_HUNG_WINDOW = """
+import signal, sys, threading, time
+from dataclasses import dataclass
+from ckptprof.cli import _raise_on_signals
+from ckptprof.io.window import Window
+
+_raise_on_signals()  # as the command does: SIGTERM raises Terminated
+
+@dataclass(frozen=True)
+class Request:
+    path: str
+    offset: int
+    length: int
+
+main = threading.main_thread().ident
+
+def hang(request, view):  # a read from a hung mount: never ends
+    if request.offset == 0:
+        for _ in range(3):  # Ctrl-C, then twice more while the read is under way
+            signal.pthread_kill(main, signal.SIG{name})
+            time.sleep(0.3)
+    time.sleep(3600)
+
+Window(None, None, 2, progress=False).run([Request("f", n, 1) for n in range(4)],
+                                          into=lambda r: None, read=hang)
+"""
+
+
+@pytest.mark.parametrize("name,code", [("INT", 130), ("TERM", 143)])
+def test_a_third_interruption_ends_a_wait_that_would_never_end(name, code):
+    """A read hung on a dead NFS mount never ends, and a waited-through Ctrl-C would
+    wait for ever: the one after it ends the process at once, with its signal's status."""
+    import subprocess
+    import sys
+
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _HUNG_WINDOW.replace("{name}", name)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert time.monotonic() - started < 30
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        "ckptprof: stopping once the fetch requests under way end (once more: stop now, "
+        "leaving them unfinished)",
+        "ckptprof: stopped now, with the fetch requests under way unfinished",
+    ], done.stderr
