@@ -38,6 +38,7 @@ _RUN = schema.record(
         "read_bytes": schema.optional(_COUNT),
         "first_step": schema.optional(schema.text()),
         "first_step_estimate_s": schema.optional(_SECONDS),
+        "first_step_tokens": schema.optional(schema.integer(1)),
         "cache": schema.optional(schema.text()),
         "concurrency": schema.optional(schema.integer(1)),
         "repeat": schema.optional(_COUNT),
@@ -186,6 +187,8 @@ def summarize(runs: Sequence[Mapping[str, Any]], ceiling_gbps: float | None) -> 
         estimates = [r["first_step_estimate_s"] for r in items if r.get("first_step_estimate_s")]
         if estimates:
             entry["first_step_estimate_s"] = statistics.median(estimates)
+        if items[0].get("first_step_tokens"):  # one step shape per sweep
+            entry["first_step_tokens"] = items[0]["first_step_tokens"]
         gbps = [
             r["phases"]["fetch"]["gbps"]
             for r in items

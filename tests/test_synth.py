@@ -324,23 +324,65 @@ def test_a_memory_budget_smaller_than_the_checkpoint_holds(checkpoints, tmp_path
 
 @pytest.mark.slow
 def test_first_step_estimate_is_beside_the_rto_not_in_it(checkpoints, tmp_path):
+    """Beside the RTO, with the tokens it was estimated at, the same in every view:
+    results.json (runs and summary), results.csv, the text report and the HTML page."""
+    from ckptprof.report import aggregate, load, render_text
+    from ckptprof.report.html import render_html
+
     path = checkpoints("torch", 2)
-    payload = restore(path, tmp_path, caches=("hot",), concurrency=(2,), repeat=2)
+    payload = restore(path, tmp_path, caches=("hot",), concurrency=(2,), repeat=2,
+                      first_step_tokens=48)  # fmt: skip
     for run in payload["runs"]:
         assert run["first_step"] == "estimated" and run["first_step_estimate_s"] > 0
+        assert run["first_step_tokens"] == 48
         assert "first_step" not in run["phases"]  # not a phase of the RTO
+    assert [s["first_step_tokens"] for s in payload["summary"]] == [48]
+    out = tmp_path / "out"
+    rows = (out / "results.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    assert {r.split(",")[header.index("first_step_tokens")] for r in rows[1:]} == {"48"}
+    report = aggregate(load([str(out)]))
+    for view in (render_text(report), render_html(report)):
+        words = " ".join(view.split())  # as the text wraps it
+        assert "estimated beside it (≈" in words and "for a step of 48 tokens," in words
     roots, children = restore_spans(payload)
     root = roots[0]["attributes"]
     assert root["ckpt.first_step.estimate_s"] > 0
-    assert root["ckpt.first_step.tokens"] == 32  # the step estimated: the CPU's default
+    assert root["ckpt.first_step.tokens"] == 48  # the step estimated
     assert "cannot step alone" in root["ckpt.first_step.estimate_reason"]
     assert "ckpt.first_step" not in children[roots[0]["context"]["span_id"]]
     # a step time measured in the real job counts, as the user's
     given = restore(path, tmp_path / "given", caches=("hot",), concurrency=(2,), first_step_s=0.25)
     (run,) = given["runs"]
-    assert run["first_step"] == "user"
+    assert run["first_step"] == "user" and run["first_step_tokens"] is None  # none run here
     assert run["phases"]["first_step"]["busy_s"] == pytest.approx(0.25, abs=0.01)
     assert run["wall_s"] >= 0.25
+
+
+def test_an_estimate_too_large_to_run_is_refused_before_the_sweep(
+    checkpoints, tmp_path, monkeypatch, capsys
+):
+    """The estimate's 2-layer step of a million tokens would end the sweep out of memory
+    (on a GPU, a CUDA error) after the restores began: one line before any work, naming
+    the option and the fixes. The machine is given 4 GB to spare, whatever it has."""
+    import psutil
+
+    from ckptprof.cli import main
+    from ckptprof.synth import first_step
+
+    headroom = (4 << 30) / psutil.virtual_memory().available  # of what the machine has
+    monkeypatch.setattr(first_step, "MEMORY_HEADROOM", headroom)
+    path, out = checkpoints("torch", 2), tmp_path / "out"
+    argv = ["synth", "restore", str(path), "--cache", "hot", "--concurrency", "2", "--repeat",
+            "1", "--no-report", "--out", str(out), "--first-step-tokens"]  # fmt: skip
+    assert main([*argv, str(1 << 20)]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert "--first-step-tokens 1048576" in line and "needs" in line and "--first-step-s" in line
+    assert "ceiling" not in captured.out and not out.exists()  # before any work
+    assert main([*argv, "32"]) == 0, capsys.readouterr().err  # a step that fits is estimated
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert run["first_step"] == "estimated" and run["first_step_tokens"] == 32
 
 
 @pytest.mark.parametrize("tokens", [None, 96])

@@ -32,7 +32,7 @@ from ckptprof.cli.synth_options import (
 )
 from ckptprof.manifest import VERIFY_MODES
 from ckptprof.synth import ranges
-from ckptprof.synth.options import DEFAULT_STEP_TOKENS, STEP_SEQ_MAX
+from ckptprof.synth.ranges import DEFAULT_STEP_TOKENS, STEP_SEQ_MAX
 
 RESTORE_EXAMPLES = """examples:
   ckptprof synth restore ./ckpt --strategy staged,pipelined,framework --cache cold --concurrency 8
@@ -202,10 +202,10 @@ def _add_interruptions(parser) -> None:
     group.add_argument(
         "--deadline",
         type=real(ranges.SECONDS),
-        default=DEFAULTS.deadline_s,
+        default=None,
         metavar="SECONDS",
         help="notice-to-termination time for --simulate-interruption (default "
-        f"{DEFAULTS.deadline_s:g}: EC2 Spot)",
+        f"{DEFAULTS.deadline:g}: EC2 Spot)",
     )
     add_stall_option(group)
 

@@ -78,6 +78,8 @@ class Breakdown:
     read_bytes: int | None = None
     #: an estimated first step, kept beside the RTO (never inside it)
     first_step_estimate_s: float | None = None
+    #: the tokens of the step run or estimated (a synthetic run's)
+    first_step_tokens: int | None = None
     #: a synthetic run: its first step is this machine's compute, not a job's
     synthetic: bool = False
     #: time to state (list -> reshard: the RTO less the first step), median, min, max

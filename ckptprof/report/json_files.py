@@ -123,6 +123,7 @@ def _results_runs(entries: Iterable[Any]) -> list[ResultsRun]:
                 read_bytes=integer(entry.get("read_bytes")),
                 first_step=entry.get("first_step"),
                 first_step_estimate_s=number(entry.get("first_step_estimate_s")),
+                first_step_tokens=integer(entry.get("first_step_tokens")),
                 rank=integer(entry.get("rank")),
                 host=entry.get("host") if isinstance(entry.get("host"), str) else None,
                 start_s=number(entry.get("start_s")),

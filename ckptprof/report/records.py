@@ -105,6 +105,7 @@ class ResultsRun:
     read_bytes: int | None = None
     first_step: str | None = None  # measured | estimated | user | skipped
     first_step_estimate_s: float | None = None
+    first_step_tokens: int | None = None  # the step's tokens, run or estimated
     rank: int | None = None  # a distributed job's rank (``rank_runs``)
     host: str | None = None
     start_s: float | None = None  # when it began, seconds since the epoch

@@ -172,6 +172,7 @@ def _cell_breakdown(
     b.first_step_estimate_s = median_of(
         r.first_step_estimate_s for r in runs if r.first_step == "estimated"
     )
+    b.first_step_tokens = next((r.first_step_tokens for r in runs if r.first_step_tokens), None)
     return b
 
 

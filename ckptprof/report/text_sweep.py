@@ -55,8 +55,8 @@ def ceiling_cell(row: SweepRow) -> str:
 
 
 def sweep_notes(sweep: Sweep) -> list[str]:
-    """One sentence per fused or lazy phase of the sweep, and one for fetches measured
-    above the ceiling (shown capped)."""
+    """One sentence per fused or lazy phase of the sweep, one for fetches measured above
+    the ceiling (shown capped), and one for a first step estimated beside the RTO."""
     notes: dict[str, None] = {}
     for row in sweep.rows:
         for r in row.breakdown.phases:
@@ -80,6 +80,17 @@ def sweep_notes(sweep: Sweep) -> list[str]:
         notes[
             f"100%+: fetch measured above the storage ceiling ({cells}), shown capped: the "
             "ceiling is an estimate, or some reads came from the page cache"
+        ] = None
+    estimated = [r.breakdown for r in sweep.rows if r.breakdown.first_step_estimate_s]
+    if estimated:
+        seconds = statistics.median(b.first_step_estimate_s for b in estimated)
+        tokens = estimated[0].first_step_tokens
+        shape = f" for a step of {tokens:,} tokens" if tokens else ""
+        notes[
+            "RTO ends with the state restored: the first training step could not run here, "
+            f"so it is estimated beside it (≈{fmt_s(seconds)} s{shape}, extrapolated from "
+            "1- and 2-layer steps), not in it; --first-step-s takes the step time measured "
+            "in the real job"
         ] = None
     return list(notes)
 
@@ -222,17 +233,6 @@ def _sweep_table(sweep: Sweep) -> list[str]:
         )
     for note in sweep_notes(sweep):
         lines += wrap(note, INDENT, INDENT * 2)
-    estimates = [r.breakdown.first_step_estimate_s for r in sweep.rows]
-    estimates = [e for e in estimates if e]
-    if estimates:
-        lines += wrap(
-            f"RTO ends with the state restored: the first training step could not run here, "
-            f"so it is estimated beside it (≈{fmt_s(statistics.median(estimates))} s, "
-            "extrapolated from 1- and 2-layer steps), not in it; --first-step-s takes the "
-            "step time measured in the real job.",
-            INDENT,
-            INDENT * 2,
-        )
     return lines
 
 

@@ -17,10 +17,12 @@ from dataclasses import replace
 
 import psutil
 
+from ckptprof.errors import CkptprofError
 from ckptprof.phases import Attr, Phase
 from ckptprof.synth.plan import GROUP_EXP_AVG, GROUP_EXP_AVG_SQ, GROUP_MODEL
 from ckptprof.synth.results import STEP_ESTIMATE, STEP_REAL, STEP_SKIPPED, STEP_USER
 from ckptprof.synth.subject import RestoreSubject
+from ckptprof.units import fmt_bytes
 
 MEMORY_HEADROOM = 0.85
 
@@ -52,6 +54,17 @@ class FirstStep:
             self.mode = STEP_USER
         else:
             self.mode = STEP_REAL if self._fits() else STEP_ESTIMATE
+        if self.mode == STEP_ESTIMATE:
+            self._check_estimate_fits()
+
+    def _free(self) -> int:
+        """The memory a step may take on the state's device."""
+        device = self.subject.device
+        if device.type == "cuda":
+            import torch
+
+            return int(torch.cuda.mem_get_info(device)[0] * MEMORY_HEADROOM)
+        return int(psutil.virtual_memory().available * MEMORY_HEADROOM)
 
     def _fits(self) -> bool:
         from ckptprof.synth.model import step_bytes_beyond_state
@@ -60,11 +73,31 @@ class FirstStep:
         if subject.world_size != 1:
             return False
         need = subject.state.nbytes + step_bytes_beyond_state(subject.plan.preset, self.tokens)
-        if subject.device.type == "cuda":
-            import torch
+        return need <= self._free()
 
-            return need <= torch.cuda.mem_get_info(subject.device)[0] * MEMORY_HEADROOM
-        return need <= psutil.virtual_memory().available * MEMORY_HEADROOM
+    def _check_estimate_fits(self) -> None:
+        """The estimate's 2-layer step must fit too: refused before the sweep, where a
+        step of too many tokens would end it out of memory."""
+        from ckptprof.synth.model import ESTIMATE_STATE_BYTES_PER_PARAM, step_bytes_beyond_state
+
+        two = replace(self.subject.plan.preset, layers=2)
+        need = two.params * ESTIMATE_STATE_BYTES_PER_PARAM + step_bytes_beyond_state(
+            two, self.tokens
+        )
+        free = self._free()
+        if need > free:
+            raise CkptprofError(
+                f"--first-step-tokens {self.tokens}: the first step's estimate runs a 2-layer "
+                f"step of this width, which needs {fmt_bytes(need)}, and "
+                f"{self.subject.device} has {fmt_bytes(free)} to spare; give fewer tokens, "
+                "or the step time measured in the real job with --first-step-s."
+            )
+
+    @property
+    def tokens_here(self) -> int | None:
+        """The tokens of the step run or estimated here; None where none is (skipped, or
+        the user's time)."""
+        return self.tokens if self.mode in (STEP_REAL, STEP_ESTIMATE) else None
 
     @property
     def why_estimated(self) -> str:

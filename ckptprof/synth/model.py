@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim.adam import adam
 
-from ckptprof.synth.options import DEFAULT_STEP_TOKENS, STEP_SEQ_MAX
 from ckptprof.synth.presets import ModelPreset
+from ckptprof.synth.ranges import DEFAULT_STEP_TOKENS, STEP_SEQ_MAX
 
 #: torch.optim.adam.adam takes decoupled_weight_decay (AdamW) from torch 2.6; before, the
 #: decay is applied to the weights first, as torch's own adamw did
@@ -26,8 +26,12 @@ _ADAM_DECOUPLES = "decoupled_weight_decay" in inspect.signature(adam).parameters
 #: what a step needs beyond the restored state it trains on in place (bf16 gradients, at
 #: most all at once: each is released as its parameter steps)
 GRAD_BYTES_PER_PARAM = 2
-#: the logits' bytes per token and vocabulary entry: bf16, their fp32 copy for the loss,
-#: and its gradient
+#: the state of a model built to time a step (:func:`build_model`): bf16 weights, and
+#: the fp32 moments its :class:`MasterAdamW` makes at its first step
+ESTIMATE_STATE_BYTES_PER_PARAM = 2 + 2 * 4
+#: the logits' bytes per token and vocabulary entry at the loss: bf16, their fp32 copy,
+#: and the log-softmax of it, which the backward keeps (its gradient takes the copy's
+#: place)
 LOGIT_BYTES = 2 + 4 + 4
 
 
@@ -201,13 +205,19 @@ def step_shape(tokens: int) -> tuple[int, int]:
 
 
 def activation_bytes(preset: ModelPreset, tokens: int) -> int:
-    """What a step's forward keeps for its backward, counted from the layers above (bf16,
-    attention through SDPA, which keeps no score matrix): per token and layer the two
-    norms' inputs and outputs, q/k/v, the attention's output, the MLP's gate, up, SiLU
-    and product; then the logits."""
-    kv = preset.kv_heads * preset.head_dim
-    per_token_layer = 2 * (7 * preset.hidden + 2 * kv + 4 * preset.intermediate)
-    return tokens * (preset.layers * per_token_layer + preset.vocab * LOGIT_BYTES)
+    """What a step's forward keeps for its backward, counted from the layers above (bf16;
+    attention through SDPA, which keeps no score matrix), and the logits at the loss.
+    Per token and layer: each RMSNorm its input and output in fp32 and the inverse RMS
+    (as the CPU's ``rms_norm`` keeps them; a fused GPU kernel keeps less, so the count
+    errs above there), the attention's input, q, k, v, its log-sum-exp per head and its
+    output, the MLP's input, gate, up, SiLU and product; then the last norm and the LM
+    head's input."""
+    h, kv = preset.hidden, preset.kv_heads * preset.head_dim
+    norm = 2 * 4 * h + 4
+    attention = 2 * (h + h + 2 * kv + h) + 4 * preset.heads
+    mlp = 2 * (h + 4 * preset.intermediate)
+    per_token = preset.layers * (2 * norm + attention + mlp) + norm + 2 * h
+    return tokens * (per_token + preset.vocab * LOGIT_BYTES)
 
 
 def step_bytes_beyond_state(preset: ModelPreset, tokens: int) -> int:

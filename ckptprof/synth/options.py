@@ -16,13 +16,8 @@ from ckptprof.synth import ranges
 from ckptprof.synth.device import check_device
 from ckptprof.synth.strategies import registry as strategy_registry
 
-#: the longest sequence the synthetic first step runs (Llama 2's context); more tokens
-#: are more sequences
-STEP_SEQ_MAX = 4096
-#: the first step's tokens where ``--first-step-tokens`` does not say: on a GPU a
-#: sequence the device is busy with (at 32 tokens a 7B step times its kernel launches,
-#: not its arithmetic); on a CPU few, as a CPU's arithmetic is slow at any shape
-DEFAULT_STEP_TOKENS = {"cuda": STEP_SEQ_MAX, "cpu": 32}
+#: notice to termination for ``--simulate-interruption``: EC2 Spot's two minutes
+DEADLINE_S = 120.0
 
 
 @dataclass
@@ -46,7 +41,7 @@ class RestoreOptions:
     direct_io: bool = False
     progress: bool | None = None
     simulate_interruption: bool = False
-    deadline_s: float = 120.0
+    deadline_s: float | None = None  # None: DEADLINE_S (given: --simulate-interruption's)
     #: seconds without progress before a run is named as stalled (True: the env/default)
     stall_after_s: float | None | bool = True
     device: str = "auto"  # where the restored state lives: auto, cpu, cuda, cuda:N
@@ -70,7 +65,7 @@ class RestoreOptions:
             ("--ceiling-gbps", self.ceiling_gbps, schema.optional(ranges.GBPS)),
             ("--first-step-s", self.first_step_s, schema.optional(ranges.STEP_SECONDS)),
             ("--first-step-tokens", self.first_step_tokens, schema.optional(ranges.STEP_TOKENS)),
-            ("--deadline", self.deadline_s, ranges.SECONDS),
+            ("--deadline", self.deadline_s, schema.optional(ranges.SECONDS)),
         )
         for option, value, check in checks:
             problem = check(value)
@@ -104,6 +99,50 @@ class RestoreOptions:
                 f"--rank {self.rank} is not a rank of --world-size {self.world_size} "
                 f"(0 to {self.world_size - 1})."
             )
+        for option, why, fix in self.moot():
+            raise CkptprofError(f"{option} would do nothing: {why}; {fix}.")
+
+    @property
+    def deadline(self) -> float:
+        """The simulated notice's seconds to termination."""
+        return DEADLINE_S if self.deadline_s is None else self.deadline_s
+
+    def moot(self) -> list[tuple[str, str, str]]:
+        """``(option, why, fix)`` for each option given that the others leave without
+        effect: refused, never silently ignored."""
+        moot = []
+        if not self.first_step:
+            for option, value in (
+                ("--first-step-s", self.first_step_s),
+                ("--first-step-tokens", self.first_step_tokens),
+            ):
+                if value is not None:
+                    moot.append((option, "--no-first-step skips the step", "drop one of them"))
+        elif self.first_step_s is not None and self.first_step_tokens is not None:
+            moot.append(
+                (
+                    "--first-step-tokens",
+                    "--first-step-s gives the step's time, so no step runs or is estimated here",
+                    "drop one of them",
+                )
+            )
+        if self.deadline_s is not None and not self.simulate_interruption:
+            moot.append(
+                (
+                    "--deadline",
+                    "it is the notice's deadline, and only --simulate-interruption gives one",
+                    "add --simulate-interruption, or drop --deadline",
+                )
+            )
+        if self.drop_caches and "cold" not in self.caches:
+            moot.append(
+                (
+                    "--drop-caches",
+                    "it empties the cache before cold runs, and --cache asks for none",
+                    "add cold to --cache, or drop --drop-caches",
+                )
+            )
+        return moot
 
 
 @dataclass

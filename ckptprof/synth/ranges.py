@@ -26,6 +26,13 @@ DAY_S = 86_400.0
 STEP_SECONDS = schema.number(minimum=0, maximum=DAY_S)
 #: tokens in one step (micro-batch x sequence length): a million is past any job's
 STEP_TOKENS = schema.integer(1, 1 << 20)
+#: the longest sequence the synthetic first step runs (Llama 2's context); more tokens
+#: are more sequences
+STEP_SEQ_MAX = 4096
+#: the first step's tokens where ``--first-step-tokens`` does not say: on a GPU a
+#: sequence the device is busy with (at 32 tokens a 7B step times its kernel launches,
+#: not its arithmetic); on a CPU few, as a CPU's arithmetic is slow at any shape
+DEFAULT_STEP_TOKENS = {"cuda": STEP_SEQ_MAX, "cpu": 32}
 GBPS = schema.number(maximum=100_000, above=0)
 SECONDS = schema.number(maximum=7 * DAY_S, above=0)
 CACHES = ("cold", "hot")

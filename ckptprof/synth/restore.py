@@ -139,14 +139,14 @@ def _simulate_interruption(runner: RestoreRunner, options: RestoreOptions, out_d
     from ckptprof.synth.interruption import simulate
 
     runner.interruption = simulate(
-        runner.first_step, tracer, runner.spec.step, out_dir, telemetry, options.deadline_s
+        runner.first_step, tracer, runner.spec.step, out_dir, telemetry, options.deadline
     )
     record = runner.interruption.record
     side = "before" if record.margin_s >= 0 else "after"
     echo(
         f"simulated interruption: emergency save {record.outcome} in "
         f"{(record.save_end_ns - record.save_start_ns) / 1e9:.3f} s, "
-        f"{abs(record.margin_s):.1f} s {side} the {options.deadline_s:g} s deadline; "
+        f"{abs(record.margin_s):.1f} s {side} the {options.deadline:g} s deadline; "
         "the first restore below is the recovery"
     )
 

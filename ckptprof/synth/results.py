@@ -46,6 +46,7 @@ class RunRecord:
     window_bytes: int = 0
     first_step: str = STEP_SKIPPED
     first_step_estimate_s: float | None = None
+    first_step_tokens: int | None = None  # the step's tokens, run or estimated
     device_peak_bytes: int | None = None  # CUDA memory allocated at the peak (GPU state)
     device_reserved_peak_bytes: int | None = None  # what the caching allocator held
     slowest_request_s: float = 0.0  # the longest single storage request of the run
@@ -210,6 +211,7 @@ CSV_COLUMNS = (
     "cache_method",
     "first_step",
     "first_step_estimate_s",
+    "first_step_tokens",
     "retries",
     "errors",
     "trace_id",
@@ -245,6 +247,7 @@ def write_results(out_dir: Path, payload: dict, runs: list[RunRecord]) -> tuple[
                 r.cache_method,
                 r.first_step,
                 "" if r.first_step_estimate_s is None else f"{r.first_step_estimate_s:.6f}",
+                "" if r.first_step_tokens is None else r.first_step_tokens,
                 r.retries,
                 r.errors,
                 r.trace_id,

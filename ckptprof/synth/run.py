@@ -158,6 +158,7 @@ def run_record(
         window_bytes=int(summary.attributes.get(Attr.MEMORY_WINDOW_BYTES, 0)),
         first_step=first_step.mode,
         first_step_estimate_s=estimate[0] if estimate else None,
+        first_step_tokens=first_step.tokens_here,
         device_peak_bytes=memory.device_peak,
         device_reserved_peak_bytes=memory.device_reserved_peak,
         slowest_request_s=stats.slowest_s,
