@@ -155,7 +155,7 @@ def fresh_first_step(path: Path, scratch: Path) -> dict:
     run = json.loads((out / "results.json").read_text())["runs"][0]
     step = run["phases"].get("first_step", {})
     return {"first_step": run.get("first_step"), "first_step_s": step.get("busy_s"),
-            "tokens": step.get("details", {}).get("tokens"),
+            "tokens": run.get("first_step_tokens"),
             "first_in_process": step.get("first_in_process", False),
             "rto_s": run["wall_s"]}  # fmt: skip
 

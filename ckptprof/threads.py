@@ -78,7 +78,7 @@ class _CountedPool(ThreadPoolExecutor):
 
     def _counted(self, fn, args, kwargs):
         with self._gate:
-            if self._ended:  # taken off the queue as the pool ended: never started
+            if self._ended:  # taken off the queue just before it was cancelled: not started
                 raise CancelledError
             self._running += 1
         try:
@@ -91,6 +91,8 @@ class _CountedPool(ThreadPoolExecutor):
     def _close_and_wait(self) -> None:
         with self._gate:
             self._ended = True
+        self.shutdown(wait=False, cancel_futures=True)  # the queue's work: cancelled()
+        with self._gate:
             while self._running:
                 self._gate.wait()
 

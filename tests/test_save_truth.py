@@ -213,8 +213,9 @@ def test_a_second_ctrl_c_lets_the_parallel_writers_calls_under_way_end_first(
         with lock:
             calls.append(path)
             under_way[0] += 1
+            first = len(calls) == 1  # read under the lock: exactly one call is the first
         try:
-            if len(calls) == 1:
+            if first:
                 signal.pthread_kill(main, signal.SIGINT)
                 time.sleep(0.2)
                 signal.pthread_kill(main, signal.SIGINT)  # the second, this call under way

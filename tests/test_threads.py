@@ -119,3 +119,23 @@ def test_a_third_interruption_ends_a_wait_that_would_never_end(name, code):
         "leaving them unfinished)",
         "ckptprof: stopped now, with the fetch requests under way unfinished",
     ], done.stderr
+
+
+def test_work_not_started_when_a_pool_is_left_reads_as_cancelled():
+    """What was queued when the block was left never runs, and its future says so
+    (``cancelled()``), as ``ThreadPoolExecutor``'s own ``cancel_futures`` does."""
+    from ckptprof.threads import thread_pool
+
+    release, ran = threading.Event(), []
+
+    def work(n):
+        if n == 0:
+            release.wait(10)
+        ran.append(n)
+
+    with pytest.raises(RuntimeError), thread_pool(1, "tests") as pool:
+        futures = [pool.submit(work, n) for n in range(4)]
+        threading.Timer(0.2, release.set).start()
+        raise RuntimeError("the caller fails while request 0 is under way")
+    assert ran == [0] and futures[0].done() and not futures[0].cancelled()
+    assert all(f.cancelled() for f in futures[1:])
