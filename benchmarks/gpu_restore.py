@@ -60,21 +60,23 @@ def main() -> int:
     ap.add_argument("--strategies", default="pipelined,staged,framework")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: a rehearsal without a GPU (host memory only)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print(f"no CUDA device here (torch {torch.__version__}): nothing to measure")
         return 2
     strategies = args.strategies.split(",")
     path = args.dir / "safetensors"
     manifest = checkpoint(path, "llama2-7b", "safetensors", args.scale)
-    gpu = torch.cuda.get_device_name()
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "no GPU (a rehearsal)"
     print(f"checkpoint {manifest.total_bytes / 1e9:.2f} GB at {path}; {gpu}")
     runners = {
         device: runner_for(path, strategies, device, args.concurrency, args.dir / f"t-{device}")
-        for device in ("cuda", "cpu")
+        for device in dict.fromkeys((args.device, "cpu"))
     }
     try:
         cases = {
@@ -98,6 +100,8 @@ def main() -> int:
         )
     for strategy in strategies:
         for cache in ("cold", "hot"):
+            if args.device == "cpu":
+                break
             gpu, cpu = rows[f"{strategy} {cache} cuda"], rows[f"{strategy} {cache} cpu"]
             if cpu["reshard_s"]:
                 ratio = gpu["reshard_s"] / cpu["reshard_s"]

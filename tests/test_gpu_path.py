@@ -3,6 +3,7 @@ torch the package allows, and what the first step is said to need."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -347,3 +348,38 @@ def test_pinned_buffers_are_made_before_the_runs_and_lent_to_each(tmp_path):
     assert bigger.size == 2048 and pool.made_in_runs == 1
     pool.close()
     assert sorted(closed) == [1024] * 4 + [2048]
+
+
+@pytest.mark.slow
+def test_the_gpu_check_rehearses_on_the_cpu(tmp_path):
+    """The one GPU run ``benchmarks/gpu_check.py`` gets must not be spent on its own bugs:
+    rehearsed here with the state in host memory, every step that needs no CUDA runs and
+    gives its figures (none failed), the others say they need a GPU. As on the device
+    machine, ckptprof runs from the source tree, not installed (``-S``: no site hooks,
+    the packages on PYTHONPATH): that once crashed on importing the package."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import sysconfig
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    argv = [sys.executable, "-S", str(root / "benchmarks" / "gpu_check.py"), "--device", "cpu",
+            "--dir", str(tmp_path / "check"), "--scale", "0.0005", "--bench-scale", "0.0005",
+            "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{sysconfig.get_paths()['purelib']}"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    ran = {name: v for name, v in report.items() if name not in ("device", "scale")}
+    assert not [v for v in ran.values() if isinstance(v, str) and v.startswith("failed")], ran
+    skipped = {name for name, v in ran.items() if v == "skipped: needs a GPU (--device cpu)"}
+    assert skipped == {"link", "h2d_gbps", "copy_kinds", "out_of_memory"}
+    strategies = ("pipelined", "staged", "framework")
+    assert all(ran["restores"][f"{s} cpu"]["rto_s"] > 0 for s in strategies)
+    step = ran["fresh_first_step"]
+    assert step["first_step"] == "measured" and step["tokens"] == 32 and step["first_in_process"]
+    table = [line.split()[:3] for line in ran["gpu_restore"]]
+    assert {(s, c, "cpu") for s in strategies for c in ("cold", "hot")} <= {tuple(r) for r in table}
+    assert ran["environment"]["cpu.count"] >= 1

@@ -45,8 +45,9 @@ Function = tuple[str, str]  # (qualified name, file)
 def _own_folders() -> tuple[str, ...]:
     """ckptprof's package folders (``ckptprof.integrations`` lives apart from it)."""
     folders = [str(Path(__file__).resolve().parents[1])]
-    spec = importlib.util.find_spec("ckptprof.integrations")
-    folders += [str(Path(p).resolve()) for p in (spec.submodule_search_locations or ())]
+    spec = importlib.util.find_spec("ckptprof.integrations")  # None: run from a source tree
+    if spec is not None:
+        folders += [str(Path(p).resolve()) for p in (spec.submodule_search_locations or ())]
     return tuple(folder + os.sep for folder in folders)
 
 
