@@ -6,10 +6,13 @@ a descriptor closed under a write may already name another file, and a part that
 after its upload's abort is stored for nothing. So leaving a pool stops the work not
 started and waits for the work under way, and a further Ctrl-C or SIGTERM meanwhile is
 said once and waited through. S3 requests end within their client's timeouts, but a
-read from a hung NFS mount may never end: one more Ctrl-C or SIGTERM ends the process
-at once (``os._exit``, the work under way unfinished, nothing cleaned up), as a user
-pressing it a third time asks. Every pool of ckptprof's is one of these; they run only
-in ckptprof's own commands, never in a training job's process.
+read from a hung NFS mount may never end: one more Ctrl-C or SIGTERM after that notice,
+in this wait or a later one of the same stop, ends the process at once (``os._exit``
+with its signal's status; the runs measured so far are written first, within
+:data:`LAST_WORDS_S`, by :func:`last_words`; the work under way is left unfinished, and
+the temporary files or incomplete uploads it was writing may remain). Every pool of
+ckptprof's is one of these; they run only in ckptprof's own commands, never in a
+training job's process.
 
 The pool counts its work itself rather than joining its threads: on Python 3.11 a
 ``Thread.join`` cut by Ctrl-C marks a running thread as ended, and a Ctrl-C inside
@@ -24,23 +27,30 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from ckptprof.errors import Terminated
+
+#: the longest the last words may take before a hard exit (a hung mount may hold them)
+LAST_WORDS_S = 10.0
+_last_words: list[Callable[[], object]] = []
+#: set on an interruption once its notice is said: one more during this stop ends it
+_TOLD = "_ckptprof_told"
+_STOPS = (KeyboardInterrupt, Terminated)
 
 
 def through_interrupts(wait: Callable[[], object], what: str) -> None:
     """``wait()`` to its end through one Ctrl-C or SIGTERM (said on stderr: ``what`` is
-    what is waited for, and raised once the wait is over); a second one during the
-    wait ends the process now, with the exit status of its signal."""
-    interruptions: list[BaseException] = []
-    told = False
+    what is waited for, and raised once the wait is over); one more after that notice,
+    here or in a later wait of the same stop, ends the process now."""
+    stopping = sys.exc_info()[1]  # an interruption on its way out, whose notice was said?
+    told = isinstance(stopping, _STOPS) and getattr(stopping, _TOLD, False)
+    first: BaseException | None = None
     while True:
         try:  # said inside the try: a Ctrl-C while printing is waited through too
-            if len(interruptions) > 1:
-                _exit_now(interruptions[-1], what)
-            if interruptions and not told:
+            if first is not None and not told:
                 told = True
+                setattr(first, _TOLD, True)
                 print(
                     f"ckptprof: stopping once the {what} under way end (once more: stop now, "
                     "leaving them unfinished)",
@@ -48,19 +58,51 @@ def through_interrupts(wait: Callable[[], object], what: str) -> None:
                 )
             wait()
             break
-        except (KeyboardInterrupt, Terminated) as exc:
-            interruptions.append(exc)
-    if interruptions:  # the interruption is not lost: raised once the wait is over
-        raise interruptions[0]
+        except _STOPS as exc:
+            if told:
+                _exit_now(exc, what)
+            first = first or exc
+    if first is not None:  # the interruption is not lost: raised once the wait is over
+        raise first
+
+
+@contextmanager
+def last_words(say: Callable[[], object]) -> Iterator[None]:
+    """Within the block, ``say()`` runs before a hard exit (e.g. the runs measured so far
+    written), on a thread of its own, for at most :data:`LAST_WORDS_S`."""
+    _last_words.append(say)
+    try:
+        yield
+    finally:
+        _last_words.remove(say)
 
 
 def _exit_now(interruption: BaseException, what: str) -> None:
-    """End the process without waiting or cleaning up: a wait the user has refused
-    twice (a hung mount's read never ends)."""
+    """End the process without waiting for the work under way or cleaning up after it:
+    the user has refused a wait (a hung mount's read never ends) twice."""
     signum = signal.SIGTERM if isinstance(interruption, Terminated) else signal.SIGINT
-    print(f"ckptprof: stopped now, with the {what} under way unfinished", file=sys.stderr)
-    sys.stderr.flush()
-    os._exit(128 + signum)
+    try:
+        print(
+            f"ckptprof: stopped now, with the {what} under way unfinished (the temporary "
+            "files or incomplete uploads they were writing may remain)",
+            file=sys.stderr,
+        )
+        words = threading.Thread(target=_say_last_words, name="ckptprof-last-words", daemon=True)
+        words.start()
+        words.join(LAST_WORDS_S)
+    except BaseException:  # noqa: BLE001 - yet another Ctrl-C: no more waiting
+        pass
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(BaseException):  # a closed or broken stream: exit anyway
+                stream.flush()
+        os._exit(128 + signum)
+
+
+def _say_last_words() -> None:
+    for say in list(_last_words):
+        with suppress(Exception):  # best effort: the process is ending
+            say()
 
 
 class _CountedPool(ThreadPoolExecutor):

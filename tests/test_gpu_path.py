@@ -57,6 +57,13 @@ def test_the_first_step_counts_the_restored_state_once(monkeypatch):
         FirstStep(subject, True, None, tokens=64 * 4096)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 10**9, 0))
     assert FirstStep(subject, True, None).mode != STEP_REAL  # 67 GB + 13 GB of gradients do not fit
+    # a default the user did not give is named as the default, with every way out
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * 10**9, 0))
+    with pytest.raises(CkptprofError) as refused:
+        FirstStep(subject, True, None)
+    message = str(refused.value)
+    assert message.startswith("the first step's 4096 tokens (cuda's default): ")
+    assert all(f in message for f in ("--first-step-tokens", "--first-step-s", "--no-first-step"))
 
 
 @pytest.mark.parametrize(
@@ -114,7 +121,7 @@ def test_the_activations_counted_are_what_autograd_keeps(name):
             F.cross_entropy(logits.float().reshape(-1, preset.vocab), ids[:, 1:].reshape(-1))
         at_the_loss = tokens * preset.vocab * (2 + 4)  # the bf16 logits and their fp32 copy
         kept = activation_bytes(preset, tokens) - at_the_loss
-        assert sum(saved.values()) * 0.98 <= kept <= sum(saved.values()), (tokens, saved)
+        assert sum(saved.values()) <= kept <= 1.02 * sum(saved.values()), (tokens, saved)
 
 
 @pytest.mark.parametrize(

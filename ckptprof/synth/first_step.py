@@ -44,6 +44,7 @@ class FirstStep:
         self.progress = progress
         batch, seq = step_shape(tokens or default_step_tokens(subject.device))
         self.tokens = batch * seq  # what the step runs: --first-step-tokens, or the device's
+        self.tokens_given = tokens is not None
         self.model = self.optimizer = None
         self.steps_run = 0  # real steps this process has run
         self.estimate: tuple[float, str] | None = None
@@ -86,11 +87,17 @@ class FirstStep:
         )
         free = self._free()
         if need > free:
+            device = self.subject.device
+            asked = (
+                f"--first-step-tokens {self.tokens}"
+                if self.tokens_given
+                else f"the first step's {self.tokens} tokens ({device.type}'s default)"
+            )
             raise CkptprofError(
-                f"--first-step-tokens {self.tokens}: the first step's estimate runs a 2-layer "
-                f"step of this width, which needs {fmt_bytes(need)}, and "
-                f"{self.subject.device} has {fmt_bytes(free)} to spare; give fewer tokens, "
-                "or the step time measured in the real job with --first-step-s."
+                f"{asked}: the first step's estimate runs a 2-layer step of this width, "
+                f"which needs {fmt_bytes(need)}, and {device} has {fmt_bytes(free)} to spare; "
+                "give fewer with --first-step-tokens, the real job's step time with "
+                "--first-step-s, or --no-first-step."
             )
 
     @property

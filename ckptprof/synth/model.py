@@ -211,12 +211,12 @@ def activation_bytes(preset: ModelPreset, tokens: int) -> int:
     (as the CPU's ``rms_norm`` keeps them; a fused GPU kernel keeps less, so the count
     errs above there), the attention's input, q, k, v, its log-sum-exp per head and its
     output, the MLP's input, gate, up, SiLU and product; then the last norm and the LM
-    head's input."""
+    head's input, and the token ids (int64: the embedding's input, the loss's targets)."""
     h, kv = preset.hidden, preset.kv_heads * preset.head_dim
     norm = 2 * 4 * h + 4
     attention = 2 * (h + h + 2 * kv + h) + 4 * preset.heads
     mlp = 2 * (h + 4 * preset.intermediate)
-    per_token = preset.layers * (2 * norm + attention + mlp) + norm + 2 * h
+    per_token = preset.layers * (2 * norm + attention + mlp) + norm + 2 * h + 2 * 8
     return tokens * (per_token + preset.vocab * LOGIT_BYTES)
 
 

@@ -21,6 +21,7 @@ from ckptprof.synth.distributed import Job
 from ckptprof.synth.options import RestoreOptions
 from ckptprof.synth.results import RunRecord, from_dict, payload, run_line, write_results
 from ckptprof.synth.runner import RestoreRunner
+from ckptprof.threads import last_words
 from ckptprof.units import fmt_bytes, wrap
 
 
@@ -73,16 +74,22 @@ def _run(runner: RestoreRunner, options: RestoreOptions, out_dir: Path, telemetr
                 f"{runner.storage.kind}: no local page cache, so only cold runs "
                 "(use --stage DIR to restore from a local copy)"
             )
-        try:
-            runs, failures = runner.sweep(
-                lambda run: echo(wrap(run_line(run, ceiling), rest="      ")), echo
-            )
-        except BaseException:
-            if runner.runs and job is None:  # keep what was measured before the interruption
-                partial = payload(runner.subject, runner.runs, runner.failures, options, ceiling,
-                                  telemetry, partial=True)  # fmt: skip
+
+        def keep_partial() -> None:
+            """What was measured before an interruption stays."""
+            if runner.runs and job is None:
+                partial = payload(runner.subject, list(runner.runs), runner.failures, options,
+                                  ceiling, telemetry, partial=True)  # fmt: skip
                 json_path, _ = _save_results(out_dir, partial, runner.runs, telemetry)
                 echo(f"partial results of {len(runner.runs)} runs: {json_path}")
+
+        try:
+            with last_words(keep_partial):  # a stop that cannot wait writes them too
+                runs, failures = runner.sweep(
+                    lambda run: echo(wrap(run_line(run, ceiling), rest="      ")), echo
+                )
+        except BaseException:
+            keep_partial()
             raise
         rank_runs = None
         if job is not None:  # every rank's records to rank 0, which writes the results

@@ -43,6 +43,7 @@ from ckptprof.synth.options import SaveOptions
 from ckptprof.synth.plan import CheckpointPlan, SynthSpec
 from ckptprof.synth.savers import SaveContext, check_strategy, save
 from ckptprof.synth.savers.base import serialized
+from ckptprof.threads import last_words
 from ckptprof.units import fmt_bytes
 
 MEMORY_HEADROOM = 0.85
@@ -248,24 +249,30 @@ def run_save(
         kept: dict = {}  # what the job keeps between its saves
         if options.direct_io:  # the staging buffers a job has before it saves
             kept[STAGING] = staging_buffers(options.concurrency, options.part_size)
+
+        def keep_measured() -> None:
+            """What was measured before an interruption stays."""
+            if records and job is None and keep_partial is not None:
+                environment = capture(
+                    {**storage.describe(), "save.part_size": str(options.part_size)}
+                )
+                kept_at = keep_partial(SaveResult(list(records), ceiling, environment))
+                echo(f"partial results of {len(records)} saves: {kept_at}")
+
         try:  # each save appended to records as it ends: an interruption keeps those before it
             context = partial(
                 SaveContext, storage=storage, plan=mine, tensors=tensors, fsync=options.fsync,
                 concurrency=options.concurrency, part_size=options.part_size, tracer=tracer,
                 kept=kept,
             )  # fmt: skip
-            for repeat in range(options.repeat):
-                each = {**attrs, Attr.REPEAT: repeat}
-                records.append(_save_once(context, tracer, options, each, job))
-                if job is None:
-                    echo(save_line(records[-1]))
+            with last_words(keep_measured):  # a stop that cannot wait writes them too
+                for repeat in range(options.repeat):
+                    each = {**attrs, Attr.REPEAT: repeat}
+                    records.append(_save_once(context, tracer, options, each, job))
+                    if job is None:
+                        echo(save_line(records[-1]))
         except BaseException:
-            if records and job is None and keep_partial is not None:  # what was measured stays
-                environment = capture(
-                    {**storage.describe(), "save.part_size": str(options.part_size)}
-                )
-                echo(f"partial results of {len(records)} saves: "
-                     f"{keep_partial(SaveResult(records, ceiling, environment))}")  # fmt: skip
+            keep_measured()
             raise
         if options.direct_io and not storage.direct_io:
             echo(f"--direct-io: {storage.uri} refused O_DIRECT, so these saves wrote through "
