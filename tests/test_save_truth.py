@@ -375,3 +375,89 @@ def test_a_held_write_is_named_as_a_stalled_save_with_doubling_intervals(
     assert stall_after <= first["ckpt.stall.idle_s"]
     assert second["ckpt.stall.idle_s"] >= 2 * stall_after  # not again at the next tick
     assert (first["ckpt.stall.warning"], second["ckpt.stall.warning"]) == (1, 2)
+
+
+def test_parts_cut_as_a_stream_comes_are_the_parts_of_the_whole():
+    """:class:`PartCutter` fed segment by segment hands out exactly the parts of the
+    whole stream (numbers, offsets, bytes), whatever the segments' sizes."""
+    import random
+
+    from ckptprof.io.writes import PartCutter, cut_parts
+
+    rng = random.Random(0)
+    for part_size in (1, 7, 4096):
+        for count in (0, 1, 5, 40):
+            segments = [rng.randbytes(rng.choice((0, 1, 3, 4096, 9000))) for _ in range(count)]
+            cutter = PartCutter(part_size)
+            streamed = [p for s in segments for p in cutter.add(s)] + cutter.finish()
+            whole = cut_parts(segments, part_size)
+            assert [(p.number, p.offset, b"".join(p.views)) for p in streamed] == [
+                (p.number, p.offset, b"".join(p.views)) for p in whole
+            ]
+            assert cutter.offset == sum(map(len, segments))
+
+
+#: every data file of every layout, as the parallel saver serializes it
+DATA_FILES = [
+    (layout, file.path)
+    for layout in LAYOUTS
+    for file in get_layout(layout).plan(SynthSpec("llama2-7b", layout, TINY_SCALE)).data_files
+]
+
+
+@pytest.mark.parametrize("layout, path", DATA_FILES)
+def test_a_file_streamed_is_the_size_said_first_and_the_bytes_of_the_whole(layout, path):
+    """Where a file's codec says its size before serializing it (so that its writer is
+    opened first and its parts written as they come), the size is exact and the streamed
+    segments are the bytes :func:`serialized` makes, which the framework's own writer
+    makes too (the tests above)."""
+    from ckptprof.synth.savers.base import serialized, streamed
+
+    spec = SynthSpec("llama2-7b", layout, TINY_SCALE)
+    plan = get_layout(layout).plan(spec)
+    file = next(f for f in plan.files if f.path == path)
+    tensors = build_state(plan, spec.seed)
+    stream = streamed(get_layout(layout), plan, file, tensors)
+    if stream is None:  # not streamed: written whole once serialized
+        return
+    size, make = stream
+    got: list[bytes] = []
+    make(lambda segment: got.append(bytes(memoryview(segment).cast("B"))))
+    whole = b"".join(bytes(memoryview(s).cast("B")) for s in serialized(
+        get_layout(layout), plan, file, tensors))  # fmt: skip
+    assert b"".join(got) == whole and len(whole) == size
+
+
+def test_a_large_archive_is_written_while_it_is_still_being_checksummed(tmp_path, monkeypatch):
+    """A ``torch.save`` archive's CRC-32 is its serialization's cost: the parallel writer
+    writes a large archive's first parts before the archive is fully serialized (it
+    waited for the whole file: 0.8 s of a 2 s save at x0.05 before). The serialization
+    pauses once well past its first window of parts, until a write into it has gone (at
+    most 10 s): it then ends only after a write on the old code's order."""
+    from ckptprof.synth.codecs.torch_archive import TorchArchive
+
+    wrote, ends = threading.Event(), []
+    real_write, real_serialize = os.pwritev, TorchArchive.serialize_into
+
+    def observed_write(fd, *args):
+        if fd_path(fd).endswith(PARTIAL_SUFFIX) and "optimizer" in fd_path(fd):
+            wrote.set()
+        return real_write(fd, *args)
+
+    def observed_serialize(self, obj, tensors, emit):
+        made = [0]
+
+        def paced(segment):
+            emit(segment)
+            made[0] += memoryview(segment).nbytes
+            if made[0] > 1 << 20:  # 16 parts of 64 KiB, 8 windows' worth: handed on
+                wrote.wait(10)
+
+        real_serialize(self, obj, tensors, paced)
+        ends.append(wrote.is_set())  # a write into it had gone before its end
+
+    monkeypatch.setattr(os, "pwritev", observed_write)
+    monkeypatch.setattr(TorchArchive, "serialize_into", observed_serialize)
+    save_here(tmp_path / "ckpt", "safetensors", "parallel", tmp_path / "t", concurrency=2,
+              part_size=64 << 10)  # fmt: skip
+    assert ends == [True]

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ckptprof.io.buffers import BufferPool, HostBuffer
-from ckptprof.io.window import POOLED, Window
+from ckptprof.io.window import POOLED, FileClocks, Window
 from ckptprof.phases import Phase
 from ckptprof.storage.base import FileWriter, Part, whole_blocks
 
@@ -30,26 +30,48 @@ def as_bytes(segment) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
+class PartCutter:
+    """A byte stream given segment by segment, cut every ``part_size`` bytes as it comes:
+    each part is handed out once full (a file streamed as it is serialized is written
+    while the rest of it is still being made)."""
+
+    def __init__(self, part_size: int) -> None:
+        if part_size < 1:
+            raise ValueError("part_size must be positive")
+        self.part_size = part_size
+        self.count = self.offset = 0  # the parts handed out, and their bytes
+        self._views: list[memoryview] = []
+        self._filled = 0
+
+    def add(self, segment) -> list[Part]:
+        """The parts ``segment`` completes."""
+        full = []
+        view = as_bytes(segment)
+        while view.nbytes:
+            take = min(self.part_size - self._filled, view.nbytes)
+            self._views.append(view[:take])
+            view, self._filled = view[take:], self._filled + take
+            if self._filled == self.part_size:
+                full.append(self._part())
+        return full
+
+    def finish(self) -> list[Part]:
+        """The last, short part (an empty stream is one empty part)."""
+        return [self._part()] if self._views or not self.count else []
+
+    def _part(self) -> Part:
+        self.count += 1
+        part = Part(self.count, self.offset, tuple(self._views))
+        self.offset, self._views, self._filled = self.offset + self._filled, [], 0
+        return part
+
+
 def cut_parts(segments: Iterable, part_size: int) -> list[Part]:
     """The concatenation of ``segments`` cut every ``part_size`` bytes (the last part
     may be short; an empty file is one empty part)."""
-    if part_size < 1:
-        raise ValueError("part_size must be positive")
-    parts: list[Part] = []
-    views: list[memoryview] = []
-    filled = offset = 0
-    for segment in segments:
-        view = as_bytes(segment)
-        while view.nbytes:
-            take = min(part_size - filled, view.nbytes)
-            views.append(view[:take])
-            view, filled = view[take:], filled + take
-            if filled == part_size:
-                parts.append(Part(len(parts) + 1, offset, tuple(views)))
-                offset, views, filled = offset + filled, [], 0
-    if views or not parts:
-        parts.append(Part(len(parts) + 1, offset, tuple(views)))
-    return parts
+    cutter = PartCutter(part_size)
+    parts = [part for segment in segments for part in cutter.add(segment)]
+    return parts + cutter.finish()
 
 
 @dataclass(frozen=True)
@@ -91,18 +113,27 @@ def write_files(
     *,
     progress: bool | None = None,
     pool: BufferPool | None = None,
+    clocks: FileClocks | None = None,
 ) -> int:
     """Every part of every file written, ``concurrency`` at once, in file order (the
     window's slots are taken in order); each part a ``write`` interval on ``op`` and each
     file's clock recorded there. A direct writer's parts are first copied into the
     window's aligned buffers (``pool``'s, when given: kept from one save to the next, as
-    a job keeps them), as many as the window holds, and written from there. The first
+    a job keeps them), as many as the window holds, and written from there. A file
+    written over several calls shares their ``clocks`` (recorded by the caller). The first
     failure (or an interrupt, e.g. Ctrl-C) stops the parts not started and is raised once
     the running ones end, so the caller's abort comes after the last part. Returns the
     bytes written."""
     requests = [_WriteRequest(f.path, f.writer, part) for f in files for part in f.parts]
     window = Window(
-        None, op, concurrency, progress=progress, desc="write", phase=Phase.WRITE, pool=pool
+        None,
+        op,
+        concurrency,
+        progress=progress,
+        desc="write",
+        phase=Phase.WRITE,
+        pool=pool,
+        clocks=clocks,
     )
     window.run(requests, into=_staging, read=_write)
     return sum(r.length for r in requests)

@@ -10,6 +10,7 @@ loader). Nothing here knows a layout, so a new layout reuses the codecs it is wr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,17 @@ class Codec(ABC):
         """``obj``'s bytes as the framework lays them out, as segments in order: small parts
         as bytes, ``tensors``' bytes as views of their memory (nothing copied)."""
         raise NotImplementedError(f"{self.name} files are not serialized by ckptprof")
+
+    def serialized_size(self, obj: Any) -> int | None:
+        """The bytes :meth:`serialize` makes of ``obj``, known before it makes them, where
+        the codec can tell (its segments can then be written as they come); None where
+        it cannot."""
+        return None
+
+    def serialize_into(self, obj: Any, tensors: list, emit: Callable[[Any], object]) -> None:
+        """:meth:`serialize`, each segment handed to ``emit`` as soon as it is final."""
+        for segment in self.serialize(obj, tensors):
+            emit(segment)
 
     def read(self, buffer: HostBuffer) -> Any:
         """The object from fetched bytes, its tensors views of them (with a

@@ -17,7 +17,7 @@ import io
 import os
 import struct
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,19 +145,21 @@ def zip_hints(sparse) -> list[tuple[int, int]]:
 class _SegmentSink(io.RawIOBase):
     """What ``torch.save`` writes, as segments: copies of the small writes (headers, the
     pickle, the directory) and, for a write that is exactly a known tensor's storage, a
-    view of that tensor instead of a copy."""
+    view of that tensor instead of a copy; each handed to ``emit`` once final (kept in
+    ``segments`` without one)."""
 
-    def __init__(self, tensors) -> None:
+    def __init__(self, tensors, emit: Callable[[Any], object] | None = None) -> None:
         import numpy as np
 
         self._np = np
+        self.segments: list = []
+        self.emit = emit or self.segments.append
         self.storages = {}
         for tensor in tensors:
             storage = tensor.untyped_storage()
             whole = tensor.is_contiguous() and tensor.storage_offset() == 0
             if whole and tensor.numel() * tensor.element_size() == storage.nbytes():
                 self.storages[storage.data_ptr()] = tensor
-        self.segments: list = []
         self.small = bytearray()
 
     def writable(self) -> bool:
@@ -169,14 +171,14 @@ class _SegmentSink(io.RawIOBase):
             tensor = self.storages.get(self._np.frombuffer(view, dtype=self._np.uint8).ctypes.data)
             if tensor is not None and tensor.untyped_storage().nbytes() == view.nbytes:
                 self._flush_small()
-                self.segments.append(tensor.reshape(-1).view(torch.uint8).numpy())
+                self.emit(tensor.reshape(-1).view(torch.uint8).numpy())
                 return view.nbytes
         self.small += view
         return view.nbytes
 
     def _flush_small(self) -> None:
         if self.small:
-            self.segments.append(bytes(self.small))
+            self.emit(bytes(self.small))
             self.small = bytearray()
 
     def done(self) -> list:
@@ -208,6 +210,23 @@ class TorchArchive(Codec):
 
     def serialize(self, obj: Any, tensors: list) -> list:
         return torch_save_segments(obj, tensors)
+
+    def serialized_size(self, obj: Any) -> int:
+        """The archive laid out with its tensors' bytes skipped (holes in a scratch file,
+        a few ms): the zip writer records their sizes, so its end is the archive's."""
+        import tempfile
+
+        with tempfile.TemporaryFile() as scratch:
+            with torch.serialization.skip_data():
+                torch.save(obj, scratch)
+            return scratch.seek(0, os.SEEK_END)
+
+    def serialize_into(self, obj: Any, tensors: list, emit: Callable[[Any], object]) -> None:
+        """Each record handed on once the zip writer has made it (its CRC-32 taken): the
+        records before it are written while the next ones are checksummed."""
+        sink = _SegmentSink(tensors, emit)
+        torch.save(obj, sink)
+        sink.done()
 
     def read(self, buffer: HostBuffer) -> Any:
         return load_fetched(buffer)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -103,6 +104,25 @@ def serialized(layout: Layout, plan: CheckpointPlan, file: FilePlan, tensors: di
         return [layout.small_bytes(plan, file, {})]
     own = [tensors[p] for p in file.pieces]
     return get_codec(layout.codec(file)).serialize(layout.archive(plan, file, tensors), own)
+
+
+def streamed(
+    layout: Layout, plan: CheckpointPlan, file: FilePlan, tensors: dict
+) -> tuple[int, Callable[[Callable], None]] | None:
+    """``file``'s exact size and ``make(emit)``, which hands its segments to ``emit`` as
+    they are made, where its codec can tell the size first: a large file is then written
+    while the rest of it is still being serialized. None: :func:`serialized` it whole."""
+    from ckptprof.synth.codecs import get_codec
+
+    if not file.pieces:
+        return None
+    codec = get_codec(layout.codec(file))
+    obj = layout.archive(plan, file, tensors)
+    size = codec.serialized_size(obj)
+    if size is None:
+        return None
+    own = [tensors[p] for p in file.pieces]
+    return size, lambda emit: codec.serialize_into(obj, own, emit)
 
 
 class named:

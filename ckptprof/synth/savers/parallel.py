@@ -3,22 +3,30 @@
 for their bytes: nothing copied; a ``torch.save`` archive's CRC-32 is the one pass over
 them), cut at the part size, and written through the window with ``concurrency`` parts
 in flight (``pwritev`` at offsets on a POSIX file, a multipart upload on S3). Files are
-serialized one after another on a thread of their own while the files before them are
-written, as a pipeline: the serialize and write phases overlap."""
+serialized one after another on a thread of their own while what is serialized is
+written, as a pipeline: a large file whose size its codec knows first (a ``torch.save``
+archive) is handed over a window's worth of parts at a time, so its records are written
+while the next ones are checksummed; the serialize and write phases overlap."""
 
 from __future__ import annotations
 
 import queue
 import threading
 from concurrent.futures import FIRST_EXCEPTION, wait
+from dataclasses import dataclass
 
 from ckptprof.atomic import fsync_dir
 from ckptprof.io.buffers import BufferPool, HostBuffer
-from ckptprof.io.writes import STAGING, FileParts, cut_parts, write_files
+from ckptprof.io.window import FileClocks
+from ckptprof.io.writes import STAGING, FileParts, PartCutter, cut_parts, write_files
 from ckptprof.phases import Attr, Phase
+from ckptprof.storage.base import FileWriter, Part
 from ckptprof.synth.layouts import get_layout
-from ckptprof.synth.savers.base import SaveContext, Saver, Written, named, serialized
+from ckptprof.synth.savers.base import SaveContext, Saver, Written, named, serialized, streamed
 from ckptprof.threads import thread_pool
+
+#: a file of more parts than this is streamed (where its codec knows its size first)
+STREAM_FROM = 4
 
 
 class Parallel(Saver):
@@ -30,26 +38,32 @@ class Parallel(Saver):
     object_store = True
 
     def save(self, ctx: SaveContext) -> Written:
-        """Files written as they are serialized (every file serialized so far in one
+        """Files written as they are serialized (all the parts serialized so far in one
         window run, while the next are serialized), ``concurrency`` parts at once; then
         each file forced to the device, and all renamed into place."""
         op = ctx.op
-        files: list[FileParts] = []  # opened and not yet committed
-        total = 0
+        files: list[_Opened] = []  # opened and not yet committed
+        total = finished = 0
         op.set_phase_attributes(Phase.WRITE, **{Attr.CONCURRENCY: ctx.concurrency})
         # a direct writer's staging buffers, made before the first save (synth save), kept
         pool = ctx.kept.setdefault(STAGING, BufferPool(HostBuffer))
+        clocks = FileClocks()  # a file written over several window runs: one clock
         serialized = _Serializer(ctx)
         try:
-            while len(files) < len(ctx.plan.files):
+            while finished < len(ctx.plan.files):
                 batch = []
-                for file, parts in serialized.ready():
-                    size = sum(p.size for p in parts)
-                    writer = ctx.storage.open_writer(file.path, size, ctx.part_size)
-                    batch.append(FileParts(file.path, writer, parts))
-                    files.append(batch[-1])  # aborted with the rest if the save ends here
+                for item in serialized.ready():
+                    if isinstance(item, _Opened):
+                        item.writer = ctx.storage.open_writer(item.path, item.size, ctx.part_size)
+                        files.append(item)  # aborted with the rest if the save ends here
+                        continue
+                    writer = files[-1].writer  # a file's parts follow its opening
+                    if item.parts:
+                        batch.append(FileParts(item.path, writer, item.parts))
+                    finished += item.last
                 with named(ctx.storage.uri):
-                    total += write_files(batch, ctx.concurrency, op, pool=pool)
+                    total += write_files(batch, ctx.concurrency, op, pool=pool, clocks=clocks)
+            clocks.record(op, Phase.WRITE)
             direct = bool(files) and all(f.writer.direct for f in files)  # what was done
             if ctx.fsync and not ctx.storage.object_store:
                 _sync(files, ctx)
@@ -64,7 +78,8 @@ class Parallel(Saver):
         except BaseException:  # an unfinished save, interrupted in its commit too, leaves nothing
             try:  # first: a second Ctrl-C while the serializer ends must not leave them
                 for f in files:
-                    f.writer.abort()
+                    if f.writer is not None:
+                        f.writer.abort()
             finally:
                 serialized.stop()
             raise
@@ -72,12 +87,12 @@ class Parallel(Saver):
         return Written(total)
 
 
-def _sync(files: list[FileParts], ctx: SaveContext) -> None:
+def _sync(files: list[_Opened], ctx: SaveContext) -> None:
     """Each file forced to the device, ``concurrency`` at once, as they were written: a
     device or a network file system takes several flushes at a time, and one file's wait
     hides the next's (2,000 files' fsyncs one after another were a fifth of their save)."""
 
-    def one(f: FileParts) -> None:
+    def one(f: _Opened) -> None:
         with ctx.op.phase(Phase.FSYNC), named(f"{ctx.storage.uri}/{f.path}"):
             f.writer.sync()
 
@@ -91,9 +106,30 @@ def _sync(files: list[FileParts], ctx: SaveContext) -> None:
             raise failed[0]  # the first in file order of those that failed by then
 
 
+@dataclass
+class _Opened:
+    """A file the serializer has begun: its bytes, and the writer the saver opens."""
+
+    path: str
+    size: int
+    writer: FileWriter | None = None
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """Parts of the file opened last, in order; ``last``: its final ones."""
+
+    path: str
+    parts: list[Part]
+    last: bool
+
+
 class _Serializer:
     """The plan's files serialized in order on a thread of their own (``torch.save``'s
-    CRC-32 runs without the GIL), each handed over as soon as it is cut into parts."""
+    CRC-32 runs without the GIL), each opened, then handed over part by part: a file
+    streamed a window's worth of parts at a time (:func:`streamed`), a file larger than
+    :data:`STREAM_FROM` parts whose codec knows its size first; any other whole, once
+    cut."""
 
     def __init__(self, ctx: SaveContext) -> None:
         self._ctx, self._done = ctx, queue.Queue()
@@ -109,11 +145,34 @@ class _Serializer:
                 if self._stopped.is_set():
                     return
                 with ctx.op.phase(Phase.SERIALIZE):
-                    segments = serialized(layout, ctx.plan, file, ctx.tensors)
-                    parts = cut_parts(segments, ctx.part_size)
-                self._done.put((file, parts))
+                    self._one(layout, file)
         except BaseException as exc:  # noqa: BLE001 - raised in the saving thread
             self._done.put(exc)
+
+    def _one(self, layout, file) -> None:
+        ctx = self._ctx
+        large = file.payload_bytes > STREAM_FROM * ctx.part_size
+        stream = streamed(layout, ctx.plan, file, ctx.tensors) if large else None
+        if stream is None:
+            parts = cut_parts(serialized(layout, ctx.plan, file, ctx.tensors), ctx.part_size)
+            self._done.put(_Opened(file.path, sum(p.size for p in parts)))
+            self._done.put(_Cut(file.path, parts, last=True))
+            return
+        size, make = stream
+        self._done.put(_Opened(file.path, size))
+        cutter, pending = PartCutter(ctx.part_size), []
+
+        def emit(segment) -> None:
+            pending.extend(cutter.add(segment))
+            if len(pending) >= ctx.concurrency:  # a window's worth: written while the rest is made
+                self._done.put(_Cut(file.path, pending[:], last=False))
+                pending.clear()
+
+        make(emit)
+        pending.extend(cutter.finish())
+        if cutter.offset != size:  # the writer was opened for the size said first
+            raise RuntimeError(f"{file.path}: serialized {cutter.offset} bytes, not {size}")
+        self._done.put(_Cut(file.path, pending, last=True))
 
     def ready(self) -> list:
         """The files serialized since the last call: at least one (waiting for it)."""
