@@ -418,7 +418,9 @@ def test_a_file_streamed_is_the_size_said_first_and_the_bytes_of_the_whole(layou
     file = next(f for f in plan.files if f.path == path)
     tensors = build_state(plan, spec.seed)
     stream = streamed(get_layout(layout), plan, file, tensors)
-    if stream is None:  # not streamed: written whole once serialized
+    codec = get_layout(layout).codec(file)
+    assert (stream is not None) == (codec == "torch"), codec  # every torch.save archive is
+    if stream is None:  # serialized whole: its codec says no size first (held just above)
         return
     size, make = stream
     got: list[bytes] = []
@@ -461,3 +463,60 @@ def test_a_large_archive_is_written_while_it_is_still_being_checksummed(tmp_path
     save_here(tmp_path / "ckpt", "safetensors", "parallel", tmp_path / "t", concurrency=2,
               part_size=64 << 10)  # fmt: skip
     assert ends == [True]
+
+
+def test_a_failed_save_stops_the_archive_it_is_streaming(tmp_path, monkeypatch):
+    """ENOSPC on the first write into a streamed archive: the save raises the one line
+    without the rest of the archive being made (each later segment paced at 5 ms, the
+    whole would take seconds more), and leaves nothing but the marker."""
+    from ckptprof.synth.codecs.torch_archive import TorchArchive
+
+    failed, after = threading.Event(), []
+    real_write, real_serialize = os.pwritev, TorchArchive.serialize_into
+
+    def full_disk(fd, *args):
+        if fd_path(fd).endswith(PARTIAL_SUFFIX) and "optimizer" in fd_path(fd):
+            failed.set()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, *args)
+
+    def observed_serialize(self, obj, tensors, emit):
+        def paced(segment):
+            if failed.is_set():
+                after.append(1)
+                time.sleep(0.005)
+            emit(segment)
+
+        real_serialize(self, obj, tensors, paced)
+
+    monkeypatch.setattr(os, "pwritev", full_disk)
+    monkeypatch.setattr(TorchArchive, "serialize_into", observed_serialize)
+    dest = tmp_path / "ckpt"
+    with pytest.raises(CkptprofError, match="could not be written"):
+        save_here(dest, "safetensors", "parallel", tmp_path / "t", concurrency=2,
+                  part_size=64 << 10)  # fmt: skip
+    assert failed.is_set() and len(after) < 50, len(after)  # of the archive's ~1,170
+    assert [p.name for p in dest.rglob("*") if p.is_file()] == [GENERATING_NAME]
+
+
+def test_a_file_written_over_several_runs_is_timed_by_its_runs_not_the_gaps():
+    """A streamed file's parts go in several window runs with serialization between:
+    its write time is the sum of its runs' (first start to last end of each), its bytes
+    all of theirs, and it is one file, not one per run."""
+    from ckptprof.io.window import FileClocks
+
+    class Recorder:
+        files: list = []
+
+        def add_file(self, phase, path, nbytes, seconds, start_ns=None):
+            self.files.append((path, nbytes, round(seconds, 3), start_ns))
+
+    save = FileClocks()
+    for first, last, nbytes in ((0, 1_000_000_000, 10), (3_000_000_000, 3_500_000_000, 5)):
+        run = FileClocks()
+        run.note("a.pt", first, (first + last) // 2, nbytes - 1)
+        run.note("a.pt", (first + last) // 2, last, 1)
+        save.fold(run)
+    recorder = Recorder()
+    save.record(recorder, "write")
+    assert recorder.files == [("a.pt", 15, 1.5, 0)]  # not 3.5 s: the 2 s gap is not writing

@@ -66,6 +66,14 @@ class FileClocks:
             first, last, total = self._clocks.get(path, (start, end, 0))
             self._clocks[path] = (min(first, start), max(last, end), total + nbytes)
 
+    def fold(self, run: FileClocks) -> None:
+        """Another run's clocks added to these, a file's time the sum of its runs' (each
+        first start to last end), not the gaps between them; its start the first's."""
+        with self._lock:
+            for path, (first, last, nbytes) in run._clocks.items():
+                start, end, total = self._clocks.get(path, (first, first, 0))
+                self._clocks[path] = (start, end + (last - first), total + nbytes)
+
     def record(self, op, phase: str = Phase.FETCH) -> None:
         if op is None:
             return

@@ -186,6 +186,34 @@ class _SegmentSink(io.RawIOBase):
         return self.segments
 
 
+class _Measure(io.RawIOBase):
+    """A seekable sink that keeps no bytes, only how far the writes reach."""
+
+    def __init__(self) -> None:
+        self.pos = self.end = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        n = memoryview(data).nbytes
+        self.pos += n
+        self.end = max(self.end, self.pos)
+        return n
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.end}[whence]
+        self.pos = base + offset
+        self.end = max(self.end, self.pos)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+
 def torch_save_segments(obj: Any, tensors) -> list:
     """``torch.save(obj)``'s bytes as segments in order, ``tensors``' records as views of
     their memory (nothing copied; the zip writer's CRC-32 is the only pass over them)."""
@@ -212,14 +240,13 @@ class TorchArchive(Codec):
         return torch_save_segments(obj, tensors)
 
     def serialized_size(self, obj: Any) -> int:
-        """The archive laid out with its tensors' bytes skipped (holes in a scratch file,
-        a few ms): the zip writer records their sizes, so its end is the archive's."""
-        import tempfile
-
-        with tempfile.TemporaryFile() as scratch:
-            with torch.serialization.skip_data():
-                torch.save(obj, scratch)
-            return scratch.seek(0, os.SEEK_END)
+        """The archive laid out with its tensors' bytes skipped (a few ms, nothing kept):
+        the zip writer records their sizes and seeks past them, so its end is the
+        archive's."""
+        measure = _Measure()
+        with torch.serialization.skip_data():
+            torch.save(obj, measure)
+        return measure.end
 
     def serialize_into(self, obj: Any, tensors: list, emit: Callable[[Any], object]) -> None:
         """Each record handed on once the zip writer has made it (its CRC-32 taken): the

@@ -47,23 +47,27 @@ class Parallel(Saver):
         op.set_phase_attributes(Phase.WRITE, **{Attr.CONCURRENCY: ctx.concurrency})
         # a direct writer's staging buffers, made before the first save (synth save), kept
         pool = ctx.kept.setdefault(STAGING, BufferPool(HostBuffer))
-        clocks = FileClocks()  # a file written over several window runs: one clock
+        clocks = FileClocks()  # a file streamed over several window runs: one clock each
         serialized = _Serializer(ctx)
         try:
             while finished < len(ctx.plan.files):
                 batch = []
                 for item in serialized.ready():
                     if isinstance(item, _Opened):
+                        files.append(item)  # first: aborted with the rest if the save ends here
                         item.writer = ctx.storage.open_writer(item.path, item.size, ctx.part_size)
-                        files.append(item)  # aborted with the rest if the save ends here
                         continue
-                    writer = files[-1].writer  # a file's parts follow its opening
+                    assert item.path == files[-1].path  # a file's parts follow its opening
                     if item.parts:
-                        batch.append(FileParts(item.path, writer, item.parts))
+                        batch.append(FileParts(item.path, files[-1].writer, item.parts))
                     finished += item.last
-                with named(ctx.storage.uri):
-                    total += write_files(batch, ctx.concurrency, op, pool=pool, clocks=clocks)
-            clocks.record(op, Phase.WRITE)
+                if batch:
+                    run = FileClocks()
+                    try:
+                        with named(ctx.storage.uri):
+                            total += write_files(batch, ctx.concurrency, op, pool=pool, clocks=run)
+                    finally:  # a failed save's writes are recorded too
+                        clocks.fold(run)
             direct = bool(files) and all(f.writer.direct for f in files)  # what was done
             if ctx.fsync and not ctx.storage.object_store:
                 _sync(files, ctx)
@@ -78,11 +82,13 @@ class Parallel(Saver):
         except BaseException:  # an unfinished save, interrupted in its commit too, leaves nothing
             try:  # first: a second Ctrl-C while the serializer ends must not leave them
                 for f in files:
-                    if f.writer is not None:
+                    if f.writer is not None:  # None: a Ctrl-C inside its opening
                         f.writer.abort()
             finally:
                 serialized.stop()
             raise
+        finally:
+            clocks.record(op, Phase.WRITE)
         op.set_attributes({Attr.FILES: len(ctx.plan.files), Attr.SAVE_DIRECT_IO: direct})
         return Written(total)
 
@@ -104,6 +110,10 @@ def _sync(files: list[_Opened], ctx: SaveContext) -> None:
         failed = [f.exception() for f in futures if f in done and f.exception() is not None]
         if failed:
             raise failed[0]  # the first in file order of those that failed by then
+
+
+class _Stopped(Exception):
+    """The save has failed: the file being streamed is not made to its end."""
 
 
 @dataclass
@@ -146,6 +156,8 @@ class _Serializer:
                     return
                 with ctx.op.phase(Phase.SERIALIZE):
                     self._one(layout, file)
+        except _Stopped:
+            return
         except BaseException as exc:  # noqa: BLE001 - raised in the saving thread
             self._done.put(exc)
 
@@ -163,14 +175,18 @@ class _Serializer:
         cutter, pending = PartCutter(ctx.part_size), []
 
         def emit(segment) -> None:
+            if self._stopped.is_set():  # the save has failed: the rest of the file is not made
+                raise _Stopped
             pending.extend(cutter.add(segment))
+            if cutter.offset > size:  # the writer was opened for the size said first
+                raise RuntimeError(f"{file.path}: serialized more than the {size} bytes said")
             if len(pending) >= ctx.concurrency:  # a window's worth: written while the rest is made
                 self._done.put(_Cut(file.path, pending[:], last=False))
                 pending.clear()
 
         make(emit)
         pending.extend(cutter.finish())
-        if cutter.offset != size:  # the writer was opened for the size said first
+        if cutter.offset != size:
             raise RuntimeError(f"{file.path}: serialized {cutter.offset} bytes, not {size}")
         self._done.put(_Cut(file.path, pending, last=True))
 
@@ -188,6 +204,7 @@ class _Serializer:
         return found
 
     def stop(self) -> None:
-        """No file after the one being serialized now; the thread ends with it."""
+        """Nothing more serialized: a file streamed stops at its next segment, any other
+        ends first; the thread ends with it."""
         self._stopped.set()
         self._thread.join()
