@@ -12,7 +12,7 @@ from ckptprof.cli import main
 from ckptprof.errors import CkptprofError
 from ckptprof.predict.check import FILE_BASES, FILE_TARGET, Setting, node_limits, plan_for
 from ckptprof.predict.fit import Point, fit, remainder
-from ckptprof.predict.measured import measured
+from ckptprof.predict.measured import REST, measured
 from ckptprof.predict.model import (
     Cost,
     Costs,
@@ -384,3 +384,24 @@ def test_the_rest_of_the_wall_time_is_what_the_phases_leave_term_by_term():
     for nbytes, files in ((10**8, 1), (10**9, 40)):
         parts = sum(c.seconds(nbytes, files) for c in (fetch, reshard, other))
         assert parts == pytest.approx(wall.seconds(nbytes, files))
+
+
+def test_the_rest_of_a_restore_leaves_out_its_first_step(tmp_path):
+    """``other`` is the time to state less its phases: a first step measured beside the
+    restore (the model's compute) is not storage or loader time to scale to the job."""
+
+    def run(first_step_s):
+        phases = {"fetch": {"bytes": 10**9, "busy_s": 1.0}, "reshard": {"busy_s": 0.25}}
+        if first_step_s:
+            phases["first_step"] = {"busy_s": first_step_s}
+        return {"strategy": "pipelined", "cache": "cold", "concurrency": 8,
+                "wall_s": 1.5 + first_step_s, "phases": phases}  # fmt: skip
+
+    others = []
+    for first_step_s in (0.0, 4.0):
+        folder = tmp_path / str(first_step_s)
+        folder.mkdir()
+        doc = {"spec": {"files": 1, "ranks": 1}, "runs": [run(first_step_s)] * 2}
+        (folder / "results.json").write_text(json.dumps(doc))
+        others.append(measured([str(folder)]).costs.cpu[REST].seconds(10**9, 1))
+    assert others == pytest.approx([0.25, 0.25])

@@ -112,8 +112,8 @@ def fit(points: list[Point], source: str) -> Cost:
     )
 
 
-def remainder(whole: Cost, parts: list[Cost]) -> Cost:
-    """What ``whole`` (a rank's wall time, fitted) holds beyond ``parts`` (its phases,
+def remainder(whole: Cost, parts: list[Cost], what: str = "the wall time") -> Cost:
+    """What ``whole`` (a rank's ``what``, fitted) holds beyond ``parts`` (its phases,
     fitted), term by term: set-up and the gaps between phases, or, negative, the time the
     phases overlapped."""
 
@@ -124,6 +124,6 @@ def remainder(whole: Cost, parts: list[Cost]) -> Cost:
         value = (getattr(whole, term).value if getattr(whole, term) else 0.0) - sum(
             getattr(p, term).value for p in parts if getattr(p, term) is not None
         )
-        return Given(value, f"{whole.source}: the wall time less its phases")
+        return Given(value, f"{whole.source}: {what} less its phases")
 
     return Cost(left("per_byte_s"), left("fixed_s"), left("per_file_s"))

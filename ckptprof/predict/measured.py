@@ -25,6 +25,7 @@ from ckptprof.storage.base import DEFAULT_PART_SIZE
 RESTORE_CPU = ("verify", "deserialize", "reshard")
 SAVE_CPU = ("commit",)
 #: a rank's wall time outside the phases measured: set-up, listing, the gaps between them
+#: (not a restore's first step: the model's compute, left out as time to state leaves it)
 REST = "other"
 
 
@@ -108,9 +109,10 @@ def _restore_costs(docs: dict[Path, dict]) -> tuple[Cost, dict[str, Cost], int, 
         busy = {name: phases[name]["busy_s"] for name in ("fetch", *RESTORE_CPU) if name in phases}
         for name, seconds in busy.items():
             points[name].append(Point(nbytes, files, seconds))
-        points["wall"].append(Point(nbytes, files, run["wall_s"]))
+        step = phases.get("first_step", {}).get("busy_s") or 0.0
+        points["wall"].append(Point(nbytes, files, run["wall_s"] - step))  # time to state
     costs = {name: fit(found, where) for name, found in points.items()}
-    costs[REST] = remainder(costs.pop("wall"), list(costs.values()))
+    costs[REST] = remainder(costs.pop("wall"), list(costs.values()), "the time to state")
     doc = next(iter(docs.values()))
     part = int((doc.get("options") or {}).get("part_size") or DEFAULT_PART_SIZE)
     cpu = {name: costs[name] for name in (*RESTORE_CPU, REST) if name in costs}
