@@ -246,3 +246,37 @@ def test_usable_places_are_used(checkpoints, tmp_path, capsys):
     assert (out / "results.json").is_file()
     assert main(["report", str(out), "--html", str(tmp_path / "page-link")]) == 0
     assert (tmp_path / "page-link").is_symlink() and "<html" in page.read_text().lower()
+
+
+READ_FILES = ("results.json", "save.json", "traces/run.jsonl")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c for c in PATH_OPTIONS if c[2].type.role == opt.OUTPUT_FILE
+     and any(getattr(a.type, "role", None) == opt.INPUT for a in c[1]._actions)],
+    ids=lambda c: f"{' '.join(c[0])} {_name(c[2])}",
+)  # fmt: skip
+def test_no_output_replaces_a_file_the_command_reads(case, tmp_path, capsys):
+    """Every output file option of a command that reads PATHs, aimed at each kind of file
+    those PATHs hold (``report out --html out/results.json``): one line before any work,
+    the file as it was; a new file beside them is written as usual."""
+    words, parser, action = case
+    others = tmp_path / "others"
+    for name in READ_FILES:
+        (others / name).parent.mkdir(parents=True, exist_ok=True)
+        (others / name).write_text(f"{name}\n")
+    for name in READ_FILES:
+        place = others / name
+        in_folder = _argv(words, parser, action, place, tmp_path)  # PATH: the folder
+        named = [str(place) if word == str(others) else word for word in in_folder]  # the file
+        for argv in (in_folder, named):
+            with pytest.raises(SystemExit) as stopped:
+                _parser().parse_args(argv)
+            err = capsys.readouterr().err
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert stopped.value.code == 2 and len(lines) == 1, err
+            assert _name(action) in lines[0] and str(place) in lines[0], lines[0]
+            assert "reads" in lines[0] and "write it elsewhere" in lines[0], lines[0]
+            assert place.read_text() == f"{name}\n"
+    _parser().parse_args(_argv(words, parser, action, others / "new.png", tmp_path))

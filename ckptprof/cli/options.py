@@ -41,6 +41,42 @@ class Parser(argparse.ArgumentParser):
         text = message.removeprefix("argument ")
         self.exit(2, f"ckptprof: error: {text} (see `{self.prog} --help`)\n")
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace, extras = super().parse_known_args(args, namespace)
+        self._refuse_writing_what_is_read(namespace)
+        return namespace, extras
+
+    def _refuse_writing_what_is_read(self, namespace: argparse.Namespace) -> None:
+        """An output file that is one of the files the command's inputs name (``report
+        out --html out/results.json``) would replace what it reads: refused before any
+        work, for every output option against every input option of the command."""
+        outputs, inputs = [], []
+        for action in self._actions:
+            value = getattr(namespace, action.dest, None)
+            role = getattr(action.type, "role", None)
+            if value is None or role not in (OUTPUT_FILE, INPUT):
+                continue
+            values = value if isinstance(value, list) else [value]
+            (outputs if role == OUTPUT_FILE else inputs).extend(
+                (_option_name(action), str(v)) for v in values
+            )
+        if not outputs or not inputs:
+            return
+        from ckptprof.report.load import files_read
+
+        read = files_read(path for _, path in inputs)
+        for option, path in outputs:
+            if Path(path).expanduser().resolve() in read:
+                named = ", ".join(p for _, p in inputs)
+                self.error(
+                    f"{option} {path}: it is one of the files the command reads (from "
+                    f"{named}); write it elsewhere"
+                )
+
+
+def _option_name(action: argparse.Action) -> str:
+    return action.option_strings[-1] if action.option_strings else action.metavar or action.dest
+
 
 def _checked(
     parse: Callable[[str], Any], check: schema.Check, kind: str = "text"

@@ -100,6 +100,20 @@ def _file_kind(path: Path) -> str:
     return "trace"
 
 
+def files_read(paths: Iterable[str | os.PathLike]) -> set[Path]:
+    """Every file reading the PATHs may open (resolved): each file named, and under each
+    folder every results, save and trace file: what an output must not replace."""
+    found: set[Path] = set()
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if path.is_file():
+            found.add(path.resolve())
+        elif path.is_dir():
+            for pattern in (RESULTS_NAME, SAVE_NAME, f"*{TRACE_SUFFIX}"):
+                found.update(p.resolve() for p in path.rglob(pattern) if p.is_file())
+    return found
+
+
 # --------------------------------------------------------------------- entry
 def trace_files(paths: Iterable[str | os.PathLike], beside_results: bool = False) -> list[Path]:
     """The trace files the PATHs name, each once; with ``beside_results`` also the traces
