@@ -726,6 +726,23 @@ def test_better_strategy_stays_silent_on_noise_small_gains_and_lone_strategies()
     assert HS.better_strategy([small, strategy_row("pipelined", [5.9, 6.0, 6.1])]) is None
     other_cell = strategy_row("pipelined", [1.0, 1.0, 1.0], cache="hot")
     assert HS.better_strategy([strategy_row("staged", [9.0, 10, 11]), other_cell]) is None
+    once = [strategy_row("staged", [10.0]), strategy_row("pipelined", [6.0])]
+    assert HS.better_strategy(once) is None  # one repeat a side: compare would not judge it
+
+
+def test_better_strategy_ranks_by_time_to_state_as_compare_does():
+    """A first step that differed (the model's compute, the same for every loader) does
+    not name a strategy; the time to state does, in the words the table uses."""
+    staged = strategy_row("staged", [9.0, 10.0, 11.0], fetch=4.0, first_step=6.0)
+    pipelined = strategy_row("pipelined", [5.5, 6.0, 6.5], fetch=4.0, first_step=2.0)
+    staged.breakdown.state_s = pipelined.breakdown.state_s = (4.0, 3.9, 4.1)
+    assert HS.better_strategy([staged, pipelined]) is None
+    staged.breakdown.state_s = (5.0, 4.9, 5.1)
+    hint = HS.better_strategy([staged, pipelined])
+    assert hint is not None and hint.message.startswith(
+        "pipelined would cut the time to state (list -> reshard) from 5.00 s (staged) to 4.00 s"
+    ), hint.message
+    assert "first_step" not in hint.message
 
 
 def test_job_hints_name_read_amplification_and_the_straggler():

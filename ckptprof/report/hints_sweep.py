@@ -10,7 +10,9 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ckptprof.phases import Phase
 from ckptprof.report.breakdown import Hint
+from ckptprof.report.comparison import MIN_REPEATS
 from ckptprof.report.hints import breakdown_hints
 
 if TYPE_CHECKING:
@@ -121,36 +123,46 @@ def merge(hints: Sequence[Hint], total: int) -> list[Hint]:
 STRATEGY_GAIN = 0.10  # a change of strategy worth saying: at least this much faster
 
 
+def _ranked(b) -> tuple[float, float, float]:
+    """(median, min, max) of what a restore strategy controls: the time to state (list
+    -> reshard; the first step is the model's), or the RTO where it was not recorded."""
+    return b.state_s or (b.wall_median_s, b.wall_min_s, b.wall_max_s)
+
+
 def better_strategy(rows: Sequence[SweepRow]) -> Hint | None:
     """Where strategies ran side by side: what the fastest would buy over the slowest, in
-    the setting where the gap is largest (cache state and concurrency alike), and only
-    where every repeat of one was faster than every repeat of the other."""
+    the setting where the gap is largest (cache state and concurrency alike), by the
+    rule ``compare`` judges by: at least ``MIN_REPEATS`` a side, and every repeat of one
+    faster than every repeat of the other."""
     cells: dict[tuple, list] = {}
     for r in rows:
         b = r.breakdown
-        if b.strategy and b.repeats:
+        if b.strategy and b.repeats >= MIN_REPEATS:
             cells.setdefault((b.cache, b.concurrency), []).append(b)
     best_gap, best = 0.0, None
     for (cache, conc), found in cells.items():
         if len(found) < 2:
             continue
-        fast = min(found, key=lambda b: b.wall_median_s)
-        slow = max(found, key=lambda b: b.wall_median_s)
-        if fast.wall_max_s >= slow.wall_min_s:
+        fast = min(found, key=lambda b: _ranked(b)[0])
+        slow = max(found, key=lambda b: _ranked(b)[0])
+        if _ranked(fast)[2] >= _ranked(slow)[1]:
             continue  # the repeats overlap: noise, not a difference
-        gap = 1 - fast.wall_median_s / slow.wall_median_s if slow.wall_median_s else 0.0
+        gap = 1 - _ranked(fast)[0] / _ranked(slow)[0] if _ranked(slow)[0] else 0.0
         if gap > best_gap:
             best_gap, best = gap, (cache, conc, fast, slow)
     if best is None or best_gap < STRATEGY_GAIN:
         return None
     cache, conc, fast, slow = best
     where = " ".join(p for p in (str(cache or ""), f"c={conc}" if conc else "") if p)
+    slow_s, fast_s = _ranked(slow)[0], _ranked(fast)[0]
     # where the difference was measured: the phases that differ most, slowest first
     deltas = []
     for row in slow.phases:
+        if slow.state_s and row.phase == Phase.FIRST_STEP.value:
+            continue  # not what was ranked
         other = fast.phase(row.phase)
         saved = row.busy_s - (other.busy_s if other else 0.0)
-        if saved > 0.05 * slow.wall_median_s:
+        if saved > 0.05 * slow_s:
             deltas.append((saved, row.phase, row.busy_s, other.busy_s if other else 0.0))
     why = ", ".join(
         f"{name} {a:.2f} s vs {b:.2f} s" for _, name, a, b in sorted(deltas, reverse=True)[:2]
@@ -161,10 +173,11 @@ def better_strategy(rows: Sequence[SweepRow]) -> Hint | None:
             f"; peak memory {fast.peak_rss_bytes / 1e9:.2f} GB vs "
             f"{slow.peak_rss_bytes / 1e9:.2f} GB"
         )
+    what = "the time to state (list -> reshard)" if slow.state_s else "this restore"
     return Hint(
         "strategy",
-        f"{fast.strategy} would cut this restore from {slow.wall_median_s:.2f} s "
-        f"({slow.strategy}) to {fast.wall_median_s:.2f} s ({where}, {best_gap:.0%} less)"
+        f"{fast.strategy} would cut {what} from {slow_s:.2f} s "
+        f"({slow.strategy}) to {fast_s:.2f} s ({where}, {best_gap:.0%} less)"
         + (f"; {slow.strategy} spends more in {why}" if why else "")
         + memory
         + ".",
