@@ -83,3 +83,8 @@ def test_the_report_sets_a_save_beside_the_restore_of_the_same_bytes(tmp_path):
     text = run_cli("report", *paths, "--mtbi", "6h").stdout
     assert "write/read ratio" in text and f"{write_gbps / read_gbps:.2f}" in text
     assert "checkpoint interval for a mean time between interruptions of 6.0 h" in text
+    page = tmp_path / "report.html"
+    assert run_cli("report", *paths, "--mtbi", "6h", "--html", str(page)).returncode == 0
+    section = page.read_text().split("Save vs restore")[1].split("</table>")[0]
+    assert "to state s" in section and "RTO" not in section  # the figure it heads
+    assert f"{pair['restore_s']:.3f}" in section

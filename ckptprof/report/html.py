@@ -275,7 +275,15 @@ def _save_restore_section(report: Report) -> str:
             for p in report.save_restore
         ]
         parts.append("<h2>Save vs restore of the same checkpoint</h2>")
-        headers = ["checkpoint", "save", "save s", "write GB/s", "restore", "RTO s", "read GB/s"]
+        headers = [
+            "checkpoint",
+            "save",
+            "save s",
+            "write GB/s",
+            "restore",
+            "to state s",
+            "read GB/s",
+        ]
         parts.append(_table([*headers, "write/read"], rows, 2))
     if report.intervals:
         rows = [
