@@ -43,6 +43,7 @@ _RUN = schema.record(
         "concurrency": schema.optional(schema.integer(1)),
         "repeat": schema.optional(_COUNT),
         "wall_s": _SECONDS,
+        "time_to_state_s": schema.optional(_SECONDS),  # wall_s less its first step
         "bytes": schema.optional(_COUNT),
         "resident_fraction": schema.optional(schema.number(0, 1)),
         "cache_method": schema.optional(schema.text()),
@@ -64,6 +65,7 @@ _SUMMARY = schema.record(
         "concurrency": schema.optional(schema.integer(1)),
         "repeats": _COUNT,
         "rto_s": _SPREAD,
+        "time_to_state_s": _SPREAD,
         "phases": schema.mapping(schema.text(), _SPREAD),
         "fetch_gbps_median": _SECONDS,
         "fraction_of_ceiling": _SECONDS,
@@ -116,6 +118,14 @@ def spread(values: Iterable[float]) -> dict[str, float]:
     return {"min": present[0], "median": statistics.median(present), "max": present[-1]}
 
 
+def time_to_state_s(wall_s: float, phases: Mapping[str, Any]) -> float:
+    """A restore's time to state, list -> reshard: its RTO less its first step (what the
+    storage and the loader control; the step is the model's). ``phases`` as a run of
+    results.json holds them."""
+    step = phases.get(Phase.FIRST_STEP.value)
+    return wall_s - (step["busy_s"] if isinstance(step, Mapping) else 0.0)
+
+
 #: a single request this long, and this share of the RTO, is a stall worth naming
 STALL_MIN_S = 2.0
 STALL_SHARE = 0.25
@@ -154,9 +164,9 @@ def fetch_unbounded(phases: Mapping[str, Any]) -> str | None:
 
 
 def summarize(runs: Sequence[Mapping[str, Any]], ceiling_gbps: float | None) -> list[dict]:
-    """``summary`` of results.json: per strategy × cache state × concurrency, the RTO and
-    each phase's min/median/max, the median fetch GB/s and its fraction of the ceiling.
-    ``runs`` are the run entries as results.json holds them."""
+    """``summary`` of results.json: per strategy × cache state × concurrency, the RTO, the
+    time to state and each phase's min/median/max, the median fetch GB/s and its fraction
+    of the ceiling. ``runs`` are the run entries as results.json holds them."""
     cells: dict[tuple, list[Mapping[str, Any]]] = {}
     for run in runs:
         if isinstance(run, Mapping) and isinstance(run.get("wall_s"), (int, float)):
@@ -179,6 +189,9 @@ def summarize(runs: Sequence[Mapping[str, Any]], ceiling_gbps: float | None) -> 
             "concurrency": concurrency,
             "repeats": len(items),
             "rto_s": spread(r["wall_s"] for r in items),
+            "time_to_state_s": spread(
+                time_to_state_s(r["wall_s"], r.get("phases") or {}) for r in items
+            ),
             "phases": phases,
             "peak_rss_bytes": max((r.get("peak_rss_bytes") or 0 for r in items), default=0),
             "read_bytes": statistics.median(r.get("read_bytes") or 0 for r in items),

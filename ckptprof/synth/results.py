@@ -14,12 +14,12 @@ import io
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ckptprof.atomic import atomic_write
 from ckptprof.phases import RESTORE_PHASES, Attr
-from ckptprof.results_schema import fraction_of_ceiling, stalled, summarize
+from ckptprof.results_schema import fraction_of_ceiling, stalled, summarize, time_to_state_s
 
 #: where the first step's time came from
 STEP_REAL, STEP_ESTIMATE, STEP_USER, STEP_SKIPPED = "measured", "estimated", "user", "skipped"
@@ -58,8 +58,16 @@ class RunRecord:
     ranks: int = 1  # a job's record: how many ranks it stands for
     start_s: float | None = None  # when its root began, seconds since the epoch (rank skew)
 
+    @property
+    def time_to_state_s(self) -> float:
+        return time_to_state_s(self.wall_s, self.phases)
+
     def to_dict(self) -> dict:
-        return dict(vars(self))
+        """The fields, and the time to state the report and compare rank by."""
+        return {**vars(self), "time_to_state_s": self.time_to_state_s}
+
+
+_FIELDS = {f.name for f in fields(RunRecord)}
 
 
 def phases_of(summary) -> dict[str, dict]:
@@ -97,7 +105,7 @@ def phases_of(summary) -> dict[str, dict]:
 
 def from_dict(entry: dict) -> RunRecord:
     """A record back from :meth:`RunRecord.to_dict` (gathered from another rank)."""
-    return RunRecord(**entry)
+    return RunRecord(**{k: v for k, v in entry.items() if k in _FIELDS})
 
 
 def job_runs(rank_runs: list[RunRecord]) -> list[RunRecord]:
@@ -200,6 +208,7 @@ CSV_COLUMNS = (
     "cache",
     "concurrency",
     "repeat",
+    "time_to_state_s",
     "rto_s",
     *[f"{p.value}_s" for p in RESTORE_PHASES],
     "bytes",
@@ -233,6 +242,7 @@ def write_results(out_dir: Path, payload: dict, runs: list[RunRecord]) -> tuple[
                 r.cache,
                 r.concurrency,
                 r.repeat,
+                f"{r.time_to_state_s:.6f}",
                 f"{r.wall_s:.6f}",
                 *[
                     f"{r.phases[p.value]['busy_s']:.6f}" if p.value in r.phases else ""
