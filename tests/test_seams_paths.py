@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import socket
 from collections.abc import Callable
@@ -280,3 +281,36 @@ def test_no_output_replaces_a_file_the_command_reads(case, tmp_path, capsys):
             assert "reads" in lines[0] and "write it elsewhere" in lines[0], lines[0]
             assert place.read_text() == f"{name}\n"
     _parser().parse_args(_argv(words, parser, action, others / "new.png", tmp_path))
+
+
+IMAGE_OPTIONS = [c for c in PATH_OPTIONS if c[2].dest == "plot"]
+
+
+@pytest.mark.parametrize("case", IMAGE_OPTIONS, ids=lambda c: f"{' '.join(c[0])} {_name(c[2])}")
+def test_an_image_format_matplotlib_cannot_write_is_refused_before_the_work(case, tmp_path, capsys):
+    """Every image option: ``--plot r.txt`` is one line before the command reads or prints
+    anything (it printed the whole report, then failed)."""
+    from ckptprof.cli import main
+
+    words, parser, action = case
+    (tmp_path / "others").mkdir()
+    place = tmp_path / "r.txt"
+    assert main(_argv(words, parser, action, place, tmp_path)) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1, captured
+    assert "--plot" in lines[0] and "'.txt'" in lines[0] and ".png" in lines[0], lines[0]
+    assert not place.exists()
+
+
+def test_an_mtbi_with_no_save_to_set_an_interval_for_is_refused(tmp_path, capsys):
+    """``report --mtbi`` over restores alone would print no interval without a word."""
+    from ckptprof.cli import main
+
+    doc = {"runs": [{"strategy": "staged", "cache": "cold", "concurrency": 1, "wall_s": 1.0,
+                     "phases": {"fetch": {"busy_s": 0.5, "bytes": 10**8}}}]}  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    assert main(["report", str(tmp_path), "--mtbi", "6h"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--mtbi" in captured.err and "no finished save" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1

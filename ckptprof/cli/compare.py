@@ -147,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
             f"--label was given {len(args.label)} times for {len(args.paths)} paths; give one "
             "per PATH, in order, or none."
         )
+    if args.plot:
+        from ckptprof.report.plot import check_image_path
+
+        check_image_path(args.plot)
     result = compare(
         args.paths, args.label, args.fail_if_slower, args.cost_per_hour, args.instances,
         args.by or "auto",

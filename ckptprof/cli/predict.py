@@ -207,6 +207,10 @@ def run(args) -> int:
     from ckptprof.errors import CkptprofError
     from ckptprof.storage import is_object_store
 
+    if args.plot:
+        from ckptprof.report.plot import check_image_path
+
+        check_image_path(args.plot)
     if args.direct_io and not args.check:
         raise CkptprofError("predict: --direct-io is how --check saves; add --check DEST.")
     if args.direct_io and is_object_store(args.check):

@@ -175,6 +175,13 @@ def print_report(
     for warning in data.warnings:
         print(f"ckptprof: warning: {warning}", file=sys.stderr)
     report = aggregate(data, mtbi_s)
+    if mtbi_s and not report.intervals:
+        from ckptprof.errors import CkptprofError
+
+        raise CkptprofError(
+            f"--mtbi: {', '.join(map(str, paths))} hold no finished save to set an interval "
+            "for; add the save's folder (synth save --out) or a job's traces, or drop --mtbi"
+        )
     sys.stdout.write(render_json(report) if fmt == "json" else render_text(report, by=by))
     sys.stdout.flush()
     if plot:
@@ -294,6 +301,10 @@ def run(args: argparse.Namespace) -> int:
         if not hasattr(args, dest):
             setattr(args, dest, default)
     refuse_unhonoured(args)
+    if args.plot:
+        from ckptprof.report.plot import check_image_path
+
+        check_image_path(args.plot)
     if args.goodput:
         return run_goodput(args)
     if args.interruptions:

@@ -273,9 +273,14 @@ def write_plot(report: Report, path: str | os.PathLike) -> Path:
     return save_figure(lambda: summary_figure(report), path, "--plot")
 
 
-def save_figure(make, path: str | os.PathLike, option: str) -> Path:
-    """``make()``'s figure written to ``path`` atomically, after checking what can be
-    checked before drawing (matplotlib, the folder, the format)."""
+def check_image_path(path: str | os.PathLike, option: str = "--plot") -> str:
+    """The image format ``path`` names (``png`` where it names none), once matplotlib,
+    the folder and the format are known to do: what a command checks before its work.
+
+    Raises:
+        CkptprofError: matplotlib is missing, the folder does not exist, or the format
+            is not one matplotlib writes.
+    """
     target = Path(path).expanduser()
     require_matplotlib(path, option)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -289,6 +294,16 @@ def save_figure(make, path: str | os.PathLike, option: str) -> Path:
         raise CkptprofError(
             f"{option} {path}: unknown image format '.{fmt}' — use a .png file name"
         )
+    return fmt
+
+
+def save_figure(make, path: str | os.PathLike, option: str) -> Path:
+    """``make()``'s figure written to ``path`` atomically, after checking what can be
+    checked before drawing (matplotlib, the folder, the format)."""
+    target = Path(path).expanduser()
+    fmt = check_image_path(path, option)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     fig = make()
     if fig is None:
         raise CkptprofError(f"{option} {path}: no successful operations to plot")
