@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LOOPBACK_ENV, run_cli, spans_in
+from tests.conftest import LOOPBACK_ENV, TINY_SCALE, run_cli, spans_in
 from tests.test_bad_input import assert_one_line_error
 from tests.test_export import collector, refused_port
 
@@ -239,3 +239,36 @@ def test_export_without_a_format_or_file_is_one_clear_error(runs, tmp_path):
         run_cli("export", "--format", "perfetto", traces, "-o", str(missing)),
         f"folder {missing.parent} does not exist",
     )
+
+
+def test_a_second_run_into_the_same_out_is_reported_alone(checkpoints, tmp_path):
+    """``--out`` reused (the second save of another checkpoint, a second restore sweep):
+    the folder reports what its save.json or results.json holds, as the file itself does,
+    and the HTML timeline is of one of those runs; the first run's traces are left out
+    in words, never deleted."""
+    from ckptprof.cli import main
+
+    save = tmp_path / "save"
+    for dest, repeat in ((tmp_path / "a", "2"), (tmp_path / "b", "1")):
+        assert main(["synth", "save", str(dest), "--scale", str(TINY_SCALE), "--repeat", repeat,
+                     "--ceiling-gbps", "1", "--out", str(save)]) == 0  # fmt: skip
+    assert len(list((save / "traces").glob("*.jsonl"))) == 2  # nothing deleted
+    by_folder = json.loads(run_cli("report", str(save), "--format", "json").stdout)
+    by_file = json.loads(run_cli("report", str(save / "save.json"), "--format", "json").stdout)
+    for doc in (by_folder, by_file):
+        [group] = doc["groups"]
+        assert group["breakdown"]["repeats"] == 1
+    assert by_folder["groups"][0]["breakdown"]["wall_median_s"] == pytest.approx(
+        by_file["groups"][0]["breakdown"]["wall_median_s"], rel=1e-5
+    )
+    shown = run_cli("report", str(save))
+    assert "1 trace file(s) of an earlier run" in shown.stderr
+    out, ckpt = tmp_path / "restore", checkpoints("torch")
+    for strategy in ("pipelined", "staged"):
+        assert main(["synth", "restore", str(ckpt), "--strategy", strategy, "--cache", "hot",
+                     "--concurrency", "1", "--repeat", "1", "--no-first-step", "--ceiling-gbps",
+                     "1", "--no-report", "--out", str(out)]) == 0  # fmt: skip
+    page = tmp_path / "page.html"
+    assert run_cli("report", str(out), "--html", str(page)).returncode == 0
+    timeline = page.read_text().split("Timeline of one restore:")[1][:200]
+    assert "staged" in timeline and "pipelined" not in timeline, timeline

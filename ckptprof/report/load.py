@@ -30,12 +30,16 @@ from ckptprof.save_schema import SAVE_NAME, looks_like_save
 
 
 # --------------------------------------------------------------------- finding files
-def _discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path], list[Path]]:
+def _discover(
+    paths: Iterable[str | os.PathLike], warnings: list[str] | None = None
+) -> tuple[list[Path], list[Path], list[Path]]:
     """Split PATHs into results files, save files (``save.json``) and trace files.
 
     A directory holding a ``results.json`` stands for that file: its traces are
     the same runs, so they are not read again. Other ``*.jsonl`` files under a
-    directory are traces. A ``save.json`` is read beside its traces: the records it
+    directory are traces; under a ``save.json``'s folder, only those of its own saves (a
+    folder a second run wrote into keeps the first one's traces: they are left out, and
+    ``warnings`` says so). A ``save.json`` is read beside its traces: the records it
     holds whose traces are missing join them (``load`` keeps one of each save).
     """
     results: list[Path] = []
@@ -60,6 +64,8 @@ def _discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path
             for t in sorted(path.rglob(f"*{TRACE_SUFFIX}"))
             if t.is_file() and not any(t.is_relative_to(c) for c in covered)
         ]
+        for save in found_saves:
+            found_traces = own_traces(save, found_traces, warnings)
         if not found_results and not found_traces and not found_saves:
             raise CkptprofError(
                 f"{raw}: no trace files (*{TRACE_SUFFIX}), {RESULTS_NAME} or {SAVE_NAME} under "
@@ -70,6 +76,40 @@ def _discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path
         saves.extend(found_saves)
         traces.extend(found_traces)
     return _unique(results), _unique(saves), _unique(traces)
+
+
+def _record_ids(summary: Path) -> set[str]:
+    """The trace ids of the runs (results.json) or saves (save.json) ``summary`` holds."""
+    try:
+        doc = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return set()
+    records = [*(doc.get("runs") or []), *(doc.get("saves") or [])] if isinstance(doc, dict) else []
+    return {str(r["trace_id"]).removeprefix("0x") for r in records
+            if isinstance(r, dict) and r.get("trace_id")}  # fmt: skip
+
+
+def own_traces(summary: Path, traces: list[Path], warnings: list[str] | None = None) -> list[Path]:
+    """``traces`` less those under ``summary``'s folder (a results.json or save.json) that
+    hold none of its records: an earlier run's, written into the same ``--out``. Their
+    count and folder go into ``warnings``, so that they are left out in words."""
+    ids = _record_ids(summary)
+    if not ids:
+        return traces
+    kept, older = [], []
+    for trace in traces:
+        if trace.is_relative_to(summary.parent):
+            text = trace.read_text(encoding="utf-8", errors="replace")
+            if not any(i in text for i in ids):
+                older.append(trace)
+                continue
+        kept.append(trace)
+    if older and warnings is not None:
+        warnings.append(
+            f"{summary.parent}: {len(older)} trace file(s) of an earlier run into the same "
+            f"folder left out (none of {summary.name}'s records), e.g. {older[0]}"
+        )
+    return kept
 
 
 def _unique(paths: list[Path]) -> list[Path]:
@@ -121,7 +161,8 @@ def trace_files(paths: Iterable[str | os.PathLike], beside_results: bool = False
     results, _, trace_paths = _discover(list(paths))
     if beside_results:
         for found in results:
-            trace_paths += sorted(p for p in found.parent.rglob(f"*{TRACE_SUFFIX}") if p.is_file())
+            beside = sorted(p for p in found.parent.rglob(f"*{TRACE_SUFFIX}") if p.is_file())
+            trace_paths += own_traces(found, beside)
     return _unique(trace_paths)
 
 
@@ -143,8 +184,8 @@ def load(paths: Iterable[str | os.PathLike]) -> ReportData:
     paths = list(paths)
     if not paths:
         raise CkptprofError("report: no PATH given — name trace files, results.json or a directory")
-    results_paths, save_paths, trace_paths = _discover(paths)
     data = ReportData()
+    results_paths, save_paths, trace_paths = _discover(paths, data.warnings)
     for path in results_paths:
         data.results.append(read_results(path))
         data.sources.append(str(path))
