@@ -74,6 +74,31 @@ class Parser(argparse.ArgumentParser):
                 )
 
 
+def remember_defaults(parser: argparse.ArgumentParser) -> None:
+    """Each option's default on the namespace, so that the command can tell an option
+    given from one left alone (:func:`refuse_moot`)."""
+    parser.set_defaults(option_defaults={a.dest: a.default for a in parser._actions})
+
+
+def refuse_moot(args: argparse.Namespace, flags: dict[str, str], why: str, fix: str) -> None:
+    """One line naming every option of ``flags`` (dest → flag) given on the command line
+    that the others leave without effect: refused, never silently ignored."""
+    from ckptprof.errors import CkptprofError
+
+    given = [flag for dest, flag in flags.items()
+             if _given(getattr(args, dest), args.option_defaults[dest])]  # fmt: skip
+    if given:
+        raise CkptprofError(f"{', '.join(given)} would do nothing: {why}; {fix}.")
+
+
+def _given(value: Any, default: Any) -> bool:
+    """Whether ``value`` came from the command line: argparse converts a text default
+    with the option's type (a folder's text becomes a Path) and leaves ``nargs="*"`` an
+    empty list."""
+    plain = str(value) if isinstance(value, Path) else value
+    return plain != default and not (default is None and plain == [])
+
+
 def _option_name(action: argparse.Action) -> str:
     return action.option_strings[-1] if action.option_strings else action.metavar or action.dest
 
