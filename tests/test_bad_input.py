@@ -525,3 +525,50 @@ def test_a_bad_index_file_is_named_where_it_is(layout, checkpoints, tmp_path):
     result = restore_cli(dest, "--verify", "none")
     line = assert_one_line_error(result, str(index), "regenerate")
     assert result.returncode == (2 if layout == "deepspeed" else 3), line
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--full", "--scale", "0.002"], "--scale 0.002 would do nothing: --full"),
+        (["--rank", "1"], "--rank 1 is not a rank of the 1 saved"),
+        (["--strategy", "runai"], "--layout safetensors"),
+        (["--strategy", "s3torchconnector"], "reads s3:// checkpoints"),
+    ],
+)
+def test_what_the_demos_restore_would_refuse_is_refused_before_its_saves(
+    args, says, tmp_path, capsys
+):
+    """Known from the options alone: one line before anything is built, saved or timed
+    (each was refused after three timed saves, or --scale silently overridden)."""
+    from ckptprof.cli import main
+
+    folder = tmp_path / "demo"
+    assert main(["demo", "--dir", str(folder), "--scale", "0.001", *args]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], lines
+    assert captured.out == "" and not folder.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["synth", "save", "--strategy", "framework", "--ceiling-gbps", "1", "--part-size",
+          "4M"], "--part-size would do nothing: --strategy framework"),
+        (["synth", "save", "--strategy", "framework", "--ceiling-gbps", "1", "--concurrency",
+          "4"], "--concurrency would do nothing"),
+        (["synth", "generate", "--bandwidth-gbps", "5"], "--bandwidth-gbps would do nothing"),
+    ],
+)  # fmt: skip
+def test_an_option_the_others_leave_without_effect_is_refused_before_writing(
+    argv, says, tmp_path, capsys
+):
+    from ckptprof.cli import main
+
+    dest, out = tmp_path / "ckpt", tmp_path / "out"
+    extra = ["--out", str(out)] if argv[1] == "save" else []
+    assert main([*argv, str(dest), "--scale", str(TINY_SCALE), *extra]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], lines
+    assert not dest.exists() and not out.exists()

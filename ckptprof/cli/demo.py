@@ -48,6 +48,8 @@ def _text(value) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
+DEMO_SCALE = 0.01  # the checkpoint's size without --full: ~0.7 GB of llama2-7b
+
 #: where the demo restores differently from ``synth restore`` when not told
 DEMO_DEFAULTS = {
     "strategy": _BySize(("staged", "pipelined"), ("pipelined",)),
@@ -80,7 +82,7 @@ def add_parser(commands) -> None:
         help="also write DIR/report.png",
     )
     spec = demo.add_argument_group("the checkpoint: what is saved")
-    add_spec_arguments(spec, scale=0.01)
+    add_spec_arguments(spec, scale=DEMO_SCALE)
     spec.add_argument("--full", action="store_true", help="full size (--scale 1)")
     restore = demo.add_argument_group("the restore: options as in `ckptprof synth restore`")
     for add_option in (
@@ -89,6 +91,29 @@ def add_parser(commands) -> None:
     ):  # fmt: skip
         add_option(restore)
     demo.set_defaults(func=run, **DEMO_DEFAULTS)
+
+
+def _check_before_saving(args, options) -> None:
+    """What the restore would refuse after the timed saves, known from the options alone:
+    a moot --scale, a rank outside the ranks saved, a strategy for another layout."""
+    from ckptprof.errors import CkptprofError
+    from ckptprof.storage import open_storage
+    from ckptprof.synth.layouts import get_layout
+    from ckptprof.synth.strategies.registry import get_strategy
+
+    if args.full and args.scale != DEMO_SCALE:
+        raise CkptprofError(
+            f"--scale {args.scale:g} would do nothing: --full is --scale 1; drop one of them."
+        )
+    if args.rank is not None and args.world_size is None and args.rank >= args.ranks:
+        raise CkptprofError(
+            f"--rank {args.rank} is not a rank of the {args.ranks} saved (--ranks "
+            f"{args.ranks}); pass --world-size, or a rank below {args.ranks}."
+        )
+    storage = open_storage(str(args.dir), max(options.concurrency))
+    for name in options.strategies:
+        get_strategy(name).check(storage)
+        get_strategy(name).check_layout(get_layout(args.layout))
 
 
 def run(args) -> int:
@@ -118,6 +143,7 @@ def run(args) -> int:
         device=args.device,
     )
     options.validate()  # before writing: a bad option costs nothing
+    _check_before_saving(args, options)
     reported = [str(out / "results.json")]
     if full or (args.layout == "dcp" and args.ranks > 1):
         # a full-size state does not fit in memory to be saved; a multi-rank DCP save

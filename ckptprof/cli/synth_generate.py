@@ -45,8 +45,15 @@ def add_parser(sub) -> None:
 
 
 def run_generate(args) -> int:
+    from ckptprof.errors import CkptprofError
     from ckptprof.synth.generate import estimated_bytes, generate, plan_checkpoint
     from ckptprof.synth.plan import SynthSpec
+
+    if args.bandwidth_gbps and not args.dry_run:
+        raise CkptprofError(
+            "--bandwidth-gbps would do nothing: it sets --dry-run's time estimates; add "
+            "--dry-run, or drop it."
+        )
 
     spec = SynthSpec(
         model=args.model,
