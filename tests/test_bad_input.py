@@ -198,6 +198,7 @@ def test_bad_restore_option_values(ckpt_copy, args, needles):
         (["--first-step-tokens", "64"], ["--first-step-tokens would do", "--no-first-step"]),
         (["--deadline", "30"], ["--deadline would do nothing", "add --simulate-interruption"]),
         (["--drop-caches"], ["--drop-caches would do nothing", "add cold to --cache"]),
+        (["--simulate-interruption"], ["--simulate-interruption saves", "--no-first-step"]),
     ]
     + (  # asking for a GPU where there is none
         [] if torch.cuda.is_available() else [(["--device", "cuda"], ["no CUDA device here"])]

@@ -51,14 +51,21 @@ class _Host:
 
 
 def simulate(
-    first_step, tracer, step: int, out_dir: Path, telemetry, deadline_s: float
+    first_step,
+    tracer,
+    step: int,
+    out_dir: Path,
+    telemetry,
+    deadline_s: float,
+    deadline_assumed: bool = True,
 ) -> InterruptionGuard:
     """Notice → emergency save of ``first_step``'s model and optimizer at ``step`` → record;
-    returns the guard the first restore links to."""
+    returns the guard the first restore links to. ``deadline_assumed``: the deadline is
+    the default (EC2 Spot's), not one the user gave."""
     if first_step.model is None:
         raise CkptprofError(
             "--simulate-interruption saves the first_step model, which is not in memory here "
-            "(too big, world size > 1, or --no-first-step); use a smaller --scale."
+            "(too big, or world size > 1); use a smaller --scale, or --world-size 1."
         )
     host = _Host(tracer, telemetry)
     guard = InterruptionGuard(
@@ -69,7 +76,8 @@ def simulate(
     )
     guard.start()
     now = time.time_ns()
-    guard.watcher.inject(Notice(SOURCE, now, now + int(deadline_s * 1e9), deadline_assumed=True))
+    deadline_ns = now + int(deadline_s * 1e9)
+    guard.watcher.inject(Notice(SOURCE, now, deadline_ns, deadline_assumed=deadline_assumed))
     guard.step_end(step)  # the job's step boundary: the save runs here
     guard.close()
     return guard

@@ -99,6 +99,11 @@ class RestoreOptions:
                 f"--rank {self.rank} is not a rank of --world-size {self.world_size} "
                 f"(0 to {self.world_size - 1})."
             )
+        if self.simulate_interruption and not self.first_step:
+            raise CkptprofError(
+                "--simulate-interruption saves the first step's model and optimizer, which "
+                "--no-first-step does not build; drop one of them."
+            )
         for option, why, fix in self.moot():
             raise CkptprofError(f"{option} would do nothing: {why}; {fix}.")
 

@@ -146,7 +146,13 @@ def _simulate_interruption(runner: RestoreRunner, options: RestoreOptions, out_d
     from ckptprof.synth.interruption import simulate
 
     runner.interruption = simulate(
-        runner.first_step, tracer, runner.spec.step, out_dir, telemetry, options.deadline
+        runner.first_step,
+        tracer,
+        runner.spec.step,
+        out_dir,
+        telemetry,
+        options.deadline,
+        deadline_assumed=options.deadline_s is None,
     )
     record = runner.interruption.record
     side = "before" if record.margin_s >= 0 else "after"
