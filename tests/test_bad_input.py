@@ -573,3 +573,25 @@ def test_an_option_the_others_leave_without_effect_is_refused_before_writing(
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], lines
     assert not dest.exists() and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--world-size", "2", "--rank", "0"], "drop --world-size/--rank"),
+        (["--world-size", "4"], "drop --world-size/--rank"),
+        (["--simulate-interruption"], "--simulate-interruption runs in one process"),
+    ],
+)
+def test_what_each_launched_rank_would_refuse_is_said_once_before_launching(
+    args, says, checkpoints, tmp_path, capsys
+):
+    from ckptprof.cli import main
+
+    out = tmp_path / "out"
+    argv = ["synth", "restore", str(checkpoints("torch")), "--nproc-per-node", "2", "--out",
+            str(out), "--cache", "hot", *args]  # fmt: skip
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], lines
+    assert not out.exists()

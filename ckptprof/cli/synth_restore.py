@@ -210,6 +210,22 @@ def _add_interruptions(parser) -> None:
     add_stall_option(group)
 
 
+def _check_launch(nproc: int, options) -> None:
+    """What each launched rank would refuse (``RestoreRunner._check_job_options``), said
+    once before the ranks start."""
+    from ckptprof.errors import CkptprofError
+
+    if options.world_size not in (None, nproc) or options.rank is not None:
+        raise CkptprofError(
+            f"--nproc-per-node {nproc} starts {nproc} ranks, each its own rank of a world of "
+            f"{nproc}; drop --world-size/--rank (they choose ranks for one process to play)."
+        )
+    if options.simulate_interruption:
+        raise CkptprofError(
+            "--simulate-interruption runs in one process; drop it, or --nproc-per-node."
+        )
+
+
 def run_restore(args) -> int:
     from ckptprof.synth.options import RestoreOptions
     from ckptprof.synth.restore import run_restore
@@ -244,6 +260,7 @@ def run_restore(args) -> int:
     check_job_device(options.device, args.nproc_per_node or processes)
     if args.nproc_per_node and not distributed.launched():
         options.validate()  # a bad option is one line here, not one per rank
+        _check_launch(args.nproc_per_node, options)
         return distributed.launch(args.nproc_per_node, without_nproc(args.argv))
     if not distributed.launched():
         run_restore(args.dest, options, args.out, args.trace_dir)
