@@ -199,6 +199,9 @@ def test_bad_restore_option_values(ckpt_copy, args, needles):
         (["--deadline", "30"], ["--deadline would do nothing", "add --simulate-interruption"]),
         (["--drop-caches"], ["--drop-caches would do nothing", "add cold to --cache"]),
         (["--simulate-interruption"], ["--simulate-interruption saves", "--no-first-step"]),
+        # a setting named twice would run twice as many repeats under one name
+        (["--strategy", "staged,staged"], ["--strategy names staged more than once"]),
+        (["--concurrency", "2,2"], ["--concurrency names 2 more than once"]),
     ]
     + (  # asking for a GPU where there is none
         [] if torch.cuda.is_available() else [(["--device", "cuda"], ["no CUDA device here"])]

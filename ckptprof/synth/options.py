@@ -78,6 +78,14 @@ class RestoreOptions:
             raise CkptprofError(
                 "--strategy, --cache and --concurrency need at least one value each."
             )
+        for option, values in (("--strategy", self.strategies), ("--cache", self.caches),
+                               ("--concurrency", self.concurrency)):  # fmt: skip
+            twice = sorted({str(v) for v in values if list(values).count(v) > 1})
+            if twice:
+                raise CkptprofError(
+                    f"{option} names {', '.join(twice)} more than once; each setting runs "
+                    "--repeat times already: name it once, or raise --repeat."
+                )
         if self.direct_io and self.part_size % DIRECT_ALIGN:
             raise CkptprofError(
                 f"--part-size {self.part_size} must be a multiple of {DIRECT_ALIGN} with "
