@@ -16,8 +16,21 @@ from ckptprof import schema
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions as written, and each option's default shown where its help does not
-    already say it (a flag's False and an unset None say nothing)."""
+    """Descriptions and epilogs as written, their prose lines wrapped to the terminal
+    (an indented line, an example command, is kept whole to be copied); and each option's
+    default shown where its help does not already say it (a flag's False and an unset
+    None say nothing)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        lines = []
+        for line in text.splitlines():
+            if line[:1].isspace() or len(line) <= width:
+                lines.append(indent + line)
+            else:
+                lines += textwrap.wrap(line, width, initial_indent=indent, subsequent_indent=indent)
+        return "\n".join(lines)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
