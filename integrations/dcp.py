@@ -175,8 +175,8 @@ def _flat(results) -> list:
 # ---------------------------------------------------------------------- instrument()
 class DCPInstrumentor:
     """``dcp.load``, ``dcp.save`` and ``dcp.async_save`` traced in this process: their
-    storage readers and writers wrapped (the default ``FileSystemReader``/``Writer`` made
-    from ``checkpoint_id`` first, as DCP would): one operation per call."""
+    storage readers and writers wrapped (the default storage made from ``checkpoint_id``
+    first, as DCP would): one operation per call."""
 
     def __init__(self, **session_options) -> None:
         self.session = TracingSession(FRAMEWORK, **session_options)
@@ -252,12 +252,15 @@ def routed(session: TracingSession, patcher: Patcher) -> Iterator[None]:
 
 
 def _default_storage(checkpoint_id, kind: str):
-    """The reader or writer DCP would make for ``checkpoint_id`` (a path: FileSystem*)."""
-    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+    """The reader or writer DCP would make for ``checkpoint_id``, made by DCP's own
+    ``_storage_setup`` (a path: FileSystem*; an fsspec URL: Fsspec*, never a local folder
+    named after the URL). Any failure (no such function in this torch, no checkpoint id)
+    makes the caller run DCP untouched, which then decides as it would without ckptprof."""
+    from torch.distributed.checkpoint._storage_utils import _storage_setup
 
     if checkpoint_id is None:
         raise ValueError("no checkpoint_id and no storage: DCP's own error applies")
-    return FileSystemReader(checkpoint_id) if kind == "reader" else FileSystemWriter(checkpoint_id)
+    return _storage_setup(None, checkpoint_id, reader=kind == "reader")
 
 
 _INSTANCE: DCPInstrumentor | None = None

@@ -121,6 +121,36 @@ def test_the_same_save_and_load_behave_the_same_without_ckptprof(tmp_path):
     assert not (tmp_path / "on" / "ckptprof-manifest.json").exists()
 
 
+def test_an_fsspec_url_is_saved_and_loaded_where_dcp_would(tmp_path, monkeypatch):
+    """``checkpoint_id="memory://…"`` without a storage: DCP's own fsspec writer and reader,
+    never a local folder named after the URL. The user info in the URL reaches no span."""
+    fsspec = pytest.importorskip("fsspec")
+    monkeypatch.chdir(tmp_path)
+    url = "memory://me:s3cr3t@bucket/ckpt"  # fsspec's memory filesystem: a remote store
+    state = model_state()
+    traced_dcp.instrument(trace_dir=tmp_path / "traces")
+    try:
+        dcp.save(state, checkpoint_id=url, no_dist=True)
+        target = zeros_like(state)
+        dcp.load(target, checkpoint_id=url, no_dist=True)
+    finally:
+        traced_dcp.uninstrument()
+    memory = fsspec.filesystem("memory")
+    try:
+        assert memory.exists("me:s3cr3t@bucket/ckpt/.metadata")
+        assert_equal(target, state)
+        assert {p.name for p in tmp_path.iterdir()} <= {"ckptprof-state", "traces"}
+        spans = spans_in(tmp_path / "traces")
+        (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
+        assert restore["attributes"]["ckpt.dcp.storage"] == "FsspecReader"
+        assert restore["attributes"]["ckpt.path"] == "memory://bucket/ckpt"
+        assert set(children(spans, restore)) == LOADED - {"ckpt.verify"}  # local folders only
+        for trace_file in (tmp_path / "traces").glob("*.jsonl"):
+            assert "s3cr3t" not in trace_file.read_text()
+    finally:
+        memory.rm("me:s3cr3t@bucket", recursive=True)
+
+
 def test_a_wrapped_reader_is_left_as_it_was(tmp_path):
     state = model_state()
     dcp.save(state, checkpoint_id=tmp_path / "ckpt", no_dist=True)

@@ -256,3 +256,68 @@ def test_the_function_named_is_the_callers_code_not_ckptprofs_nor_plumbing():
     user_code()
     (((name, file), _),) = seen
     assert name == f"ckptprof, called from {user_code.__qualname__}" and file == __file__
+
+
+def test_no_span_carries_a_urls_secrets_whatever_attribute_or_way_in():
+    """Every attribute key the code defines (``Attr``), given a presigned URL with user
+    info through every way into a span (the tracer's plain spans, an operation's root,
+    phases, files, links, events, progress, the error): the secrets are in no span, and
+    the path keeps its scheme, host and object."""
+    from opentelemetry.sdk.trace import SpanLimits
+
+    from ckptprof.redact import strip_url_secrets
+
+    exporter = InMemorySpanExporter()
+    room = 4096  # every key kept: none dropped for the 128 the SDK keeps by default
+    limits = SpanLimits(
+        max_attributes=room,
+        max_span_attributes=room,
+        max_event_attributes=room,
+        max_link_attributes=room,
+    )
+    provider = TracerProvider(span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    keys = [v for k, v in vars(Attr).items() if k.isupper() and isinstance(v, str)]
+    assert Attr.PATH in keys and Attr.DEEPSPEED_PATH in keys
+    url = "https://me:PASSSECRET@bucket.s3.example/ckpt/step-5.pt?X-Amz-Signature=SIGSECRET"
+    attrs = {key: url for key in keys}
+    tracer = CheckpointTracer(provider, framework="t", per_file_spans=True)
+    with pytest.raises(RuntimeError), tracer.restore(attrs) as op:
+        op.set_attributes(attrs)
+        with op.phase(Phase.FETCH, **attrs):
+            op.add_file(Phase.FETCH, url, 1, 0.1)
+        with op.phase(Phase.LIST):
+            op.set_phase_attributes(Phase.LIST, **attrs)
+            op.add_stall_event("ckpt.stall", attrs)
+        op.add_stall_event("ckpt.stall", attrs)
+        op.record_progress("test", extra=attrs)
+        op.link_to("0" * 31 + "1", "0" * 15 + "1", **attrs)
+        raise RuntimeError(f"GET {url} returned 403")
+    tracer.start_span("ckpt.run", attrs).end()
+    provider.shutdown()
+    spans = exporter.get_finished_spans()
+    assert {"ckpt.restore", "ckpt.fetch", "ckpt.list", "ckpt.progress", "ckpt.run"} <= {
+        s.name for s in spans
+    }
+    written = "".join(s.to_json() for s in spans)
+    assert "PASSSECRET" not in written and "SIGSECRET" not in written
+    assert by_name(exporter)["ckpt.restore"].attributes[Attr.PATH] == strip_url_secrets(url)
+    assert strip_url_secrets(url) == "https://bucket.s3.example/ckpt/step-5.pt"
+
+
+def test_local_paths_are_kept_as_they_are():
+    from ckptprof.redact import strip_url_secrets
+
+    kept = ("/data/run?1/ckpt@5", "ckpt/step-100", "s3://bucket/key@v2", "s3://b/a#b/c")
+    for path in kept:
+        assert strip_url_secrets(path) == path
+    assert strip_url_secrets("memory://u:p@b/c") == "memory://b/c"
+
+
+def test_no_log_line_carries_a_urls_secrets(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        logging.getLogger("ckptprof").warning("could not read %s", "http://h/o?X-Amz-Signature=S1")
+    assert caplog.records and "S1" not in caplog.records[0].getMessage()
+    assert "http://h/o" in caplog.records[0].getMessage()

@@ -17,6 +17,7 @@ import os
 from urllib.parse import urlsplit
 
 from ckptprof.errors import CkptprofError
+from ckptprof.redact import strip_url_secrets
 
 CONNECT_TIMEOUT_ENV = "CKPTPROF_S3_CONNECT_TIMEOUT"
 READ_TIMEOUT_ENV = "CKPTPROF_S3_READ_TIMEOUT"
@@ -65,8 +66,11 @@ def safe_endpoint(url: str | None) -> str:
     """An endpoint URL without user info or query string (nothing secret)."""
     if not url:
         return "aws default"
-    parts = urlsplit(url)
-    port = f":{parts.port}" if parts.port else ""
+    try:
+        parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a port that is no number (an unexpanded ${PORT}): never raised
+        return strip_url_secrets(url)
     return f"{parts.scheme}://{parts.hostname or ''}{port}"
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from ckptprof.redact import strip_url_secrets
 from ckptprof.tracing.otel_settings import otlp_protocol, otlp_timeout_s
 
 log = logging.getLogger("ckptprof")
@@ -186,15 +187,21 @@ def _strip_url_secrets(text: str) -> str:
     """Drop query strings and user info from any URL or path inside ``text``."""
     import re
 
+    text = strip_url_secrets(text)
     text = re.sub(r"(?<=[\w/])\?[^\s'\")]*", "?…", text)
     return re.sub(r"//[^/\s:@]+(:[^/\s@]*)?@", "//", text)
 
 
 def safe_endpoint(url: str) -> str:
-    """The endpoint without credentials or query string."""
+    """The endpoint without credentials or query string. Never raises: an endpoint
+    that does not parse (``http://collector:${OTEL_PORT}``, unexpanded) is shown as
+    written, less any secrets; the exporter's own failure to send is warned once."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return strip_url_secrets(str(url))
     return f"{parts.scheme}://{host}{port}{parts.path}" if parts.scheme else url.split("?")[0]

@@ -25,6 +25,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from ckptprof.phases import PROGRESS_SPAN, RESTORE_SPAN, SAVE_SPAN, Attr, Phase
+from ckptprof.redact import scrub, scrub_attributes, strip_url_secrets
 from ckptprof.tracing.guest import guest
 from ckptprof.tracing.phase_spans import emit_phase_span
 from ckptprof.tracing.sampling import StackSampler, attribute
@@ -62,7 +63,8 @@ class Operation:
         self._phases: dict[str, PhaseStats] = {}
         self._open: dict[str, int] = {}  # phases inside a ``phase()`` block now
         self._opened_ns: dict[str, int] = {}  # when each of them was entered (the first)
-        self._attributes: dict[str, AttrValue] = dict(attributes)
+        # every way in strips URL secrets (a presigned path): no span ever holds one
+        self._attributes: dict[str, AttrValue] = scrub_attributes(attributes)
         self._start_ns = time.time_ns()
         self._end_ns: int | None = None
         self._summary: OperationSummary | None = None
@@ -152,7 +154,7 @@ class Operation:
             int(trace_id, 16), int(span_id, 16), is_remote=True,
             trace_flags=TraceFlags(TraceFlags.SAMPLED),
         )  # fmt: skip
-        self._span.add_link(context, attributes or None)
+        self._span.add_link(context, scrub_attributes(attributes) or None)
 
     def _stats(self, phase: Phase | str) -> PhaseStats:
         name = phase.value if isinstance(phase, Phase) else str(phase)
@@ -174,7 +176,7 @@ class Operation:
             end = time.time_ns()
             with self._lock:
                 stats.intervals.append((start, end))
-                stats.attributes.update(attributes)
+                stats.attributes.update(scrub_attributes(attributes))
 
     @contextmanager
     def running(self, phase: Phase | str) -> Iterator[None]:
@@ -265,7 +267,7 @@ class Operation:
         attrs.update(extra or {})
         context = trace.set_span_in_context(self._span)
         span = self._tracer.start_span(
-            PROGRESS_SPAN, context=context, start_time=now, attributes=attrs
+            PROGRESS_SPAN, context=context, start_time=now, attributes=scrub_attributes(attrs)
         )
         span.end(end_time=now)
 
@@ -276,6 +278,7 @@ class Operation:
     @guest
     def add_stall_event(self, name: str, attributes: dict) -> None:
         """An event on the span of the phase open now (the latest begun), else the root's."""
+        attributes = scrub_attributes(attributes)
         now = time.time_ns()
         with self._lock:
             open_now = list(self._open)
@@ -304,7 +307,9 @@ class Operation:
         """Aggregate one file's work onto the phase span (thread-safe)."""
         stats = self._stats(phase)
         with self._lock:
-            stats.files.append(FileRecord(str(path), int(nbytes), float(seconds), start_ns))
+            stats.files.append(
+                FileRecord(strip_url_secrets(str(path)), int(nbytes), float(seconds), start_ns)
+            )
             stats.nbytes += int(nbytes)
 
     def add_bytes(self, phase: Phase | str, nbytes: int) -> None:
@@ -320,11 +325,11 @@ class Operation:
     def set_phase_attributes(self, phase: Phase | str, **attributes: AttrValue) -> None:
         stats = self._stats(phase)
         with self._lock:
-            stats.attributes.update(attributes)
+            stats.attributes.update(scrub_attributes(attributes))
 
     def set_attributes(self, attributes: Mapping[str, AttrValue]) -> None:
         with self._lock:
-            self._attributes.update(attributes)
+            self._attributes.update(scrub_attributes(attributes))
 
     # ----------------------------------------------------------- finishing
     def __enter__(self) -> Operation:
@@ -386,9 +391,19 @@ class Operation:
         root.set_attribute(Attr.WALL_S, round(summary.wall_s, 6))
         root.set_attribute(Attr.PHASE_SUM_S, round(summary.phase_sum_s, 6))
         if error is not None:
-            root.record_exception(error)
-            root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            root.record_exception(error, _exception_attributes(error))
+            message = scrub(f"{type(error).__name__}: {error}")
+            root.set_status(Status(StatusCode.ERROR, message))
         root.end(end_time=self._end_ns)
+
+
+def _exception_attributes(error: BaseException) -> dict[str, str]:
+    """The SDK's ``exception.*`` attributes, URL secrets stripped (a failed fetch's
+    message names the URL it fetched)."""
+    import traceback
+
+    stack = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return {"exception.message": scrub(str(error)), "exception.stacktrace": scrub(stack)}
 
 
 def phase_or_nothing(op: Operation | None, phase: Phase | str):

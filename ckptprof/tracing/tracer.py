@@ -14,6 +14,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link
 
 from ckptprof.phases import Attr
+from ckptprof.redact import scrub
 from ckptprof.tracing.recorder import Operation
 from ckptprof.tracing.summary import AttrValue
 
@@ -69,7 +70,7 @@ class CheckpointTracer:
             base[Attr.RUN_ID] = self.run_id
         for key, value in (attributes or {}).items():
             if value is not None:
-                base[key] = value
+                base[key] = scrub(value)  # a presigned URL's secrets never reach a span
         return base
 
     def _operation(self, kind: str, attributes, links, parent) -> Operation:
