@@ -18,6 +18,7 @@ from typing import Any
 
 from transformers import Trainer
 
+from ckptprof.errors import CkptprofError
 from ckptprof.integrations.hf_folders import checkpoint_folder, checkpoints_in, weight_files
 from ckptprof.integrations.hf_restore import Resume
 from ckptprof.integrations.hf_save import SaveGroups
@@ -96,9 +97,8 @@ class TransformersInstrumentor(Instrumentor):
     # ------------------------------------------------------------------ train()
     def _traced_train(self, original):
         def train(*args, **kwargs):
-            self.session.start()
-            self._start_interruptions()
             try:
+                self._start()
                 requested = argument(args, kwargs, "resume_from_checkpoint", 0)
                 if requested not in (None, False):
                     deepspeed = self._uses_deepspeed(self.trainer)
@@ -122,6 +122,18 @@ class TransformersInstrumentor(Instrumentor):
                 self.uninstrument()  # the Trainer is left exactly as it was found
 
         return train
+
+    def _start(self) -> None:
+        """The telemetry and the interruption watch. A bad option is the user's to fix
+        (a CkptprofError, as at instrument time); any other failure (an exporter that
+        cannot be built) is warned once and training goes on, untraced."""
+        try:
+            self.session.start()
+            self._start_interruptions()
+        except CkptprofError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - never hurt the training job
+            self.session.warn_once("start", exc)
 
     def _start_interruptions(self) -> None:
         self.stop_requested = False
@@ -268,7 +280,10 @@ class TransformersInstrumentor(Instrumentor):
             raise RuntimeError("CkptProfCallback.save() needs instrument(trainer) first.")
         folder = checkpoint_folder(trainer)
         inside_train = self.session.started
-        self.session.start()
+        try:
+            self.session.start()
+        except Exception as exc:  # noqa: BLE001 - the save happens, untraced
+            self.session.warn_once("start", exc)
         try:
             with contextlib.ExitStack() as scope:
                 # inside train() the save is traced already: a second layer would trace it

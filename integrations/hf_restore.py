@@ -73,7 +73,11 @@ class Resume:
             with op.phase(Phase.LIST):
                 output_dir = trainer.args.output_dir
                 last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-                folder = self._last_complete(last)
+                try:
+                    folder = self._last_complete(last)
+                except Exception as exc:  # noqa: BLE001 - records unreadable (EIO on NFS):
+                    self.session.warn_once("last_complete", exc)
+                    folder = last  # the Trainer's own choice stands
             if folder is None:
                 return requested  # the Trainer raises its own "No valid checkpoint found"
             op.set_attributes({Attr.PATH: str(folder)})

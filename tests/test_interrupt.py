@@ -236,6 +236,7 @@ def test_simulated_interruption_tells_the_whole_story(checkpoints, tmp_path):
     text = story.stdout
     assert "simulated notice" in text and "steps lost: 0" in text
     assert "before the deadline" in text and "cost at $32.77/h" in text
+    assert "(assumed)" in text  # no --deadline: EC2 Spot's two minutes, said as assumed
     as_json = json.loads(run_cli("report", "--interruptions", "--format", "json",
                                  str(out / "traces")).stdout)  # fmt: skip
     (entry,) = as_json
@@ -256,6 +257,7 @@ def test_deadline_too_short_is_recorded_as_missed(checkpoints, tmp_path):
     assert "missed_deadline" in result.stdout
     story = run_cli("report", "--interruptions", str(out / "traces")).stdout
     assert "missed_deadline" in story and "after the deadline" in story
+    assert "(assumed)" not in story  # the deadline given
 
 
 @pytest.mark.slow
@@ -425,6 +427,36 @@ def test_a_handler_placed_over_ckptprofs_stays_and_signals_still_get_through():
         assert watcher.notice is None  # a closed watcher notes nothing
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_handler_set_from_c_is_left_in_place_and_stop_never_raises(monkeypatch, caplog):
+    """Python reports a handler installed from C (a launcher's or an MPI library's) as
+    None and can never install it again: ckptprof leaves that signal alone, and its
+    teardown never raises. Python's view is simulated; the handlers are real."""
+    real_signal, real_getsignal = signal.signal, signal.getsignal
+    from_c = {signal.SIGUSR1}
+
+    def getsignal(signum):
+        return None if signum in from_c else real_getsignal(signum)
+
+    def set_signal(signum, handler):
+        previous = real_signal(signum, handler)
+        if signum in from_c:
+            from_c.discard(signum)
+            return None
+        return previous
+
+    before = real_getsignal(signal.SIGUSR1)
+    monkeypatch.setattr(signal, "getsignal", getsignal)
+    monkeypatch.setattr(signal, "signal", set_signal)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ckptprof"):
+            watcher = NoticeWatcher(["sigusr1"]).start()
+            watcher.stop()
+        assert real_getsignal(signal.SIGUSR1) == before  # never replaced
+        assert "sigusr1 has a handler set outside Python" in caplog.text
+    finally:
+        real_signal(signal.SIGUSR1, before)
 
 
 def test_a_noted_signal_reaches_the_replaced_handler_when_training_ends_first(tmp_path):

@@ -150,6 +150,12 @@ class NoticeWatcher:
             if threading.current_thread() is not threading.main_thread():
                 log.warning("ckptprof: %s notices need the main thread; not watching it", name)
                 continue
+            if signal.getsignal(signum) is None:
+                # A handler installed from C (Python reports None): Python can never put it
+                # back, so replacing it would change the job for good; passing signals on
+                # or restoring SIG_DFL would both lose it. Closest to no ckptprof: leave it.
+                log.warning("ckptprof: %s has a handler set outside Python; not watching it", name)
+                continue
             self._previous[signum] = signal.signal(signum, self._on_signal)
         hint = suggest_metadata_source(self.sources)
         if hint:
@@ -173,8 +179,8 @@ class NoticeWatcher:
                 continue
             try:
                 signal.signal(signum, previous)
-            except ValueError:  # not the main thread: ours stays, passing signals on
-                continue
+            except (TypeError, ValueError):  # not the main thread, or no handler to put
+                continue  # back (set from C): ours stays, passing signals on
             del self._previous[signum]
         self._stop.set()
         if self._thread is not None:
@@ -218,6 +224,8 @@ class NoticeWatcher:
         already ran and decides what happens next, so the default action is not re-raised.
         """
         previous = self._previous.get(signum, signal.SIG_DFL)
+        if previous is None:  # set from C, beyond Python's reach: its default action
+            previous = signal.SIG_DFL
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_DFL and self._installed(signum):
