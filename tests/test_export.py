@@ -354,6 +354,19 @@ def test_export_warning_never_shows_url_secrets():
     assert "abc123" not in cleaned and "pw@" not in cleaned and "/v1/traces" in cleaned
 
 
+def test_an_endpoint_that_does_not_parse_is_shown_and_never_raises():
+    """``http://collector:${OTEL_PORT}`` (unexpanded): named in the warning, less its
+    credentials; no ValueError out of the place that builds the exporter."""
+    from ckptprof.storage.s3_client import safe_endpoint as s3_endpoint
+    from ckptprof.tracing.otlp_exporter import safe_endpoint
+
+    for endpoint in (safe_endpoint, s3_endpoint):
+        shown = endpoint("http://me:pw@collector:${OTEL_PORT}/v1?token=abc")
+        assert "collector:${OTEL_PORT}" in shown
+        assert "pw" not in shown and "abc" not in shown
+        assert "pw" not in endpoint("http://me:pw@[::1")  # no closing bracket
+
+
 def test_span_ids_ignore_and_keep_the_jobs_random_state(tmp_path, clean_otel_env):
     """Training jobs seed ``random`` and restore its state on resume: ids must still be
     unique across runs, and tracing must not advance the job's random stream."""
@@ -468,3 +481,25 @@ def test_a_replay_to_a_collector_that_accepts_and_never_answers_is_bounded(tmp_p
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode != 0 and len(lines) == 1, done.stderr
     assert f"no answer from {endpoint}/v1/traces within 2 s" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "variable, value",
+    [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "notaurl"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "127.0.0.1:4318"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://u:secret@collector:${PORT}/v1/traces"),
+    ],
+)
+def test_a_replay_to_an_endpoint_that_is_no_url_names_the_variable(tmp_path, variable, value):
+    """``export --otlp`` with a variable that holds no http(s) URL: one line naming the
+    variable and the form it takes, before the traces are read (it was "unexpected
+    ValueError", or "no answer within 10 s" at once); the password is not repeated."""
+    telemetry = setup_telemetry(tmp_path, otlp=False)
+    record_one_restore(telemetry)
+    telemetry.shutdown()
+    refused = run_cli("export", "--otlp", str(telemetry.trace_file), env={variable: value})
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert variable + "=" in lines[0] and "http://collector:4318" in lines[0], lines[0]
+    assert "secret" not in lines[0] and "unexpected" not in lines[0]

@@ -113,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     folder = Path(args.output or ".").expanduser().parent
     if not folder.is_dir():
         raise CkptprofError(f"-o {args.output}: folder {folder} does not exist — create it first")
+    if args.otlp:
+        from ckptprof.tracing.otlp_json import otlp_endpoint
+
+        otlp_endpoint()  # a variable that names no URL: one line before the traces are read
     spans, requests = _read(args.paths)
     if args.otlp:
         from ckptprof.tracing.otel_settings import otlp_timeout_s

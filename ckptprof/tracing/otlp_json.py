@@ -142,12 +142,32 @@ def protobuf_request(document: dict[str, Any]) -> bytes:
     return message.SerializeToString()
 
 
-def _endpoint() -> str:
+def otlp_endpoint() -> str:
+    """The OTLP/HTTP traces URL the ``OTEL_*`` variables name.
+
+    Raises:
+        CkptprofError: the variable does not hold an http(s) URL with a numeric port.
+    """
+    import urllib.parse
+
+    from ckptprof.tracing.otlp_exporter import safe_endpoint
+
     explicit = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    if explicit:
-        return explicit
+    variable = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" if explicit else "OTEL_EXPORTER_OTLP_ENDPOINT"
     base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")
-    return base.rstrip("/") + "/v1/traces"
+    url = explicit or base.rstrip("/") + "/v1/traces"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        usable = False
+    if not usable:
+        raise CkptprofError(
+            f"{variable}={safe_endpoint(explicit or base)!r} is not an http:// or https:// URL "
+            "with a host and a numeric port; set it like http://collector:4318"
+        )
+    return url
 
 
 def _headers() -> dict[str, str]:
@@ -173,7 +193,7 @@ def replay(documents: Iterable[dict[str, Any]], timeout_s: float) -> tuple[int, 
     """
     from ckptprof.tracing.otlp_exporter import backend_reason, safe_endpoint
 
-    url = _endpoint()
+    url = otlp_endpoint()
     where = safe_endpoint(url)
     headers = {**_headers(), "Content-Type": "application/x-protobuf"}
     sent = spans = 0
