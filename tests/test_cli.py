@@ -115,6 +115,14 @@ def test_dry_run_plans_without_writing(tmp_path):
     )
     assert "s at 5 GB/s" in result.stdout
     assert not dest.exists()
+    # the size people read is the tensors'; the disk space beside it is an upper bound
+    from ckptprof.synth.generate import plan_checkpoint
+    from ckptprof.synth.plan import SynthSpec
+
+    plan = plan_checkpoint(SynthSpec(model="llama3-70b", layout="deepspeed", ranks=64))
+    assert f"bytes: {plan.payload_bytes / 1e9:.2f} GB of tensors" in result.stdout
+    seconds = plan.payload_bytes / 5e9
+    assert f"{seconds:.1f} s at 5 GB/s" in result.stdout
 
 
 @pytest.mark.slow

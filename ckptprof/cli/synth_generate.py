@@ -93,9 +93,10 @@ def describe_plan(plan, total_bytes: int, bandwidths: list[float]) -> str:
         ),
         f"layout {plan.spec.layout}, saved by {plan.spec.ranks} ranks: {len(plan.files)} files "
         f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))})",
-        f"bytes: {total_bytes / 1e9:.2f} GB (tensor payload {plan.payload_bytes / 1e9:.2f} GB)",
-        "theoretical lower bound to read it once: "
-        + ", ".join(f"{total_bytes / (bw * 1e9):.1f} s at {bw:g} GB/s" for bw in bandwidths),
+        f"bytes: {plan.payload_bytes / 1e9:.2f} GB of tensors; disk space needed: at most "
+        f"{total_bytes / 1e9:.2f} GB (headers, whole blocks, small files)",
+        "theoretical lower bound to read the tensors once: "
+        + ", ".join(f"{plan.payload_bytes / (bw * 1e9):.1f} s at {bw:g} GB/s" for bw in bandwidths),
     ]
     biggest = sorted(plan.files, key=lambda f: -f.payload_bytes)[:5]
     lines.append(
