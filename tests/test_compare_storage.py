@@ -203,3 +203,13 @@ def test_a_save_json_reads_as_its_saves_and_a_bad_one_is_one_line(tmp_path, caps
         assert main(["compare", str(path), str(good)]) == 2
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert line.startswith(f"ckptprof: error: {path}: ") and words in line, line
+
+
+def test_the_same_runs_compared_with_themselves_have_no_difference_to_separate():
+    """A results.json against its own traces: rounding apart, the same numbers; no
+    verdict asks for billions of repeats."""
+    from ckptprof.report.compare import repeats_to_separate
+
+    walls = [1.2345678, 1.3, 1.25]
+    assert repeats_to_separate(walls, [w + 1e-9 for w in walls]) is None
+    assert repeats_to_separate(walls, [w + 0.01 for w in walls]) > len(walls)

@@ -61,6 +61,9 @@ def metric_of(entry: Entry, by: str) -> str:
     return TTS
 
 
+SAME = 1e-6  # means this close (relatively) differ by the rounding of their files alone
+
+
 def repeats_to_separate(a: Sequence[float], b: Sequence[float]) -> int | None:
     """Repeats each side would need for the difference of the means to stand
     SEPARATION_Z standard errors clear of zero at the variance measured; None when no
@@ -68,8 +71,8 @@ def repeats_to_separate(a: Sequence[float], b: Sequence[float]) -> int | None:
     if len(a) < 2 or len(b) < 2:
         return None
     diff = abs(statistics.fmean(b) - statistics.fmean(a))
-    if diff <= 0:
-        return None
+    if diff <= SAME * max(abs(statistics.fmean(a)), abs(statistics.fmean(b))):
+        return None  # the same runs, read twice (rounding apart): no difference to separate
     variance = statistics.variance(a) + statistics.variance(b)
     needed = math.ceil(SEPARATION_Z**2 * variance / diff**2)
     return max(needed, max(len(a), len(b)) + 1)
