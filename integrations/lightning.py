@@ -15,7 +15,9 @@ every strategy implements (the patch table below):
   list / verify / fetch / reshard / deserialize join this restore (the same for
   ``dcp.save`` inside the strategy's write). ``reshard`` is also
   ``strategy.load_model_state_dict`` and ``load_optimizer_state_dict``; ``first_step``
-  runs from there to the first ``on_train_batch_end``.
+  runs from there to the end of the first optimizer step (the first
+  ``on_train_batch_end`` with ``global_step`` advanced: with ``accumulate_grad_batches``
+  it spans every micro-batch of that step).
 * save: ``trainer.save_checkpoint`` is the ``ckpt.save`` root; ``serialize`` is building
   the checkpoint dict (until the strategy writes), ``write`` is
   ``strategy.save_checkpoint``, ``commit`` records the file in ckptprof's state
@@ -86,6 +88,7 @@ class LightningInstrumentor(Instrumentor):
         # (one path, e.g. last.ckpt, is queued again before a busy writer reaches it)
         self._queued: dict[str, deque] = defaultdict(deque)
         self._first_batch: tuple[int, int] | None = None  # after a resume: up to its fetch
+        self._step_at_batch_start: int | None = None  # trainer.global_step as a batch began
 
     @property
     def trainer(self):
@@ -189,6 +192,25 @@ class LightningInstrumentor(Instrumentor):
                    "the fit loop's start-up (Lightning shows no fetch start)"},
             )  # fmt: skip
 
+    def batch_started(self, trainer, batch_idx: int) -> None:
+        self._step_at_batch_start = trainer.global_step
+        if self.session.restore_op is not None:
+            self.batch_fetched(batch_idx)
+
+    def batch_ended(self, trainer) -> None:
+        """A batch ended: a step ended only when an optimizer step ran in it (with
+        ``accumulate_grad_batches`` > 1 most batches only add gradients); then the step
+        is timed, the first after a resume ends the restore, and a notice is acted on."""
+        started, self._step_at_batch_start = self._step_at_batch_start, None
+        step = trainer.global_step
+        if started is not None and step == started:
+            return  # gradients accumulated, no optimizer step yet
+        self.session.step_ended(step)
+        if self.session.restore_op is not None:
+            self.first_step_done()
+        if self.interruptions is not None:
+            self.interruptions.step_end(step)
+
     def first_step_done(self) -> None:
         trainer = self.trainer
         batch, self._first_batch = self._first_batch, None
@@ -206,9 +228,13 @@ class LightningInstrumentor(Instrumentor):
                 Attr.STEP: trainer.global_step,
                 Attr.WORLD_SIZE: trainer.world_size,
             }
-            with self.session.saving(attrs):
-                self._save_start_ns = time.time_ns()
-                return original(*args, **kwargs)
+            outer = self._save_start_ns  # a save inside a save (a hook's, SIGUSR1's)
+            try:
+                with self.session.saving(attrs):
+                    self._save_start_ns = time.time_ns()
+                    return original(*args, **kwargs)
+            finally:
+                self._save_start_ns = outer
 
         return save_checkpoint
 
@@ -392,17 +418,11 @@ class CkptProf(GuestCallback, Callback):
 
     @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._instrumentor.session.restore_op is not None:
-            self._instrumentor.batch_fetched(batch_idx)
+        self._instrumentor.batch_started(trainer, batch_idx)
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        instrumentor = self._instrumentor
-        instrumentor.session.step_ended(trainer.global_step)
-        if instrumentor.session.restore_op is not None:
-            instrumentor.first_step_done()
-        if instrumentor.interruptions is not None:
-            instrumentor.interruptions.step_end(trainer.global_step)
+        self._instrumentor.batch_ended(trainer)
 
     @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:

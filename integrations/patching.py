@@ -8,7 +8,13 @@ never a module). Each wrap is a :class:`Layer` placed in the object's own ``__di
   attribute is put back exactly as it was (the instance entry deleted, or the previous
   one restored — never ``delattr``, which a ``Mock`` turns into "attribute deleted");
   if the user or another library put its own wrapper over ours, theirs stays and ours
-  becomes a pass-through;
+  becomes a pass-through. ckptprof's own layers stacked on one attribute (two adapters
+  on one object) come off in any order: a layer left as a pass-through under another of
+  ckptprof's is skipped when that one comes off, so the last one out leaves the
+  attribute as it was before the first;
+* a copy of the object (``pickle``, ``copy.deepcopy``; Ray Tune pickles Trainers) gets
+  the attribute as it would without ckptprof: the copy's own method (or the value that
+  was there before ckptprof's layers), never a wrapper calling into the original;
 * a target that is missing, cannot be patched, or whose leading parameters changed is
   left alone with one warning naming the framework, its version and the phase that will
   be missing; the job runs unchanged.
@@ -76,10 +82,57 @@ class Layer:
         namespace = vars(self.obj)
         if namespace.get(self.name, _MISSING) is not self.function:
             return  # something was placed over ours, or replaced it: theirs stays
-        if self.previous is _MISSING:
+        previous = self.previous
+        while _layer_of(previous) is not None and not _layer_of(previous).active:
+            previous = _layer_of(previous).previous  # ours, already taken out: skipped
+        if previous is _MISSING:
             del namespace[self.name]
         else:
-            namespace[self.name] = self.previous
+            namespace[self.name] = previous
+
+    def underneath(self) -> Any:
+        """What the attribute was before any of ckptprof's layers (``_MISSING``: none)."""
+        previous = self.previous
+        while _layer_of(previous) is not None:
+            previous = _layer_of(previous).previous
+        return previous
+
+
+class LayerFunction:
+    """The callable a :class:`Layer` places: ``body`` while the layer is active, else
+    the wrapped method alone. Copied or pickled (with its object or alone), it becomes
+    what the attribute is without ckptprof (see the module docstring)."""
+
+    def __init__(self, layer: Layer, body: Callable, original: Callable) -> None:
+        self.__ckptprof_layer__ = layer
+        self._body = body
+        self._original = original
+        functools.update_wrapper(self, original, updated=())
+
+    def __call__(self, *args, **kwargs):
+        if self.__ckptprof_layer__.active:
+            return self._body(*args, **kwargs)
+        return self._original(*args, **kwargs)
+
+    def __reduce_ex__(self, protocol):
+        layer = self.__ckptprof_layer__
+        below = layer.underneath()
+        if below is _MISSING:
+            # the copy's own attribute: its object is being rebuilt (memoized, its state
+            # not yet set), so the lookup finds the class's method, bound to the copy
+            return getattr, (layer.obj, layer.name)
+        return _same, (below,)
+
+    def __repr__(self) -> str:
+        return f"<ckptprof layer over {self._original!r}>"
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _layer_of(value: Any) -> Layer | None:
+    return value.__ckptprof_layer__ if isinstance(value, LayerFunction) else None
 
 
 def framework_version(distribution: str) -> str:
@@ -227,15 +280,7 @@ class Patcher:
             self.warn(label, phase, "cannot be wrapped on its instance")
             return None
         layer = Layer(obj, name, original, namespace.get(name, _MISSING))
-        body = make(original)
-
-        def wrapper(*args, **kwargs):
-            if layer.active:
-                return body(*args, **kwargs)
-            return original(*args, **kwargs)
-
-        functools.update_wrapper(wrapper, original, updated=())
-        wrapper.__ckptprof_layer__ = layer
+        wrapper = LayerFunction(layer, make(original), original)
         layer.function = wrapper
         namespace[name] = wrapper
         if getattr(obj, name, None) is not wrapper:  # e.g. a property on the class wins
@@ -259,6 +304,7 @@ def is_ours(value: Any) -> bool:
 
 __all__ = [
     "Layer",
+    "LayerFunction",
     "Patcher",
     "Target",
     "argument",

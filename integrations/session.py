@@ -87,9 +87,10 @@ class TracingSession:
         self.tracer: CheckpointTracer | None = None
         self.restore_op: Operation | None = None
         self.restore_memory: MemoryWatch | None = None
-        self.save_op: Operation | None = None
-        #: the save's file or folder, named as growing while the framework writes it
-        self._save_growing = contextlib.ExitStack()
+        #: the open saves, innermost last (a save inside a save: a hook or a signal
+        #: handler calling the framework's save while it saves), each with its file or
+        #: folder named as growing while the framework writes it
+        self._saves: list[tuple[Operation, contextlib.ExitStack]] = []
         self.last_restore: OperationSummary | None = None
         self.last_save: OperationSummary | None = None
         self._warned: set[str] = set()
@@ -139,11 +140,16 @@ class TracingSession:
         """End open operations, flush and stop exporting; a later :meth:`start` begins anew."""
         self._report_after_resume()  # the job ended before all the steps were timed
         self._stop_memory_watch()
-        for op in (self.restore_op, self.save_op):
-            if op is not None and not op.finished:
+        while self._saves:  # saves never ended (innermost first): finished, unwatched
+            op, growing = self._saves.pop()
+            growing.close()
+            if not op.finished:
                 with contextlib.suppress(Exception):
                     op.finish()
-        self.restore_op = self.save_op = None
+        op, self.restore_op = self.restore_op, None
+        if op is not None and not op.finished:
+            with contextlib.suppress(Exception):
+                op.finish()
         if self._goodput is not None:
             self._send_goodput(self.lifetime.last_step, wait_s=2.0)
             self._goodput.join()
@@ -350,26 +356,39 @@ class TracingSession:
                 self.warn_once("log_metrics", exc)
 
     # ------------------------------------------------------------------ save
+    @property
+    def save_op(self) -> Operation | None:
+        """The innermost open save (the one the framework is writing now), or None."""
+        return self._saves[-1][0] if self._saves else None
+
     def begin_save(self, attributes: dict[str, Any]) -> Operation | None:
+        """Start a ``ckpt.save``; one begun while another is open is its own operation,
+        and the outer one goes on (it is :attr:`save_op` again once the inner ends)."""
         try:
             self.start()
             self.job()
             recent = self.steps.median()
             if recent is not None:  # the pace the resume will be compared with
                 attributes = {**attributes, Attr.SAVE_STEP_MEDIAN_S: round(recent, 6)}
-            self.save_op = self.tracer.save(self._attrs(attributes), parent=self.save_parent)
+            op = self.tracer.save(self._attrs(attributes), parent=self.save_parent)
+            growing = contextlib.ExitStack()
+            self._saves.append((op, growing))
             if attributes.get(Attr.PATH):  # the framework's bytes reaching it are progress
-                self._save_growing.enter_context(activity.growing(str(attributes[Attr.PATH])))
-            return self.save_op
+                growing.enter_context(activity.growing(str(attributes[Attr.PATH])))
+            return op
         except Exception as exc:  # noqa: BLE001
             self.warn_once("begin_save", exc)
             return None
 
-    def end_save(self, error: BaseException | None = None) -> OperationSummary | None:
-        op, self.save_op = self.save_op, None
-        self._save_growing.close()
-        if op is None:
+    def end_save(
+        self, error: BaseException | None = None, op: Operation | None = None
+    ) -> OperationSummary | None:
+        """End ``op`` (default: the innermost open save); other open saves stay open."""
+        found = [i for i, (open_op, _) in enumerate(self._saves) if op is None or open_op is op]
+        if not found:
             return None
+        op, growing = self._saves.pop(found[-1])
+        growing.close()
         try:
             self.last_save = op.finish(error)
             self.lifetime.blocked(op.start_ns, op.start_ns + int(self.last_save.wall_s * 1e9))
@@ -389,9 +408,11 @@ class TracingSession:
         try:
             yield op
         except BaseException as exc:
-            self.end_save(exc)
+            if op is not None:  # this block's save only, never one around it
+                self.end_save(exc, op)
             raise
-        self.end_save()
+        if op is not None:
+            self.end_save(op=op)
 
     def begin_background_save(self, attributes: dict[str, Any], queued_by) -> Operation | None:
         """The background half of an asynchronous save (a writer thread or process): its own

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import logging
+import pickle
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +18,10 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from ckptprof.errors import VerifyError
-from ckptprof.integrations.lightning import CkptProf
+from ckptprof.integrations.lightning import CkptProf, LightningInstrumentor
+from ckptprof.integrations.patching import is_ours, resolve
+from ckptprof.tracing.times import span_ns
+from ckptprof.tracing.watchdog import watchdog
 from tests.conftest import (
     RESTORE_PHASES,
     assert_memory_recorded,
@@ -230,6 +237,41 @@ def test_unreachable_collector_does_not_break_training(tmp_path, monkeypatch, ca
     assert len([r for r in caplog.records if "could not export" in r.message]) == 1
 
 
+def test_a_presigned_url_resumes_and_its_secrets_reach_no_span_nor_log(tmp_path, caplog):
+    """``fit(ckpt_path=<presigned http URL>)`` (served on 127.0.0.1): Lightning reads it,
+    and the span names the object without its signature or credential."""
+    import functools
+    import http.server
+
+    make_trainer(tmp_path, 5, None).fit(TinyModel(), data())
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(tmp_path / "ckpt"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    where = f"127.0.0.1:{server.server_port}/last.ckpt"
+    url = f"http://{where}?X-Amz-Credential=AKIASECRET&X-Amz-Signature=SIGSECRET"
+    callback = CkptProf(trace_dir=tmp_path / "t")
+    try:
+        with caplog.at_level(logging.DEBUG, logger="ckptprof"):
+            trainer = make_trainer(tmp_path / "again", 8, callback)
+            trainer.fit(TinyModel(), data(), ckpt_path=url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert trainer.global_step == 8
+    restore = next(s for s in spans_in(tmp_path / "t") if s["name"] == "ckpt.restore")
+    assert restore["attributes"]["ckpt.path"] == f"http://{where}"
+    written = "".join(p.read_text() for p in (tmp_path / "t").rglob("*") if p.is_file())
+    logged = "".join(r.getMessage() for r in caplog.records if r.name == "ckptprof")
+    assert "RTO" in logged  # ckptprof's own line (Lightning's own log is its business)
+    for secret in ("AKIASECRET", "SIGSECRET"):
+        assert secret not in written and secret not in logged
+
+
 # DDP with two processes: tests/test_guest.py runs it with and without ckptprof and
 # checks the rank tags.
 
@@ -411,3 +453,145 @@ def test_an_unwritable_state_dir_is_named_once_and_training_goes_on(tmp_path, mo
     assert not any("internal error" in m for m in ours)
     assert trainer.global_step == 10  # the training went on to its end
     assert (tmp_path / "ckpt" / "last.ckpt").exists()  # the job's own checkpoints are there
+
+
+# ---------------------------------------------------------------------- review fixes
+
+
+class SavesInsideTheSave(L.Callback):
+    """A save inside the first save, as Lightning's SLURM SIGUSR1 requeue handler
+    (``trainer.save_checkpoint``) firing while the trainer saves, or a hook that saves."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.done = path, False
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        if not self.done:
+            self.done = True
+            trainer.save_checkpoint(self.path)
+
+
+def test_a_save_inside_a_save_is_its_own_span_and_nothing_stays_open(tmp_path):
+    """Once the inner save ended the outer one: the outer span was never exported, and
+    after fit() the watchdog thread went on watching it, logging a stalled save."""
+    callback = CkptProf(trace_dir=tmp_path / "t")
+    inner = tmp_path / "hpc_ckpt_1.ckpt"
+    trainer = make_trainer(tmp_path, 5, callback)
+    trainer.callbacks.append(SavesInsideTheSave(inner))
+    trainer.fit(TinyModel(), data())
+    assert watchdog().watched() == []
+    deadline = time.monotonic() + 5
+    while "ckptprof-watchdog" in {t.name for t in threading.enumerate()}:
+        assert time.monotonic() < deadline, "the watchdog thread outlived fit()"
+        time.sleep(0.05)
+    spans = spans_in(tmp_path / "t")
+    saves = {s["attributes"]["ckpt.path"]: s for s in spans if s["name"] == "ckpt.save"}
+    outer = saves[str(tmp_path / "ckpt" / "epoch=0-step=5.ckpt")]
+    assert str(inner) in saves and inner.exists()
+    assert {"ckpt.serialize", "ckpt.write", "ckpt.commit"} <= set(children(spans, outer))
+    assert {"ckpt.write", "ckpt.commit"} <= set(children(spans, saves[str(inner)]))
+    when = {edge: span_ns(saves[str(inner)][edge]) for edge in ("start_time", "end_time")}
+    assert span_ns(outer["start_time"]) <= when["start_time"] <= when["end_time"]
+    assert when["end_time"] <= span_ns(outer["end_time"])  # the inner save inside the outer
+    assert callback._instrumentor.session.save_op is None
+
+
+def _namespaces(trainer) -> dict[str, object]:
+    """The instance attribute (or none) of every method in the patch table."""
+    return {
+        target.label: vars(resolve(trainer, target.owner)).get(target.name, "(absent)")
+        for target in LightningInstrumentor.targets
+    }
+
+
+def _assert_as_before(trainer, before: dict[str, object]) -> None:
+    after = _namespaces(trainer)
+    assert all(after[label] is value for label, value in before.items()), after
+    for owner in {target.owner for target in LightningInstrumentor.targets}:
+        assert not [v for v in vars(resolve(trainer, owner)).values() if is_ours(v)]
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_stacked_instrumentors_come_off_in_any_order(tmp_path, order):
+    """Removed in placement order, the upper layer put back the lower, dead one: the
+    objects kept ckptprof's attributes, one more dead layer per run."""
+    trainer = make_trainer(tmp_path, 3, None)
+    own = trainer.strategy.remove_checkpoint  # one attribute the user placed on the instance
+    trainer.strategy.remove_checkpoint = own
+    before = _namespaces(trainer)
+    stacked = [LightningInstrumentor(trace_dir=tmp_path / "t") for _ in range(3)]
+    for instrumentor in stacked:
+        instrumentor.instrument(trainer)
+    for target in LightningInstrumentor.targets:
+        assert is_ours(vars(resolve(trainer, target.owner))[target.name]), target.label
+    for index in order:
+        stacked[index].uninstrument()
+    _assert_as_before(trainer, before)
+    assert vars(trainer.strategy)["remove_checkpoint"] is own
+
+
+def test_two_callbacks_on_one_trainer_both_trace_and_leave_nothing(tmp_path):
+    first, second = CkptProf(trace_dir=tmp_path / "a"), CkptProf(trace_dir=tmp_path / "b")
+    trainer = example_trainer(tmp_path, 5, [first, second], checkpoint_dir=tmp_path / "ckpt")
+    before = _namespaces(trainer)
+    trainer.fit(TinyModel(), data())
+    _assert_as_before(trainer, before)
+    trainer.fit_loop.epoch_loop.max_steps = 8
+    trainer.fit(TinyModel(), data(), ckpt_path="last")  # the same trainer again
+    _assert_as_before(trainer, before)
+    assert trainer.global_step == 8
+    for callback in (first, second):
+        assert callback.last_save is not None and callback.last_restore is not None
+
+
+def test_copies_of_a_traced_trainer_are_as_without_ckptprof(tmp_path):
+    """Every patched attribute of every framework object: a deep copy or an unpickled
+    trainer has its own methods, never a wrapper that calls into the original."""
+    callback = CkptProf(trace_dir=tmp_path / "t")
+    trainer = make_trainer(tmp_path, 3, callback)
+    callback.setup(trainer, None, "fit")
+    try:
+        placed = {(id(layer.obj), layer.name) for layer in callback._instrumentor.patcher.layers}
+        targets = LightningInstrumentor.targets
+        assert placed == {(id(resolve(trainer, t.owner)), t.name) for t in targets}
+        for copy_of in (copy.deepcopy, lambda obj: pickle.loads(pickle.dumps(obj))):
+            copied = copy_of(trainer)
+            for target in targets:
+                obj, twin = resolve(trainer, target.owner), resolve(copied, target.owner)
+                assert is_ours(vars(obj)[target.name])  # the original's layer stays
+                method = getattr(twin, target.name)
+                assert not hasattr(method, "__ckptprof_layer__"), target.label
+                assert method.__self__ is twin, target.label
+                assert method.__func__ is getattr(type(obj), target.name), target.label
+        copied.fit(TinyModel(), data())  # trains, saves, untraced: the original's session
+        assert callback.last_save is None
+    finally:
+        callback.teardown(trainer, None, "fit")
+
+
+def test_with_gradient_accumulation_the_first_step_is_the_first_optimizer_step(tmp_path):
+    """first_step ended at the first micro-batch's end, before any optimizer step (its
+    ckpt.step was the restored step); a notice was looked at on every micro-batch."""
+    accumulate = 4
+    first = make_trainer(tmp_path, 2, CkptProf(trace_dir=tmp_path / "t"), accumulate_grad_batches=4)
+    first.fit(TinyModel(), data())
+    callback = CkptProf(trace_dir=tmp_path / "t", interruptions=True)
+    restore_open, noticed = [], []
+
+    class Watch(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            guard = callback._instrumentor.interruptions
+            step_end = guard.step_end
+            guard.step_end = lambda step: (noticed.append(step), step_end(step))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            restore_open.append(callback._instrumentor.session.restore_op is not None)
+
+    trainer = make_trainer(tmp_path, 4, callback, accumulate_grad_batches=accumulate)
+    trainer.callbacks.append(Watch())
+    trainer.fit(TinyModel(), data(), ckpt_path="last")
+    restore = callback.last_restore
+    assert restore.attributes["ckpt.restored_step"] == 2
+    assert restore.attributes["ckpt.step"] == 3  # one optimizer step after the restored one
+    assert restore_open[:accumulate] == [True] * (accumulate - 1) + [False]
+    assert noticed == [3, 4]  # once per optimizer step, as on HF and DeepSpeed

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import logging
+import pickle
 from unittest import mock
 
 import pytest
@@ -119,3 +122,59 @@ def test_a_scoped_layer_over_a_kept_one_goes_away_alone(patcher):
     assert inner == [("a",)] and outer == [("a",), ("b",)]
     patcher.unwrap_all()
     assert "load" not in vars(obj)
+
+
+def own_load(path, map_location=None):
+    """An instance attribute of the user's own, under ckptprof's layers."""
+    return f"own {path}"
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["class-method", "own-attribute"])
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_stacked_layers_of_ckptprof_come_off_in_any_order(order, own):
+    """Taken off in placement order, the upper layer put the lower, dead one back: the
+    attribute stayed, one dead layer deeper per run."""
+    obj = Loader()
+    if own:
+        obj.load = own_load
+    before = dict(vars(obj))
+    patchers = [Patcher("testframework", "pytest", "1.0 to 9.9") for _ in range(3)]
+    calls = [[] for _ in patchers]
+    for patcher, seen in zip(patchers, calls, strict=True):
+        patcher.wrap(obj, "load", counting(seen))
+    with patchers[0].scoped(obj, "load", counting([])):  # a call's own layer on top
+        obj.load("a")
+    assert calls == [[("a",)]] * 3
+    removed = set()
+    for index in order:
+        patchers[index].unwrap_all()
+        removed.add(index)
+        obj.load(f"after {index}")
+        traced = [(f"after {index}",) in seen for seen in calls]
+        assert traced == [i not in removed for i in range(3)]  # the others still trace
+    assert vars(obj) == before and all(vars(obj)[k] is v for k, v in before.items())
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["class-method", "own-attribute"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_copy_gets_the_attribute_it_would_have_without_ckptprof(layers, own):
+    """A deep copy's wrapper called the original's method; a pickle raised."""
+    obj = Loader()
+    if own:
+        obj.load = own_load
+    patchers = [Patcher("testframework", "pytest", "1.0 to 9.9") for _ in range(layers)]
+    calls: list = []
+    for patcher in patchers:
+        patcher.wrap(obj, "load", counting(calls))
+    for copy_of in (copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o))):
+        twin = copy_of(obj)
+        if own:
+            assert vars(twin)["load"] is own_load
+        else:
+            assert twin.load.__self__ is twin and twin.load.__func__ is Loader.load
+        assert twin.load("c") in ("loaded c", "own c") and calls == []
+        alone = copy_of(vars(obj)["load"])  # the layer copied by itself
+        assert not hasattr(alone, "__ckptprof_layer__") and alone("d") in ("loaded d", "own d")
+    assert is_ours(vars(obj)["load"])  # the original keeps ckptprof's layer
+    for patcher in patchers:
+        patcher.unwrap_all()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -19,6 +22,7 @@ from transformers import Trainer, TrainerCallback
 
 from ckptprof.cli import main
 from ckptprof.errors import VerifyError
+from ckptprof.integrations.patching import is_ours, resolve
 from ckptprof.integrations.transformers import CkptProfCallback, instrument, uninstrument
 from ckptprof.tracing.pieces import JOIN_GAP_NS
 from ckptprof.tracing.times import span_ns
@@ -575,6 +579,61 @@ def test_unreachable_collector_does_not_hurt_training(tmp_path, monkeypatch, cap
     assert len([r for r in caplog.records if "could not export" in r.message]) == 1
 
 
+def test_a_collector_endpoint_that_does_not_parse_never_stops_training(
+    tmp_path, monkeypatch, caplog
+):
+    """An unexpanded ``${OTEL_PORT}`` in the endpoint: training runs, nothing of ckptprof
+    stays on the Trainer, and the credentials in the endpoint are in no log line."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://me:pw-secret@collector:${OTEL_PORT}")
+    trainer, callback = traced(tmp_path, 5)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+        callback.detach()
+    assert trainer.state.global_step == 5
+    assert not [n for n, v in vars(trainer).items() if hasattr(v, "__ckptprof_layer__")]
+    assert [s for s in spans_in(tmp_path / "traces") if s["name"] == "ckpt.save"]
+    assert not [r for r in caplog.records if "pw-secret" in r.getMessage()]
+
+
+def test_telemetry_that_fails_to_start_leaves_training_untraced(tmp_path, monkeypatch, caplog):
+    from ckptprof.integrations.session import TracingSession
+
+    def broken(self):
+        raise RuntimeError("ckptprof start bug")
+
+    monkeypatch.setattr(TracingSession, "start", broken)
+    trainer, callback = traced(tmp_path, 5)
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        trainer.train()
+        folder = callback.save()  # the save from outside the loop still happens
+    assert trainer.state.global_step == 5 and Path(folder, "optimizer.pt").exists()
+    assert not [n for n, v in vars(trainer).items() if hasattr(v, "__ckptprof_layer__")]
+    assert any("ckptprof start bug" in r.getMessage() for r in caplog.records)
+
+
+def test_resume_true_goes_on_when_the_records_cannot_be_read(tmp_path, monkeypatch, caplog):
+    """EIO from ckptprof's state folder (an NFS failure) while ``resume_from_checkpoint=True``
+    looks for the last complete checkpoint: the Trainer resumes from its own choice."""
+    import errno
+
+    from ckptprof.state import StateStore
+
+    traced(tmp_path, 5)[0].train()
+
+    def eio(self, *args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(StateStore, "names", eio)
+    monkeypatch.setattr(StateStore, "read", eio)
+    trainer, callback = traced(tmp_path, 7)
+    with caplog.at_level(logging.WARNING, logger="ckptprof"):
+        trainer.train(resume_from_checkpoint=True)
+    assert trainer.state.global_step == 7
+    restore = callback.last_restore
+    assert restore is not None
+    assert restore.attributes["ckpt.path"].endswith("checkpoint-5")
+
+
 # ---------------------------------------------------------------------- interruptions
 def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     """A real SIGTERM to a real training process, then a resume in a new process."""
@@ -800,3 +859,57 @@ def test_bad_interruption_options_are_one_clear_error(tmp_path):
     callback = CkptProfCallback(trace_dir=tmp_path / "t", interruptions={"sources": ["nope"]})
     with pytest.raises(CkptprofError, match=r"unknown notice source 'nope'"):
         make_trainer(tmp_path, 2, [callback]).train()
+
+
+def _pickled(obj):
+    return pickle.loads(pickle.dumps(obj))
+
+
+def copies_behave_as_without_ckptprof(directory: str) -> None:
+    """Every attribute ckptprof places on the Trainer, before train() and within it, on
+    a deep copy and an unpickled copy: the copy's own method, never ckptprof's wrapper;
+    each copy trains itself, and the original is traced as usual after."""
+    trainer, callback = traced(Path(directory), 2)
+    instrumentor = callback._instrumentor
+    with contextlib.ExitStack() as scope:
+        for placed in (instrumentor.targets, instrumentor.call_targets):
+            if placed is instrumentor.call_targets:  # what train() places for its call
+                instrumentor.apply(placed, trainer, scope)
+            applied = [
+                t for t in placed if t.when is None or getattr(instrumentor, t.when)(trainer)
+            ]
+            assert applied
+            for copy_of in (copy.deepcopy, _pickled):
+                twin = copy_of(trainer)
+                for target in applied:
+                    obj, mine = resolve(trainer, target.owner), resolve(twin, target.owner)
+                    assert is_ours(vars(obj)[target.name]), target.label  # the original's
+                    method = getattr(mine, target.name)
+                    assert not hasattr(method, "__ckptprof_layer__"), target.label
+                    assert method.__self__ is mine, target.label
+                    assert method.__func__ is getattr(type(obj), target.name), target.label
+    # both copies first: once a Trainer has trained, accelerate's shared GradientState
+    # holds a weakref and no Trainer of the process pickles (with or without ckptprof)
+    for twin in [copy.deepcopy(trainer), _pickled(trainer)]:
+        twin.train()
+        assert twin.state.global_step == 2 and trainer.state.global_step == 0
+    assert callback.last_save is None  # the copies' saves were never the original's
+    trainer.train()
+    assert trainer.state.global_step == 2 and callback.last_save is not None
+    assert not any(hasattr(v, "__ckptprof_layer__") for v in vars(trainer).values())
+
+
+def test_a_traced_trainer_pickles_and_deep_copies_as_without_ckptprof(tmp_path):
+    """The ``train`` wrapper on the instance made pickle.dumps(trainer) raise (Ray Tune
+    pickles Trainers), and a deep copy's train() trained the original. In a fresh
+    process: a Trainer trained earlier in this one makes every Trainer unpicklable."""
+    check = "from tests.test_transformers import copies_behave_as_without_ckptprof as check"
+    check += f"; check({str(tmp_path)!r})"
+    done = subprocess.run(
+        [sys.executable, "-c", check],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=270,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
