@@ -503,3 +503,40 @@ def test_a_replay_to_an_endpoint_that_is_no_url_names_the_variable(tmp_path, var
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert variable + "=" in lines[0] and "http://collector:4318" in lines[0], lines[0]
     assert "secret" not in lines[0] and "unexpected" not in lines[0]
+
+
+def test_a_collector_known_down_costs_each_later_shutdown_one_short_wait(
+    tmp_path, clean_otel_env, monkeypatch
+):
+    """The first shutdown finds the collector down (its request timeout, one warning);
+    every later one in the process (a fit per trial of a sweep) waits one short try, not
+    the timeout again, and the trace file still has every span. A collector that answers
+    is waited for in full."""
+    from ckptprof.tracing import export
+
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
+    waits = []
+    real_bounded = export._bounded
+
+    def bounded(fn, timeout_s, target=None):
+        if getattr(fn, "__self__", None) is not None and "Span" in type(fn.__self__).__name__:
+            waits.append(timeout_s)
+        return real_bounded(fn, timeout_s, target)
+
+    monkeypatch.setattr(export, "_bounded", bounded)
+    with refused_port() as port:
+        clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        for trial in range(3):
+            telemetry = setup_telemetry(tmp_path / str(trial))
+            record_one_restore(telemetry)
+            telemetry.shutdown()
+            assert len(read_spans(telemetry.trace_file)) == 3
+    network = waits[1::2]  # each shutdown: the trace file's wait, then the network's
+    assert network[0] == 2.0 + export.NETWORK_FLUSH_MARGIN_S
+    assert network[1:] == [export.FAILING_FLUSH_S] * 2
+    with collector(200, b"") as (endpoint, _):
+        clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        telemetry = setup_telemetry(tmp_path / "back")
+        record_one_restore(telemetry)
+        telemetry.shutdown()
+    assert waits[-1] == 2.0 + export.NETWORK_FLUSH_MARGIN_S

@@ -43,6 +43,9 @@ PROVIDER_SHUTDOWN_TIMEOUT_S = 2.0
 # shutdown waits for the collector this much longer than a request may take, so the
 # last batch's failure (and its warning) is seen before the process ends
 NETWORK_FLUSH_MARGIN_S = 2.0
+#: the wait at shutdown for a collector whose last export failed: one more try, not the
+#: whole request timeout at every fit's end (the trace file holds the spans; warned once)
+FAILING_FLUSH_S = 1.0
 #: the longest an exit path (the process ends next) waits for spans to leave
 EXIT_FLUSH_MAX_S = 5.0
 #: the share of a notice's remaining grace that flush may take (the rest is the job's)
@@ -140,11 +143,12 @@ class Telemetry:
         if self.file_processor is not None:
             _bounded(self.file_processor.shutdown, FILE_FLUSH_TIMEOUT_S, "the trace file")
         if self.network_processor is not None and self.network_exporter is not None:
-            _bounded(
-                self.network_processor.shutdown,
-                self.network_exporter.timeout_s + NETWORK_FLUSH_MARGIN_S,
-                self.network_exporter.description,
-            )
+            exporter = self.network_exporter
+            if exporter.failing:  # known down: warned once already
+                _bounded(self.network_processor.shutdown, FAILING_FLUSH_S)
+            else:
+                wait_s = exporter.timeout_s + NETWORK_FLUSH_MARGIN_S
+                _bounded(self.network_processor.shutdown, wait_s, exporter.description)
         # processors are down: this only marks the provider shut
         _bounded(self.provider.shutdown, PROVIDER_SHUTDOWN_TIMEOUT_S)
 

@@ -23,6 +23,9 @@ log = logging.getLogger("ckptprof")
 # Endpoints already warned about, process-wide: a job that makes several exporters
 # (one per fit) still gets one warning per unreachable collector.
 _WARNED_ENDPOINTS: set[str] = set()
+# Endpoints whose last export in this process failed (a success takes one off): a later
+# shutdown does not wait the whole request timeout again for a collector known down.
+_FAILING_ENDPOINTS: set[str] = set()
 
 
 class WarnOnceExporter(SpanExporter):
@@ -88,14 +91,23 @@ class WarnOnceExporter(SpanExporter):
                 reason,
             )
 
+    @property
+    def failing(self) -> bool:
+        """Whether the last export to this endpoint, in this process, failed."""
+        return self.description in _FAILING_ENDPOINTS
+
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
             result = self.inner.export(spans)
         except Exception as exc:  # noqa: BLE001 - the exporter must never raise into the job
+            _FAILING_ENDPOINTS.add(self.description)
             self._warn(f"{type(exc).__name__}: {exc}")
             return SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
+            _FAILING_ENDPOINTS.add(self.description)
             self._warn("the collector did not accept the batch")
+        else:
+            _FAILING_ENDPOINTS.discard(self.description)
         return result
 
     def shutdown(self) -> None:
