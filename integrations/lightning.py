@@ -197,6 +197,14 @@ class LightningInstrumentor(Instrumentor):
         if self.session.restore_op is not None:
             self.batch_fetched(batch_idx)
 
+    def evaluation_started(self, trainer) -> None:
+        """``validate``/``test``/``predict(ckpt_path=…)``: no training step follows the
+        load, so the restore ends at the state restored (left open, it timed the whole
+        evaluation and its watchdog named a long one a stalled restore). ``fit``'s own
+        validation is left alone: the first training step ends its restore."""
+        if self.session.restore_op is not None and trainer.state.fn != "fit":
+            self.session.end_restore()
+
     def batch_ended(self, trainer) -> None:
         """A batch ended: a step ended only when an optimizer step ran in it (with
         ``accumulate_grad_batches`` > 1 most batches only add gradients); then the step
@@ -419,6 +427,18 @@ class CkptProf(GuestCallback, Callback):
     @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._instrumentor.batch_started(trainer, batch_idx)
+
+    @override
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._instrumentor.evaluation_started(trainer)
+
+    @override
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._instrumentor.evaluation_started(trainer)
+
+    @override
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self._instrumentor.evaluation_started(trainer)
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

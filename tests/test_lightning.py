@@ -595,3 +595,37 @@ def test_with_gradient_accumulation_the_first_step_is_the_first_optimizer_step(t
     assert restore.attributes["ckpt.step"] == 3  # one optimizer step after the restored one
     assert restore_open[:accumulate] == [True] * (accumulate - 1) + [False]
     assert noticed == [3, 4]  # once per optimizer step, as on HF and DeepSpeed
+
+
+class _SeesTheRestore(L.Callback):
+    """Records, as each evaluation batch starts, whether a restore is still open."""
+
+    def __init__(self, traced: CkptProf) -> None:
+        self.traced, self.open = traced, []
+
+    def _batch(self, *_args, **_kw) -> None:
+        self.open.append(self.traced._instrumentor.session.restore_op is not None)
+
+    on_validation_batch_start = on_test_batch_start = on_predict_batch_start = _batch
+
+
+@pytest.mark.parametrize("stage", ["validate", "test", "predict"])
+def test_an_evaluation_from_a_checkpoint_ends_its_restore_at_the_state(stage, tmp_path):
+    """``trainer.validate(ckpt_path=…)`` and its kin run no training step: the restore
+    ends before the first evaluation batch (it stayed open through the evaluation, its
+    wall time the evaluation's and its watchdog naming a stalled restore), no first step."""
+    make_trainer(tmp_path, 3, None).fit(TinyModel(), data())
+    [ckpt] = list((tmp_path / "ckpt").glob("*.ckpt"))
+    callback = CkptProf(trace_dir=tmp_path / "t")
+    seen = _SeesTheRestore(callback)
+    trainer = make_trainer(tmp_path / "eval", 3, callback)
+    trainer.callbacks.append(seen)
+    model = TinyModel()
+    model.validation_step = model.test_step = model.training_step
+    model.predict_step = lambda batch, batch_idx: model.net(batch[0])
+    getattr(trainer, stage)(model, data(32), ckpt_path=str(ckpt))
+    assert seen.open and not any(seen.open)
+    assert watchdog().watched() == []
+    [restore] = [s for s in spans_in(tmp_path / "t") if s["name"] == "ckpt.restore"]
+    phases = set(children(spans_in(tmp_path / "t"), restore))
+    assert "ckpt.deserialize" in phases and "ckpt.first_step" not in phases
