@@ -78,8 +78,8 @@ class _Call:
         self.owned = False
         if self.kind == "restore":
             self.session.end_restore(error)
-        else:
-            self.session.end_save(error)
+        elif self.op is not None:  # this call's save (none if it failed to begin)
+            self.session.end_save(error, self.op)
         self.op = None
 
 
