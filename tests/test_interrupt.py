@@ -518,7 +518,7 @@ def test_a_notice_on_one_rank_saves_every_rank_at_the_same_step(tmp_path):
     job = Path(__file__).with_name("agree_job.py")
 
     def run(*flags):
-        out = tmp_path / ("agree" if not flags else "apart")
+        out = tmp_path / ("-".join(flags) or "agree")
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", "2", str(job), str(out), *flags]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=300,
@@ -531,3 +531,10 @@ def test_a_notice_on_one_rank_saves_every_rank_at_the_same_step(tmp_path):
     assert [r["source"] for r in agreed] == ["peer", "sigusr1"]
     apart = run("--no-agree")  # without the agreement only the signalled rank saves
     assert [r["saved"] for r in apart] == [[], [3]]
+    # a rank that gave up waiting for a step boundary: every rank gives up with it, and
+    # the ranks stay in step (its agreement skipped, the peer's met a training
+    # collective: a hang)
+    gave_up = run("--give-up")
+    assert [r["saved"] for r in gave_up] == [[], []]
+    assert [r["outcome"] for r in gave_up] == ["none", "none"]
+    assert [r["steps"] for r in gave_up] == [7, 7]

@@ -57,6 +57,8 @@ log = logging.getLogger("ckptprof")
 MIN_HANDOFF_S = 3.0
 #: the source of a notice another rank saw (agreed at a step boundary)
 PEER_SOURCE = "peer"
+#: what a rank brings to the agreement (the largest wins): nothing, a notice, given up
+_NOTHING, _NOTICE, _GAVE_UP = 0, 1, 2
 NOTICE_SPAN, EMERGENCY_SAVE_SPAN = Phase.NOTICE.span_name, Phase.EMERGENCY_SAVE.span_name
 
 
@@ -139,6 +141,9 @@ class InterruptionGuard:
         self._lock = threading.Lock()
         self._root = None
         self._handled = False
+        self._gave_up = False  # handled without a save (no step boundary came in time)
+        #: the ranks agreed on a notice: no more agreements (every rank stops at once)
+        self._agreed = False
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._step_times: collections.deque[int] = collections.deque(maxlen=16)
@@ -183,6 +188,7 @@ class InterruptionGuard:
         """Record a notice that gets no emergency save; False when it was handled already."""
         if not self._claim():
             return False
+        self._gave_up = True
         if self._root is None or self.record is None:
             return True
         try:
@@ -302,11 +308,11 @@ class InterruptionGuard:
         rank saves at the same step (a save needs all of them)."""
         self.last_step, self.last_step_ns = step, time.time_ns()
         self._step_times.append(self.last_step_ns)
+        if not self._agreed:  # on every rank at the same steps, whatever this one handled
+            self._agree_across_ranks()
         if self._handled and self.watcher.signum is not None:
             self.watcher.chain()  # a signal after the notice was already saved for
             return
-        if not self._handled:
-            self._agree_across_ranks()
         if self.watcher.notice is None:
             return
         self._open()
@@ -314,9 +320,12 @@ class InterruptionGuard:
             self.emergency_save(step)
 
     def _agree_across_ranks(self) -> None:
-        """One all-reduce of one flag per step while no notice is handled (every rank calls
-        step_end at the same steps): a notice seen by any rank is taken by all, as a notice
-        from a peer rank. Nothing in a one-process job or when turned off."""
+        """One all-reduce of one flag per step until the ranks agree on a notice (every
+        rank calls step_end at the same steps, and all stop agreeing at the same one): a
+        notice seen by any rank is taken by all, as a notice from a peer rank; a rank that
+        gave up on it (no step boundary came in time) makes every rank give up, so that no
+        rank starts a save the others will not join. Nothing in a one-process job or when
+        turned off."""
         group = _job_group() if self.agree_across_ranks else None
         if group is None:
             return
@@ -324,18 +333,26 @@ class InterruptionGuard:
         import torch.distributed as dist
 
         seen = self.watcher.notice is not None
+        state = _GAVE_UP if self._gave_up else _NOTICE if seen else _NOTHING
         try:
             device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
-            flag = torch.tensor([int(seen)], dtype=torch.int32, device=device)
+            flag = torch.tensor([state], dtype=torch.int32, device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         except Exception as exc:  # noqa: BLE001 - the job's own collectives will tell
             self.agree_across_ranks = False  # never again: a half-done agreement must not hang
             self.inst.warn_once("interruption agreement", exc)
             return
-        if flag.item() and not seen:
+        agreed = int(flag.item())
+        if agreed == _NOTHING:
+            return
+        self._agreed = True
+        if not seen:
             now = time.time_ns()
             grace = int(self.watcher.signal_grace_s * 1e9)
             self.watcher.inject(Notice(PEER_SOURCE, now, now + grace, True, "another rank's"))
+        if agreed == _GAVE_UP and not self._handled:
+            self._open()
+            self._give_up("another rank gave up on the emergency save")
 
     def emergency_save(self, step: int) -> None:
         """Save now under ``ckpt.emergency_save``, record the outcome, hand the signal on."""
