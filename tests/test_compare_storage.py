@@ -29,12 +29,12 @@ def synth(*args: str) -> None:
 
 
 def save_and_restore(location: str, out: Path, first_step_s: float) -> None:
-    """A real ``synth save`` (two saves, by the default writer: the same on every storage)
-    and two cold restores of what it wrote, into ``out/save`` and ``out/restore``."""
-    synth("save", location, "--layout", "torch", "--scale", str(TINY_SCALE), "--repeat", "2",
+    """A real ``synth save`` (three saves, by the default writer: the same on every
+    storage) and three cold restores of what it wrote, into ``out/save`` and ``out/restore``."""
+    synth("save", location, "--layout", "torch", "--scale", str(TINY_SCALE), "--repeat", "3",
           "--ceiling-gbps", "2", "--out", str(out / "save"))  # fmt: skip
     synth("restore", location, "--strategy", "pipelined", "--cache", "cold", "--concurrency",
-          "2", "--repeat", "2", "--first-step-s", str(first_step_s), "--ceiling-gbps", "1",
+          "2", "--repeat", "3", "--first-step-s", str(first_step_s), "--ceiling-gbps", "1",
           "--no-report", "--out", str(out / "restore"))  # fmt: skip
 
 
@@ -213,3 +213,23 @@ def test_the_same_runs_compared_with_themselves_have_no_difference_to_separate()
     walls = [1.2345678, 1.3, 1.25]
     assert repeats_to_separate(walls, [w + 1e-9 for w in walls]) is None
     assert repeats_to_separate(walls, [w + 0.01 for w in walls]) > len(walls)
+
+
+def test_the_gate_fails_when_every_repeat_is_slower_by_more_than_the_limit():
+    """Medians 14% apart with repeats that do not overlap is what two runs of the same
+    code give at a 10% spread: no failure. A regression whose fastest repeat is slower
+    than the base's slowest by more than the limit fails; two repeats a side are not
+    enough to judge."""
+    from ckptprof.report.compare import judge
+    from ckptprof.report.comparison import Entry
+
+    def entry(source, walls):
+        return Entry(source, "cold c=8", walls)
+
+    base = entry("base", [1.0, 1.05, 1.1])
+    (noise,) = judge(base, entry("new", [1.15, 1.2, 1.25]), 0.10)
+    assert noise.beyond_spread and noise.change > 0.10 and not noise.slower
+    (regression,) = judge(base, entry("new", [1.25, 1.3, 1.4]), 0.10)
+    assert regression.slower and regression.verdict == "slower"
+    (few,) = judge(entry("base", [1.0, 1.05]), entry("new", [2.0, 2.1]), 0.10)
+    assert not few.judged and not few.slower

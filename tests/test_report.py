@@ -17,6 +17,7 @@ from ckptprof.report import hints as H
 from ckptprof.report import hints_group as HG
 from ckptprof.report import hints_sweep as HS
 from ckptprof.report.breakdown import Breakdown, PhaseRow, SweepRow
+from ckptprof.report.comparison import MIN_REPEATS
 from ckptprof.report.records import RecordedCeiling
 from ckptprof.tracing import CheckpointTracer, setup_telemetry
 from ckptprof.tracing import recorder as recorder_module
@@ -1032,7 +1033,7 @@ def test_a_gate_that_compared_nothing_fails_naming_each_sides_settings(tmp_path,
     single["runs"] = [r for r in single["runs"] if r["cache"] == "hot"]
     lone = write_results(tmp_path / "lone", single)
     assert main(["compare", str(lone), str(lone), "--fail-if-slower", "10%"]) == 1
-    assert "fewer than 2 repeats" in capsys.readouterr().err
+    assert f"fewer than {MIN_REPEATS} repeats" in capsys.readouterr().err
     # without a gate a comparison of nothing is only a table: exit 0
     assert main(["compare", str(base), str(new)]) == 0
 

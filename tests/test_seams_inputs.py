@@ -289,13 +289,17 @@ def test_each_option_in_each_view_is_honoured_or_refused(inputs, tmp_path, capsy
         assert "Interruptions" in page.read_text()
 
 
-def test_interruptions_of_a_results_folder_are_read_from_its_traces(inputs, tmp_path, capsys):
+def test_interruptions_of_a_results_folder_are_read_from_its_traces(
+    inputs, checkpoints, tmp_path, capsys
+):
     """A folder holding a results.json is read from that file; its interruptions are in
     the traces beside it ("no interruptions" before). With none to tell, --html writes
     no page (it was written, then the view refused)."""
     run_dir = tmp_path / "run"
-    shutil.copytree(inputs["all mixed"] / "job" / "traces", run_dir / "traces")
-    shutil.copy(inputs["restore results"], run_dir / "results.json")
+    assert main(["synth", "restore", str(checkpoints("torch")), "--cache", "hot",
+                 "--concurrency", "1", "--repeat", "1", "--ceiling-gbps", "1", "--no-report",
+                 "--simulate-interruption", "--out", str(run_dir)]) == 0  # fmt: skip
+    capsys.readouterr()
     code, out, err = run(["report", "--interruptions", str(run_dir)], capsys)
     assert code == 0 and "interruption 1: simulated notice" in out, err
     page = tmp_path / "page.html"

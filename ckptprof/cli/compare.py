@@ -21,8 +21,9 @@ Repeats that overlap get no verdict: the repeats that would separate them are na
 The first PATH is the base.
 
 With --fail-if-slower, exits 1 when a setting (or one of its phases) of a later PATH is
-slower than the base by more than the limit AND beyond the repeats' spread (every repeat
-slower than every base repeat; at least 2 repeats each): noise does not fail a build.
+slower than the base by more than the limit in every repeat (its fastest repeat slower
+than the base's slowest by more than the limit; at least 3 repeats each): the limit
+clears the spread, so noise does not fail a build.
 Saves are judged as restores are; saves by different writers (--strategy) are not."""
 
 EPILOG = """\

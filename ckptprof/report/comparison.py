@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 from ckptprof.results_schema import fraction_of_ceiling
 
-MIN_REPEATS = 2  # a verdict needs at least this many repeats on each side
+#: a verdict needs at least this many repeats on each side: with 2, a gate over four
+#: settings of the same storage and code failed 12-29% of builds (simulated, 10-20% spread)
+MIN_REPEATS = 3
 #: what ranks a setting
 TTS, RTO, SAVE_TIME = "time to state", "RTO", "save time"
 SAVE = "save"  # the kind of operation
@@ -96,7 +98,9 @@ class Finding:
     change: float  # new / base - 1
     beyond_spread: bool
     judged: bool  # enough repeats on both sides (and the same writer) for a verdict
-    slower: bool  # beyond the limit and the spread: a regression
+    #: the gate: every repeat of the new slower than every base repeat by more than the
+    #: limit (the bounds, not the medians, clear it), on what ranks the setting
+    slower: bool
     #: repeats each side would need to separate the two at the spread observed
     repeats_needed: int | None = None
     comparable: bool = True  # False: saves by different writers, never ranked
