@@ -70,3 +70,24 @@ def test_a_read_probe_reads_at_most_its_share_of_the_sweep_and_says_so_first(
     read, _ = disk_bytes()
     assert 0 < read - before <= budget + SLACK < total
     assert "too few bytes for a steady figure" in found.source
+
+
+def test_a_read_probe_calls_its_reads_cold_only_where_the_cache_let_go(tmp_path):
+    """Files in memory (tmpfs: /dev/shm) stay cached whatever is evicted: the probe says
+    its reads were not cold, with how much was cached, instead of "cold reads" of the
+    cache's speed. On a disk the same probe's reads are cold."""
+    import shutil
+    import tempfile
+
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        for folder in (shm, tmp_path):
+            (folder / "a.bin").write_bytes(b"\x01" * (4 * MiB))
+        on_disk, in_memory = (ceiling.probe(PosixStorage(str(f)),
+                                            list(PosixStorage(str(f)).list()), MiB, 2)
+                              for f in (tmp_path, shm))  # fmt: skip
+    finally:
+        shutil.rmtree(shm)
+    assert "cold reads" in on_disk.source
+    assert "cold reads" not in in_memory.source
+    assert "100% still in the page cache" in in_memory.source

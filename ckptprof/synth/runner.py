@@ -33,7 +33,7 @@ from ckptprof.tracing.pieces import MAX_PIECES
 from ckptprof.tracing.tracer import CheckpointTracer
 from ckptprof.units import fmt_bytes
 
-COLD_RESIDENCY_LIMIT = 0.05
+COLD_RESIDENCY_LIMIT = ceiling_mod.COLD_RESIDENCY_LIMIT
 # failures worth counting and moving past in a sweep; anything else (an UnreachableError
 # included: a storage that stopped answering) stops it at once
 TRANSIENT_ERRORS = (StorageError, EOFError, ConnectionError, TimeoutError)
