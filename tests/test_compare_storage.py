@@ -233,3 +233,27 @@ def test_the_gate_fails_when_every_repeat_is_slower_by_more_than_the_limit():
     assert regression.slower and regression.verdict == "slower"
     (few,) = judge(entry("base", [1.0, 1.05]), entry("new", [2.0, 2.1]), 0.10)
     assert not few.judged and not few.slower
+
+
+def test_one_ranks_restore_reads_at_its_share_of_the_checkpoint(tmp_path):
+    """A restore of rank 0 of 4 read a quarter of the checkpoint: its read GB/s is that
+    quarter over its time to state, in the storage table and the save-vs-restore pair
+    (the checkpoint's whole size made it 4x too fast)."""
+    from ckptprof.report import load
+    from ckptprof.report.compare import compare
+
+    run = {"strategy": "pipelined", "cache": "cold", "concurrency": 8, "wall_s": 1.0,
+           "bytes": 4 * 10**8, "read_bytes": 10**8,
+           "phases": {"fetch": {"busy_s": 0.5, "bytes": 10**8}}}  # fmt: skip
+    doc = {"spec": {"model": "llama2-7b", "layout": "torch", "scale": 0.01},
+           "environment": {"storage.uri": str(tmp_path / "ckpt")}, "runs": [run] * 3}  # fmt: skip
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(doc))
+    found = compare([str(tmp_path / "a"), str(tmp_path / "b")])
+    [entry, _] = next(iter(found.entries.values()))
+    assert entry.gbps == pytest.approx(0.1)  # 10^8 bytes in 1 s
+    from ckptprof.report.checkpoint_cost import _restores
+
+    [(seconds, nbytes, _)] = _restores([], load([str(tmp_path / "a")]).results).values()
+    assert (seconds, nbytes) == (1.0, 10**8)  # what the save beside it is set against

@@ -144,7 +144,7 @@ def _restores(
             continue
         for run in result.runs:
             fetch = run.phases.get(Phase.FETCH.value)
-            nbytes = run.nbytes or ((fetch.nbytes or 0) if fetch else 0)
+            nbytes = bytes_read(run) or ((fetch.nbytes or 0) if fetch else 0)
             key = (run.cache, run.concurrency, run.strategy)
             cells[str(location)][key].append((time_to_state(run), nbytes))
     best: dict[str, tuple[float, int, str]] = {}
@@ -162,6 +162,15 @@ def _restores(
         )
         best[location] = (median(w for w, _ in runs), int(median(b for _, b in runs)), label)
     return best
+
+
+def bytes_read(run) -> int | None:
+    """What a synthetic restore's read GB/s is of: the bytes it read (one rank of a job
+    reads its share: the whole checkpoint's size would be 4x too fast for one of four),
+    never more than the checkpoint's (a re-read is not throughput)."""
+    if run.read_bytes and run.nbytes:
+        return min(run.read_bytes, run.nbytes)
+    return run.read_bytes or run.nbytes
 
 
 def time_to_state(run) -> float:
@@ -191,6 +200,7 @@ def intervals(
 
 __all__ = [
     "CheckpointInterval",
+    "bytes_read",
     "SaveRestore",
     "intervals",
     "pair_saves",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptprof.phases import Attr, Phase
-from ckptprof.report.checkpoint_cost import time_to_state, written_bytes
+from ckptprof.report.checkpoint_cost import bytes_read, time_to_state, written_bytes
 from ckptprof.report.comparison import SAVE, Entry
 from ckptprof.report.groups import CONFIG_ATTRS, rank_instances, short_label
 from ckptprof.report.load import load
@@ -62,8 +62,8 @@ def _results_entries(data: ReportData, label: str) -> list[Entry]:
             setting = _restore_setting(run.strategy, run.cache, run.concurrency)
             entry = by_setting.setdefault(
                 setting,
-                Entry(label, setting, [], checkpoint=what, synthetic=True, nbytes=run.nbytes,
-                      cache=run.cache, ceiling_gbps=ceiling),
+                Entry(label, setting, [], checkpoint=what, synthetic=True,
+                      nbytes=bytes_read(run), cache=run.cache, ceiling_gbps=ceiling),
             )  # fmt: skip
             entry.walls.append(run.wall_s)
             entry.tts.append(time_to_state(run))
