@@ -4,6 +4,7 @@ restore accepts, for every layout x strategy, on a local disk and on S3 (Seaweed
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,15 @@ def test_an_async_save_blocks_only_for_its_staging(tmp_path):
         # shorter than the background save it started
         assert root["end_time"] < bg_children["ckpt.write"]["end_time"]
         assert root["attributes"]["ckpt.wall_s"] < bg_root["attributes"]["ckpt.wall_s"]
+    # its GB/s is to the storage (blocking part and background write): the blocking part
+    # alone is a copy into memory, no share of a write ceiling, in every view
+    doc = json.loads((out / "save.json").read_text())
+    durable = statistics.median(s["wall_s"] + s["background_s"] for s in doc["saves"])
+    gbps = doc["saves"][0]["bytes"] / durable / 1e9
+    assert doc["summary"]["median_gbps"] == pytest.approx(gbps)
+    assert f"{gbps:.2f} GB/s to the storage" in saved.stdout
+    shown = run_cli("report", str(out))
+    assert shown.returncode == 0 and "of the write ceiling" not in shown.stdout, shown.stdout
     restored = restore_full(dest, tmp_path / "rout")
     assert restored.returncode == 0, restored.stderr
 

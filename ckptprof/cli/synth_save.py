@@ -162,9 +162,15 @@ def _save(args, spec, options, job=None) -> int:
     written = write_results(args.out, spec, options, result)
     share = f", {result.of_ceiling:.0%} of the write ceiling" if result.of_ceiling else ""
     who = f", {job.world} ranks at once (the slowest rank's time)" if job else ""
+    background = any(r.background_s is not None for r in result.records)
+    speed = (
+        f"{result.median_gbps:.2f} GB/s to the storage"
+        if background
+        else (f"{result.median_gbps:.2f} GB/s")
+    )
     print(
         f"save of {spec.model} {spec.scale_label()} ({spec.layout}, {options.strategy}) to "
-        f"{args.dest}: median {result.median_s:.3f} s, {result.median_gbps:.2f} GB/s{share} "
-        f"over {len(result.records)} saves{who}; results: {written}; {trace}"
+        f"{args.dest}: median {result.median_s:.3f} s{' blocking' if background else ''}, "
+        f"{speed}{share} over {len(result.records)} saves{who}; results: {written}; {trace}"
     )
     return 0

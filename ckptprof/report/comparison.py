@@ -16,6 +16,7 @@ MIN_REPEATS = 3
 #: what ranks a setting
 TTS, RTO, SAVE_TIME = "time to state", "RTO", "save time"
 SAVE = "save"  # the kind of operation
+ASYNC = "async"  # a save's strategy whose timed part blocks while the write goes on behind
 
 
 @dataclass
@@ -66,7 +67,10 @@ class Entry:
 
     @property
     def gbps(self) -> float | None:
-        """Bytes over the median of what ranks it: read GB/s by time to state, write GB/s."""
+        """Bytes over the median of what ranks it: read GB/s by time to state, write GB/s
+        (none for an async save: its time is the blocking copy into memory)."""
+        if self.kind == SAVE and self.writer == ASYNC:
+            return None
         return self.nbytes / self.median / 1e9 if self.nbytes and self.median > 0 else None
 
     @property

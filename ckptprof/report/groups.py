@@ -25,6 +25,7 @@ from ckptprof.report.breakdown import (
     ResumeMemory,
 )
 from ckptprof.report.checkpoint_cost import time_to_state, written_bytes
+from ckptprof.report.comparison import ASYNC
 from ckptprof.report.hints_group import group_hints
 from ckptprof.report.medians import (
     build_breakdown,
@@ -240,7 +241,10 @@ def group_operations(operations: Sequence[TraceOperation]) -> list[OperationGrou
             after_resume=after_resume(ops) if kind == "restore" else None,
             reads=_reads(instances) if kind == "restore" else None,
             memory=_memory(ops) if kind == "restore" else None,
-            write_ceiling_gbps=median_of(op.attr(Attr.SAVE_CEILING_GBPS) for op in good),
+            # an async save's blocking part is a copy into memory: no share of the ceiling
+            write_ceiling_gbps=None
+            if any(op.attr(Attr.STRATEGY) == ASYNC for op in good)
+            else median_of(op.attr(Attr.SAVE_CEILING_GBPS) for op in good),
             written_bytes=median_int(written_bytes(op) for op in good) if kind == "save" else None,
             skews=skews(kind, instances),
         )

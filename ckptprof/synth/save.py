@@ -65,8 +65,15 @@ class TimedSave:
     ranks: int = 1  # ranks that saved at once (the record of a job's save: all of them)
 
     @property
+    def durable_s(self) -> float:
+        """Until the bytes are on the storage: an async save's blocking part and its
+        background write together (what its GB/s is of; the blocking part alone is a copy
+        into memory)."""
+        return self.wall_s + (self.background_s or 0.0)
+
+    @property
     def gbps(self) -> float:
-        return self.bytes / self.wall_s / 1e9 if self.wall_s else 0.0
+        return self.bytes / self.durable_s / 1e9 if self.durable_s else 0.0
 
 
 @dataclass
@@ -83,7 +90,10 @@ class SaveResult:
 
     @property
     def median_gbps(self) -> float:
-        return self.records[0].bytes / self.median_s / 1e9 if self.median_s else 0.0
+        """The bytes over the median time to durable (an async save's background write
+        included: its blocking part's GB/s would be a memory copy's)."""
+        durable = median(r.durable_s for r in self.records)
+        return self.records[0].bytes / durable / 1e9 if durable else 0.0
 
     @property
     def of_ceiling(self) -> float | None:
@@ -437,10 +447,14 @@ def save_line(record: TimedSave) -> str:
         if record.background_s is not None
         else ""
     )
-    blocking = " blocking" if record.background_s is not None else ""
+    if record.background_s is not None:
+        return (
+            f"save #{record.repeat}: {record.wall_s:.3f} s blocking ({fmt_bytes(record.bytes)}; "
+            f"{parts}){background}: {record.gbps:.2f} GB/s to the storage{synced}"
+        )
     return (
-        f"save #{record.repeat}: {record.wall_s:.3f} s{blocking}, {record.gbps:.2f} GB/s "
-        f"({fmt_bytes(record.bytes)}; {parts}){background}{synced}"
+        f"save #{record.repeat}: {record.wall_s:.3f} s, {record.gbps:.2f} GB/s "
+        f"({fmt_bytes(record.bytes)}; {parts}){synced}"
     )
 
 
