@@ -175,25 +175,31 @@ def _sweep_table(sweep: Sweep) -> list[str]:
     any_emulated = False
 
     def build(level: int) -> list[str]:
-        """0: everything; 1: short phase names; 2: also no headline range; 3: no run count.
-        The headline: the time to state where a first step ran here (the storage's part;
-        the step and the RTO beside it), else the RTO."""
+        """0: everything; 1: short phase names; 2: also the headline's range as ±% of it;
+        3: no run count; 4: "GB/s" for "fetch GB/s" (said under the table). The headline:
+        the time to state where a first step ran here (the storage's part; the step and
+        the RTO beside it), else the RTO. Its spread stays at every width: a median
+        without it cannot be told from noise."""
         nonlocal any_emulated
         short, uncounted = level >= 2, level >= 3
         labels = [_SHORT_PHASE.get(n, n) if level else n for n in names]
         first = ["strategy"] if strategies else []
         counts = [] if uncounted else ["runs"]
         head = "to state" if to_state else "RTO s"
-        head += "" if short else " (min-max)"
+        head += " (±)" if short else " (min-max)"
         headers = [*first, "cache", "conc", *counts, head, *labels]
         headers += ["RTO s"] if to_state else []
-        headers += ["GB/s", "ceil"] + (["peak GB"] if peaks else [])
+        headers += ["GB/s" if level >= 4 else "fetch GB/s", "ceil"] + (["peak GB"] if peaks else [])
         rows = []
         for row in sweep.rows:
             b = row.breakdown
             spread = b.state_s if to_state and b.state_s else None
             median, low, high = spread or (b.wall_median_s, b.wall_min_s, b.wall_max_s)
-            headline = fmt_s(median) + ("" if short else f" ({fmt_s(low)}-{fmt_s(high)})")
+            if short:
+                off = max(high - median, median - low) / median if median else 0.0
+                headline = f"{fmt_s(median)} ±{off:.0%}"
+            else:
+                headline = f"{fmt_s(median)} ({fmt_s(low)}-{fmt_s(high)})"
             cells = [
                 *([b.strategy or "-"] if strategies else []),
                 str(b.cache or "-"),
@@ -218,10 +224,12 @@ def _sweep_table(sweep: Sweep) -> list[str]:
     strategies = len({row.breakdown.strategy for row in sweep.rows}) > 1
     to_state = "first_step" in names and any(r.breakdown.state_s for r in sweep.rows)
     peaks = any(row.breakdown.peak_rss_bytes for row in sweep.rows)
-    for level in range(4):
+    for level in range(5):
         lines = build(level)
         if max(len(x) for x in lines) <= terminal_width():
             break
+    if level >= 4:
+        lines.append(f"{INDENT}GB/s: the fetch phase's (bytes fetched over its time)")
     if any_emulated:
         lines.append(f"{INDENT}* emulated: an estimate, not a measurement")
     if to_state:
