@@ -36,10 +36,20 @@ from typing import Any
 
 from torch.distributed.checkpoint import StorageReader, StorageWriter
 
+try:
+    from torch.distributed.checkpoint.staging import AsyncStager
+except ImportError:  # a torch without async staging: no writer is one
+    AsyncStager = None
+
 from ckptprof.integrations.patching import Patcher
 from ckptprof.integrations.session import TracingSession
 from ckptprof.phases import Attr, Phase
-from ckptprof.tracing.dcp_reader import TracedReader, storage_attributes
+from ckptprof.tracing.dcp_reader import (
+    TracedReader,
+    bare_storage,
+    mirror_signatures,
+    storage_attributes,
+)
 from ckptprof.tracing.recorder import Operation, phase_or_nothing
 
 FRAMEWORK = "dcp"
@@ -77,7 +87,8 @@ class _Call:
             return
         self.owned = False
         if self.kind == "restore":
-            self.session.end_restore(error)
+            if self.session.restore_op is self.op:  # else a later restore has ended it
+                self.session.end_restore(error)
         elif self.op is not None:  # this call's save (none if it failed to begin)
             self.session.end_save(error, self.op)
         self.op = None
@@ -95,18 +106,40 @@ class TracedStorageReader(TracedReader):
 
 
 class TracedStorageWriter(StorageWriter):
-    """``writer``, traced as a ``ckpt.save`` per save (see the module docstring)."""
+    """``writer``, traced as a ``ckpt.save`` per save (see the module docstring).
+
+    Where ``writer`` is an ``AsyncStager`` (``FileSystemWriter`` is), the wrapper is one
+    too (``stager=None``; ``stager=False``: never), its staging ``writer``'s own:
+    ``dcp.async_save`` picks its stager by ``isinstance(storage_writer, AsyncStager)``."""
+
+    def __new__(cls, writer: StorageWriter, *args, stager: bool | None = None, **kwargs):
+        if stager is None:
+            stager = AsyncStager is not None and isinstance(writer, AsyncStager)
+        if stager and cls is TracedStorageWriter:
+            cls = _TracedStagingWriter
+        return super().__new__(cls)
 
     def __init__(
-        self, writer: StorageWriter, session: TracingSession | None = None, join: bool = False
+        self,
+        writer: StorageWriter,
+        session: TracingSession | None = None,
+        join: bool = False,
+        stager: bool | None = None,
     ) -> None:
         self.writer = writer
         self._session = session or _default().session
         self._call = _Call(self._session, "save", join)
         self._coordinator = True
+        mirror_signatures(self, writer, ("set_up_storage_writer",))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["writer"], name)
+
+    def __reduce__(self):
+        # Pickled (the process-based async_save executor, a copy sent elsewhere), the
+        # wrapper is the bare writer: its session (locks, threads) stays here, and the
+        # save the copy makes is not traced.
+        return bare_storage, (self.writer,)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
@@ -164,6 +197,34 @@ class TracedStorageWriter(StorageWriter):
             self._call.end(error)
 
 
+if AsyncStager is not None:
+
+    class _TracedStagingWriter(TracedStorageWriter, AsyncStager):
+        """A traced ``AsyncStager`` writer: staging is the writer's own, delegated (not
+        traced: ``dcp.async_save`` stages before the save's storage calls begin it)."""
+
+        @property
+        def _synchronize_after_execute(self) -> bool:
+            return self.writer._synchronize_after_execute
+
+        @_synchronize_after_execute.setter
+        def _synchronize_after_execute(self, value: bool) -> None:
+            self.writer._synchronize_after_execute = value
+
+        @property
+        def should_synchronize_after_execute(self) -> bool:
+            return self.writer.should_synchronize_after_execute
+
+        def stage(self, state_dict, *args, **kwargs):
+            return self.writer.stage(state_dict, *args, **kwargs)
+
+        def synchronize_staging(self, *args, **kwargs):
+            return self.writer.synchronize_staging(*args, **kwargs)
+
+        def close(self, *args, **kwargs):
+            return self.writer.close(*args, **kwargs)
+
+
 def _flat(results) -> list:
     """A rank's WriteResults (``write_data`` gives a list; lists of lists are flattened)."""
     out = []
@@ -194,7 +255,10 @@ class DCPInstrumentor:
         self.session.start()
         for name, kind in _ENTRY_POINTS:
             self.patcher.wrap(
-                dcp, name, lambda original, kind=kind: _traced_entry(original, kind, self.session),
+                dcp, name,
+                lambda original, kind=kind, name=name: _traced_entry(
+                    original, kind, self.session, asynchronous=name == "async_save"
+                ),
                 label=f"torch.distributed.checkpoint.{name}", phase=f"dcp.{name}",
             )  # fmt: skip
         return self
@@ -204,28 +268,83 @@ class DCPInstrumentor:
         self.session.close()
 
 
-def _traced_entry(original, kind: str, session: TracingSession, join: bool = False):
-    """``dcp.load`` / ``dcp.save`` / ``dcp.async_save`` with its storage wrapped (the
-    default one made from ``checkpoint_id`` first, as DCP would) for ``session``; with
-    ``join``, into the restore or save ``session`` already has open."""
+def _traced_entry(
+    original, kind: str, session: TracingSession, join: bool = False, asynchronous: bool = False
+):
+    """``dcp.load`` / ``dcp.save`` / ``dcp.async_save`` (``asynchronous``) with its storage
+    wrapped (the default one made from ``checkpoint_id`` first, as DCP would) for
+    ``session``; with ``join``, into the restore or save ``session`` already has open.
+    The call's own operation ends with it on every path: with DCP's error, which is
+    raised unchanged; an async save's when its upload future completes."""
     option = "storage_reader" if kind == "reader" else "storage_writer"
 
     def call(state_dict, *args, **kwargs):
         storage = kwargs.get(option)
         if isinstance(storage, (TracedStorageReader, TracedStorageWriter)):
             return original(state_dict, *args, **kwargs)
+        if _process_based(kwargs.get("async_checkpointer_type")):
+            # A process-based async_save is DCP's own, untraced: its save runs in DCP's
+            # checkpoint process, which a writer reaches only pickled (without a session).
+            return original(state_dict, *args, **kwargs)
         try:
-            if storage is None:
+            if storage is None:  # DCP's default storage, never its stager (DefaultStager)
                 storage = _default_storage(kwargs.get("checkpoint_id"), kind)
-            traced = (TracedStorageReader if kind == "reader" else TracedStorageWriter)(
-                storage, session, join
-            )
+                traced = (TracedStorageReader if kind == "reader" else _unstaged_writer)(
+                    storage, session, join
+                )
+            else:
+                traced = (TracedStorageReader if kind == "reader" else TracedStorageWriter)(
+                    storage, session, join
+                )
         except Exception as exc:  # noqa: BLE001 - DCP decides; we only stand aside
             session.warn_once(f"dcp.{kind}", exc)
             return original(state_dict, *args, **kwargs)
-        return original(state_dict, *args, **{**kwargs, option: traced})
+        try:
+            result = original(state_dict, *args, **{**kwargs, option: traced})
+        except BaseException as exc:  # DCP's error, raised unchanged; its operation ends
+            _end(traced, exc)
+            raise
+        if asynchronous:  # ends when the background save does
+            _end_when_done(traced, result)
+        else:
+            _end(traced, None)  # ended by its last storage call already, as a rule
+        return result
 
     return call
+
+
+def _unstaged_writer(storage, session, join):
+    return TracedStorageWriter(storage, session, join, stager=False)
+
+
+def _process_based(checkpointer_type) -> bool:
+    return getattr(checkpointer_type, "value", checkpointer_type) == "process"
+
+
+def _end(traced, error: BaseException | None) -> None:
+    try:
+        traced._call.end(error)
+    except Exception as exc:  # noqa: BLE001 - a guest's bookkeeping never fails a call
+        traced._call.warn_once("dcp.end", exc)
+
+
+def _end_when_done(traced, result) -> None:
+    """End ``traced``'s save when ``async_save``'s upload future completes (its error, if
+    the save failed in the background before ``finish`` ended it)."""
+    future = getattr(result, "upload_completion", result)
+
+    def done(future) -> None:
+        try:
+            error = None if future.cancelled() else future.exception()
+        except BaseException as exc:  # noqa: BLE001
+            error = exc
+        _end(traced, error)
+
+    try:
+        future.add_done_callback(done)
+    except Exception as exc:  # noqa: BLE001 - no future: DCP's own return value, as is
+        _end(traced, None)
+        traced._call.warn_once("dcp.async_save", exc)
 
 
 _ENTRY_POINTS = (("load", "reader"), ("save", "writer"), ("async_save", "writer"))

@@ -5,15 +5,18 @@ restored by 1, 2 and 3 (a reshard), each load checked value by value."""
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 from ckptprof.integrations import dcp as traced_dcp
 from tests.conftest import LOOPBACK_ENV, RESTORE_PHASES, children, spans_in
@@ -212,3 +215,193 @@ def test_saved_by_two_restored_by_another_world_size(nproc, saved_by_two, tmp_pa
         assert set(phases) == LOADED
         fetched += phases["ckpt.fetch"]["attributes"]["ckpt.bytes"]
     assert fetched >= data  # together the ranks read every saved item at least once
+
+
+# ------------------------------------------------- storages and paths DCP allows for
+class OldWriter(FileSystemWriter):
+    """A writer written against the signatures before ``rank=`` / ``use_collectives=``."""
+
+    def set_up_storage_writer(self, is_coordinator):
+        super().set_up_storage_writer(is_coordinator)
+
+
+class OldReader(FileSystemReader):
+    def read_metadata(self):
+        return super().read_metadata()
+
+    def set_up_storage_reader(self, metadata, is_coordinator):
+        super().set_up_storage_reader(metadata, is_coordinator)
+
+
+def test_a_storage_with_the_older_signatures_is_called_as_dcp_would_call_it(tmp_path):
+    """DCP passes ``rank=`` / ``use_collectives=`` only to methods whose signature has
+    ``**kwargs``: the wrappers show the storage's own signatures, and forward nothing
+    more — the same values and the same error (no second metadata read) as without."""
+    state = model_state()
+    results = {}
+    for variant in ("off", "on"):
+        if variant == "on":
+            traced_dcp.instrument(trace_dir=tmp_path / "traces")
+        try:
+            dcp.save(state, storage_writer=OldWriter(tmp_path / variant), no_dist=True)
+            target = zeros_like(state)
+            dcp.load(target, storage_reader=OldReader(tmp_path / variant), no_dist=True)
+            assert_equal(target, state)
+            with pytest.raises(BaseException) as caught:
+                dcp.load(zeros_like(state), storage_reader=OldReader(tmp_path / "no"), no_dist=True)
+        finally:
+            traced_dcp.uninstrument()
+        results[variant] = (type(caught.value), str(caught.value).strip().splitlines()[-1])
+    assert results["on"] == results["off"]
+    assert "rank local metadata" not in results["on"][1]
+    spans = spans_in(tmp_path / "traces")
+    assert {s["name"] for s in spans} >= {"ckpt.save", "ckpt.restore"}
+
+
+def test_a_traced_storage_pickles_as_the_bare_storage(tmp_path):
+    session = traced_dcp.TracingSession("dcp", trace_dir=tmp_path / "traces")
+    try:
+        writer = traced_dcp.TracedStorageWriter(FileSystemWriter(tmp_path / "w"), session)
+        reader = traced_dcp.TracedStorageReader(FileSystemReader(tmp_path / "r"), session)
+        assert type(pickle.loads(pickle.dumps(writer))) is FileSystemWriter
+        assert type(pickle.loads(pickle.dumps(reader))) is FileSystemReader
+    finally:
+        session.close()
+
+
+PROCESS_SAVE = """
+import os, sys, warnings
+warnings.filterwarnings("ignore")
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+from ckptprof.integrations import dcp as traced_dcp
+base, variant, port = sys.argv[1:]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+if variant == "on":
+    traced_dcp.instrument(trace_dir=os.path.join(base, "traces"))
+try:
+    future = dcp.async_save({"w": torch.arange(64.0)}, checkpoint_id=os.path.join(base, variant),
+                            async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+    print("RESULT", type(future.result()).__name__, flush=True)
+except BaseException as exc:
+    print("RESULT", type(exc).__name__, exc, flush=True)
+finally:
+    traced_dcp.uninstrument()
+os._exit(0)  # DCP's checkpoint process is a daemon: no orderly shutdown to wait for
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_process_based_async_save_works_as_without_ckptprof(tmp_path):
+    """``AsyncCheckpointerType.PROCESS`` pickles the writer into DCP's checkpoint
+    process: the call is DCP's own (untraced), and saves the same files."""
+    results = {}
+    for variant in ("off", "on"):
+        command = [sys.executable, "-c", PROCESS_SAVE, str(tmp_path), variant, str(free_port())]
+        env = {**os.environ, **LOOPBACK_ENV}
+        cwd = Path(__file__).parent.parent
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=env, timeout=240, cwd=cwd
+        )
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+        folder = tmp_path / variant
+        results[variant] = (
+            lines,
+            sorted(p.name for p in folder.iterdir()) if folder.is_dir() else None,
+        )
+    assert results["on"] == results["off"] == (["RESULT Metadata"], [".metadata", "__0_0.distcp"])
+
+
+def test_async_save_stages_with_the_writers_own_stager(tmp_path, monkeypatch):
+    """``async_save`` stages with ``storage_writer`` when it is an ``AsyncStager``
+    (``FileSystemWriter.stage``), and with a ``DefaultStager`` when only a checkpoint id
+    is given: the same choice, and the same return type, with ckptprof."""
+    from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager
+
+    called = []
+    for cls in (FileSystemWriter, DefaultStager):
+        original = cls.stage
+
+        def spy(self, *args, _original=original, _name=cls.__name__, **kwargs):
+            called.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "stage", spy)
+    state = model_state()
+    results = {}
+    for variant in ("off", "on"):
+        if variant == "on":
+            traced_dcp.instrument(trace_dir=tmp_path / "traces")
+        try:
+            writer = FileSystemWriter(tmp_path / variant / "writer")
+            given = dcp.async_save(state, storage_writer=writer, no_dist=True)
+            given.result()
+            by_id = dcp.async_save(state, checkpoint_id=tmp_path / variant / "id", no_dist=True)
+            by_id.result()
+        finally:
+            traced_dcp.uninstrument()
+        results[variant] = (list(called), type(given), type(by_id))
+        called.clear()
+    assert results["off"][0] == ["FileSystemWriter", "DefaultStager"]
+    assert results["on"] == results["off"]
+    assert len([s for s in spans_in(tmp_path / "traces") if s["name"] == "ckpt.save"]) == 2
+    session = traced_dcp.TracingSession("dcp", trace_dir=tmp_path / "more-traces")
+    try:
+        traced = traced_dcp.TracedStorageWriter(FileSystemWriter(tmp_path / "w"), session)
+        assert isinstance(traced, AsyncStager)
+        assert traced.should_synchronize_after_execute == writer.should_synchronize_after_execute
+    finally:
+        session.close()
+
+
+def ckptprof_threads() -> set[str]:
+    names = {"ckptprof-memory", "ckptprof-watchdog"}
+    return {t.name for t in threading.enumerate() if t.name in names and t.is_alive()}
+
+
+def test_a_failed_load_or_save_ends_its_operation_with_dcps_error(tmp_path):
+    """A load of a missing checkpoint, a save whose folder cannot be made (in set-up,
+    before any write), and the same save in the background: each operation ends, with
+    the error, and its memory sampler and watchdog stop; DCP's exception is raised as is."""
+    (tmp_path / "file").write_text("x")
+    instrumentor = traced_dcp.instrument(trace_dir=tmp_path / "traces")
+    session = instrumentor.session
+    try:
+        with pytest.raises(BaseException) as load_error:
+            dcp.load({"w": torch.zeros(4)}, checkpoint_id=tmp_path / "missing", no_dist=True)
+        assert session.restore_op is None
+        with pytest.raises(BaseException) as save_error:
+            dcp.save({"w": torch.zeros(4)}, checkpoint_id=tmp_path / "file" / "a", no_dist=True)
+        synchronous = session.last_save  # the failed save's summary
+        assert synchronous is not None
+        future = dcp.async_save(
+            {"w": torch.zeros(4)}, checkpoint_id=tmp_path / "file" / "b", no_dist=True
+        )
+        with pytest.raises(BaseException) as async_error:
+            future.result()
+        deadline = time.monotonic() + 5  # the future's callbacks run after result() returns
+        while (session.last_save is synchronous or ckptprof_threads()) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert session.save_op is None
+        assert ckptprof_threads() == set()
+    finally:
+        traced_dcp.uninstrument()
+    assert "missing" in str(load_error.value)
+    assert "Not a directory" in str(save_error.value) and "Not a directory" in str(
+        async_error.value
+    )
+    spans = spans_in(tmp_path / "traces")
+    ended = [s for s in spans if s["name"] in ("ckpt.restore", "ckpt.save")]
+    assert sorted(s["name"] for s in ended) == ["ckpt.restore", "ckpt.save", "ckpt.save"]
+    for span in ended:
+        assert span["status"]["status_code"] == "ERROR"

@@ -15,6 +15,7 @@ strategy wraps DCP's ``FileSystemReader`` with it, so both report the same split
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import threading
 import time
@@ -121,6 +122,12 @@ class TracedReader(StorageReader):
         self.reader = reader
         self._call = call
         self._count_bytes = count_bytes
+        mirror_signatures(self, reader, ("read_metadata", "set_up_storage_reader"))
+
+    def __reduce__(self):
+        # Pickled (a process-based executor, a copy sent elsewhere), the wrapper is the
+        # bare reader: its session (locks, threads) stays here, and the copy is untraced.
+        return bare_storage, (self.reader,)
 
     @classmethod
     def into(cls, reader: StorageReader, op, count_bytes: bool = True) -> TracedReader:
@@ -232,6 +239,37 @@ class TracedReader(StorageReader):
             self._call.warn_once("dcp.read_data", exc)
 
 
+def mirror_signatures(wrapper, inner, names) -> None:
+    """DCP passes ``rank=`` / ``use_collectives=`` to ``read_metadata``,
+    ``set_up_storage_reader`` and ``set_up_storage_writer`` only where
+    ``inspect.signature(method).parameters`` has ``kwargs``. The wrapper's methods take
+    ``**kwargs``; where ``inner``'s method has no ``kwargs`` (an older storage), the
+    wrapper's is shadowed on the instance by one showing ``inner``'s signature, so DCP
+    calls it exactly as it would call ``inner`` (and never forwards what ``inner`` would
+    not have been given)."""
+    for name in names:
+        try:
+            signature = inspect.signature(getattr(inner, name))
+        except Exception:  # noqa: BLE001 - no signature to read: DCP's own check applies
+            continue
+        if "kwargs" not in signature.parameters:
+            setattr(wrapper, name, _narrowed(getattr(wrapper, name), signature))
+
+
+def _narrowed(traced, signature):
+    def method(*args, **kwargs):
+        return traced(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = traced.__name__
+    method.__signature__ = signature
+    return method
+
+
+def bare_storage(storage):
+    """What a pickled traced reader or writer is unpickled as: the storage it wrapped."""
+    return storage
+
+
 def storage_attributes(storage, checkpoint_id) -> dict:
     """What a span says of the storage a DCP reader or writer reads or writes."""
     path = checkpoint_id if checkpoint_id is not None else getattr(storage, "path", None)
@@ -241,4 +279,4 @@ def storage_attributes(storage, checkpoint_id) -> dict:
     return attrs
 
 
-__all__ = ["TracedReader", "storage_attributes"]
+__all__ = ["TracedReader", "bare_storage", "mirror_signatures", "storage_attributes"]
