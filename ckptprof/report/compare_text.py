@@ -53,8 +53,9 @@ def render_text(c: Comparison) -> str:
         lines += _setting_block(c, setting, entries)
     lines.append("")
     if any(e.metric == TTS and e.phases.get("first_step") for es in c.entries.values() for e in es):
-        lines.append("1st_step of a synthetic restore: a real step on this machine's CPU, its "
-                     "compute: shown beside the time to state, never in a verdict")  # fmt: skip
+        lines.append("1st_step of a synthetic restore: the model's (a real step on this "
+                     "machine's CPU, or the time given with --first-step-s): shown beside the "
+                     "time to state, never in a verdict")  # fmt: skip
     lines += ceiling_notes(c)
     lines += _checkpoint_lines(c)
     lines += _verdict_lines(c)
