@@ -30,6 +30,10 @@ class Prediction:
     price_per_hour: float | None = None  # of one node
 
 
+#: a save's moving part as measured: the writer serializes, writes and syncs in one
+WRITE = "write (serialize, write, fsync)"
+
+
 def _given(name: str, given: Given | None) -> str:
     return f"  {name}: {given.value:g} ({given.source})" if given else f"  {name}: not given"
 
@@ -70,7 +74,12 @@ def render_text(p: Prediction) -> str:
         f"optimizer {fmt_bytes(plan.optimizer_bytes)}); {plan.files_per_rank} file(s) per rank",
         "assumptions (each number's source):",
         *_costs("a rank's restore:", {"fetch": costs.read, **costs.cpu}),
-        *_costs("a rank's save:", {"write": costs.write, **costs.save_cpu} if costs.write else {}),
+        *_costs(
+            "a rank's save:",
+            {"write (serialize, write, fsync)": costs.write, **costs.save_cpu}
+            if costs.write
+            else {},
+        ),
         _given("the storage's aggregate GB/s", p.limits.storage_gbps)
         + ("" if p.limits.storage_gbps else " (no aggregate limit: --storage-gbps)"),
         _given("the node's network GB/s", p.limits.node_gbps),
