@@ -138,6 +138,12 @@ def test_predict_from_a_real_small_save_and_restore(tmp_path, capsys):
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "binds:" in text and "given (--storage-gbps)" in text and "assumed" in text
+    # the node the runs measured, set beside the node limit assumed, in both views
+    read_gbps = measured["ceiling"]["read_gbps"]  # --ceiling-gbps 1: given to the run
+    assert doc["node_measured"]["read_gbps"]["value"] == pytest.approx(read_gbps)
+    assert "given to" in doc["node_measured"]["read_gbps"]["source"]
+    assert f"the runs' node read at {read_gbps:.2f} GB/s" in " ".join(text.split())
+    assert f"--node-gbps {read_gbps:.2f}" in text
 
 
 def test_no_measurement_is_one_line(tmp_path, capsys):

@@ -18,7 +18,7 @@ from statistics import median
 
 from ckptprof.errors import CkptprofError
 from ckptprof.predict.fit import Point, fit, remainder
-from ckptprof.predict.model import Cost, Costs
+from ckptprof.predict.model import Cost, Costs, Given
 from ckptprof.storage import is_object_store
 from ckptprof.storage.base import DEFAULT_PART_SIZE
 
@@ -34,6 +34,20 @@ class Measured:
     costs: Costs
     object_store: bool
     sources: tuple[str, ...]
+    #: the node's read and write bandwidth to the storage, as the runs' probes found it
+    #: (or as they were given): what every rank of a node shares
+    read_ceiling: Given | None = None
+    write_ceiling: Given | None = None
+
+
+def _ceiling(path: Path, doc: dict, key: str) -> Given | None:
+    ceiling = doc.get("ceiling") or {}
+    value = ceiling.get(key)
+    if not isinstance(value, (int, float)) or value <= 0:
+        return None
+    how = str(ceiling.get("source") or "")
+    where = "given to" if how.startswith(("given", "--ceiling")) else "measured by"
+    return Given(float(value), f"{where} {path}'s run ({how})")
 
 
 def _files(paths: list[str]) -> tuple[list[Path], list[Path]]:
@@ -154,11 +168,15 @@ def measured(paths: list[str]) -> Measured:
             f"{', '.join(paths)}: no restore measured (results.json); run `ckptprof synth "
             "restore` on the target storage too"
         )
-    read, cpu, part, location = _restore_costs({p: _load(p) for p in results})
-    write, save_cpu = None, {}
+    restores = {p: _load(p) for p in results}
+    read, cpu, part, location = _restore_costs(restores)
+    write, save_cpu, write_ceiling = None, {}, None
     if saves:
-        write, save_cpu, save_location = _save_costs({p: _load(p) for p in saves})
+        saved = {p: _load(p) for p in saves}
+        write, save_cpu, save_location = _save_costs(saved)
         location = location or save_location
+        write_ceiling = _ceiling(saves[0], saved[saves[0]], "write_gbps")
     costs = Costs(read, write, part, cpu, save_cpu)
     sources = tuple(str(p) for p in results + saves)
-    return Measured(costs, is_object_store(location), sources)
+    read_ceiling = _ceiling(results[0], restores[results[0]], "read_gbps")
+    return Measured(costs, is_object_store(location), sources, read_ceiling, write_ceiling)

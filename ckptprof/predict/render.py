@@ -63,6 +63,24 @@ def _estimate_lines(estimate: Estimate, verb: str) -> list[str]:
     return lines
 
 
+def _node_notes(p: Prediction) -> list[str]:
+    """The node's bandwidth the runs measured, where it is below the limit assumed for
+    the job's nodes: said, never silently replaced (a node like the one measured is
+    bound by it: --node-gbps)."""
+    node = p.limits.node_gbps
+    if node is None or not node.source.startswith("assumed"):
+        return []
+    notes = []
+    for what, found in (("read", p.measured.read_ceiling), ("write", p.measured.write_ceiling)):
+        if found is not None and found.value < node.value:
+            notes.append(
+                f"  note: the runs' node {what} at {found.value:.2f} GB/s ({found.source}), "
+                f"below the {node.value:g} GB/s assumed: a job on nodes like it is bound "
+                f"by it; give --node-gbps {found.value:.2f} to predict that"
+            )
+    return notes
+
+
 def render_text(p: Prediction) -> str:
     plan, costs = p.plan, p.measured.costs
     lines = [
@@ -74,15 +92,11 @@ def render_text(p: Prediction) -> str:
         f"optimizer {fmt_bytes(plan.optimizer_bytes)}); {plan.files_per_rank} file(s) per rank",
         "assumptions (each number's source):",
         *_costs("a rank's restore:", {"fetch": costs.read, **costs.cpu}),
-        *_costs(
-            "a rank's save:",
-            {"write (serialize, write, fsync)": costs.write, **costs.save_cpu}
-            if costs.write
-            else {},
-        ),
+        *_costs("a rank's save:", {WRITE: costs.write, **costs.save_cpu} if costs.write else {}),
         _given("the storage's aggregate GB/s", p.limits.storage_gbps)
         + ("" if p.limits.storage_gbps else " (no aggregate limit: --storage-gbps)"),
         _given("the node's network GB/s", p.limits.node_gbps),
+        *_node_notes(p),
     ]
     if p.measured.object_store:
         lines += [_given("GETs per second", p.limits.get_rate),
@@ -152,6 +166,13 @@ def render_json(p: Prediction) -> dict:
         },
         "restore": _estimate_json(p.restore),
         "save": _estimate_json(p.save) if p.save else None,
+        "node_measured": {
+            f"{what}_gbps": found and {"value": found.value, "source": found.source}
+            for what, found in (
+                ("read", p.measured.read_ceiling),
+                ("write", p.measured.write_ceiling),
+            )
+        },  # fmt: skip
     }
     if p.interval is not None:
         i = p.interval
