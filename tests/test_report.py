@@ -629,7 +629,21 @@ def test_emulated_phase_hint():
 def test_not_really_cold_hint():
     assert codes(breakdown(resident=0.05)) == []
     assert codes(breakdown(resident=0.06)) == ["not-cold"]
-    assert codes(breakdown(resident=0.9, cache="hot")) == []
+    assert codes(breakdown(resident=0.96, cache="hot")) == []
+
+
+def test_a_hot_row_partly_read_from_the_storage_says_so():
+    """A hot row's residency is its least cached repeat's (two of three at 30% read from
+    the storage: "100%" before), and below 95% a hint says so."""
+    from ckptprof.report.medians import build_breakdown
+
+    b = build_breakdown(label="hot c=4", kind="restore", walls=[1.0, 1.1, 1.2],
+                        samples=[{}, {}, {}], cache="hot", concurrency=4,
+                        residency=[1.0, 0.3, 0.3], cache_method="read every byte")  # fmt: skip
+    assert b.resident_fraction == 0.3
+    hint = H.not_really_hot(b)
+    assert hint is not None and "only 30%" in hint.message
+    assert codes(breakdown(resident=0.9, cache="hot")) == ["not-hot"]
 
 
 def sweep_row(concurrency, fraction, cache="cold") -> SweepRow:

@@ -42,6 +42,7 @@ SMALL_FILES_MIN_COUNT = 256
 """More files than this, each smaller than SMALL_FILE_MAX_BYTES, is "many small files"."""
 SMALL_FILE_MAX_BYTES = 8 * MiB
 COLD_RESIDENCY_MAX = 0.05
+HOT_RESIDENCY_MIN = 0.95  # a hot run with less in the page cache read partly from storage
 """a "cold" run with more than this fraction of the checkpoint in page cache was not cold."""
 
 
@@ -158,6 +159,23 @@ def not_really_cold(b: Breakdown) -> Hint | None:
         f"{method}: it was not really cold; evict as root (drop_caches) or use a checkpoint "
         "larger than memory.",
         b.resident_fraction,
+        b.label,
+    )
+
+
+def not_really_hot(b: Breakdown) -> Hint | None:
+    """A hot run that found less than HOT_RESIDENCY_MIN of the data in the page cache
+    (a checkpoint larger than the memory free for the cache): partly a storage read."""
+    if b.cache != "hot" or b.resident_fraction is None:
+        return None
+    if not b.resident_fraction < HOT_RESIDENCY_MIN:
+        return None
+    return Hint(
+        "not-hot",
+        f"a hot run found only {b.resident_fraction:.0%} of the checkpoint in the page cache: "
+        "part of it was read from the storage; free memory for the cache, or use a smaller "
+        "--scale for hot runs.",
+        1 - b.resident_fraction,
         b.label,
     )
 
@@ -290,6 +308,7 @@ def noisy_repeats(b: Breakdown) -> Hint | None:
 BREAKDOWN_RULES: tuple[Callable[[Breakdown], Hint | None], ...] = (
     stalled_request,
     not_really_cold,
+    not_really_hot,
     verify_dominates,
     deserialize_dominates,
     reshard_dominates,

@@ -104,7 +104,11 @@ def build_breakdown(
         phases=phase_rows(kind, samples, wall),
         cache=cache,
         concurrency=concurrency,
-        resident_fraction=max(resident) if resident else None,
+        # the repeat least like its cache state: the most cached of cold ones, the least
+        # of hot ones (a hot run half on the storage is not what its row says)
+        resident_fraction=(min(resident) if cache == "hot" else max(resident))
+        if resident
+        else None,
         cache_method=cache_method,
     )
 
