@@ -18,14 +18,19 @@ Where each phase is measured (DeepSpeed 0.19, tested with 0.19.8; the patch tabl
   ``_load_zero_checkpoint`` (ZeRO re-partition) minus their file reads.
 * ``universal_convert`` (its own span, when ``universal="convert"`` and the world size
   changed): DeepSpeed's ``ds_to_universal`` on rank 0, in process.
-* ``first_step``: until the first ``engine.step()`` that advances ``global_steps``.
+* ``first_step``: until the first ``engine.step()`` that advances ``global_steps`` (a
+  ``PipelineEngine``'s ``train_batch``). A restore no training follows ends without it:
+  an engine without an optimizer at the load, an evaluation (a first forward in eval mode
+  with gradients off, or ``eval_batch``) at that first forward.
 * save: ``write`` is each ``checkpoint_engine.save`` (per file, bytes), ``serialize`` the
   rest of ``_save_checkpoint`` / ``_save_zero_checkpoint`` (building the state dicts),
   ``commit`` DeepSpeed's ``checkpoint_engine.commit`` plus this rank's record of the files
   it wrote. ``latest``, tag validation and the barriers are the rest of the ``ckpt.save``
   span. With the decoupled writer, ``write`` is the blocking part (``ckpt.write.async``)
-  and the commit at the next step (waiting for the writer process) is a background
-  ``ckpt.save`` linked to it.
+  and DeepSpeed's commit (waiting for the writer process; at the next step, or in
+  ``engine.destroy()``) is a background ``ckpt.save`` linked to it, one per save it
+  covers. A save still uncommitted when :func:`uninstrument` runs gets its background
+  span ended as an error, and no record.
 
 Nothing global: only the engine and its ``checkpoint_engine``/``optimizer`` instances are
 patched. ``engine.destroy()``, :func:`uninstrument` or the interpreter's exit undo it all
@@ -90,6 +95,9 @@ class DeepSpeedInstrumentor(Instrumentor):
         Target("checkpoint_engine", "save", "_traced_file_save", "write", ("state_dict", "path")),
         Target("checkpoint_engine", "commit", "_traced_commit", "commit"),
         Target("", "step", "_traced_step", "first_step", when="_owns_steps"),
+        Target("", "train_batch", "_traced_step", "first_step (pipeline)", when="_pipeline"),
+        Target("", "forward", "_traced_forward", "an evaluation-only restore", when="_owns_steps"),
+        Target("", "eval_batch", "_traced_forward", "an evaluation-only restore", when="_pipeline"),
         Target("", "destroy", "_traced_destroy", "the cleanup at engine.destroy()"),
     )
 
@@ -105,9 +113,11 @@ class DeepSpeedInstrumentor(Instrumentor):
         self._nested = not self._live.owns_session
         self._load = LoadFiles(self.files, self.session, self._nested)
         self._restored_step: int | None = None
+        self._first_forward = False  # a restore's first forward is still to come
         self._ticked_at: int | None = None  # the global step last timed
         self._written: list[str] = []
-        self._pending: tuple | None = None  # a decoupled save waiting for its commit
+        # decoupled saves waiting for DeepSpeed's commit (one commit covers all queued)
+        self._pending: list[tuple] = []
 
     @property
     def engine(self):
@@ -127,13 +137,37 @@ class DeepSpeedInstrumentor(Instrumentor):
         engine = self.engine
         if engine is not None and vars(engine).get(_ATTACHED) is self:
             del vars(engine)[_ATTACHED]
+        self._abandon_pending()
         super().uninstrument()
+
+    def _abandon_pending(self) -> None:
+        """Decoupled saves DeepSpeed has not committed yet (ckptprof removed before the
+        next step or ``engine.destroy()``): their background spans end now, marked as not
+        seen committed, and no record is written (their files may still be arriving)."""
+        pending, self._pending = self._pending, []
+        for folder, _names, queued_by, step in pending:
+            op = self._begin_background(folder, step, queued_by)
+            if op is not None:
+                op.finish(
+                    CkptprofError(
+                        f"{folder}: ckptprof was removed before DeepSpeed committed this save "
+                        "(at the next step or engine.destroy()); no record of its files"
+                    )
+                )
 
     def _decoupled(self, engine) -> bool:
         return bool(engine.checkpoint_engine.is_decoupled())
 
     def _owns_steps(self, engine) -> bool:
         return not self._nested  # else the host adapter ends restores and watches notices
+
+    def _pipeline(self, engine) -> bool:
+        """A ``PipelineEngine``: its ``step()`` only raises; ``train_batch`` is its step
+        (``_exec_optimizer_step`` → ``_take_model_step``, which advances ``global_steps``)
+        and ``eval_batch`` its evaluation."""
+        from deepspeed.runtime.pipe.engine import PipelineEngine
+
+        return self._owns_steps(engine) and isinstance(engine, PipelineEngine)
 
     def _records_dir(self) -> str | None:
         return self.save_dir
@@ -192,12 +226,16 @@ class DeepSpeedInstrumentor(Instrumentor):
             self._load.reads = {}
             universal = contextlib.nullcontext()
             try:
+                convert = self.universal == "convert"
                 if op is not None:
-                    convert = self.universal == "convert"
                     converted = self._load.list(engine, op, load_dir, tag, convert)
-                    if converted is not None:  # load the universal copy, just this once
-                        args, kwargs = replace_argument(args, kwargs, "tag", 1, converted)
-                        universal = loading_universal(engine)
+                elif convert:  # untraced here, yet in the conversion's collectives all the same
+                    converted = self._load.convert(engine, None, load_dir, None)
+                else:
+                    converted = None
+                if converted is not None:  # load the universal copy, just this once
+                    args, kwargs = replace_argument(args, kwargs, "tag", 1, converted)
+                    universal = loading_universal(engine)
                 with universal:
                     result = original(*args, **kwargs)
             except BaseException as exc:
@@ -209,7 +247,10 @@ class DeepSpeedInstrumentor(Instrumentor):
                     session.end_restore()
                 else:
                     self._restored_step = engine.global_steps
+                    self._first_forward = True
                     op.set_attributes({Attr.RESTORED_STEP: engine.global_steps})
+                    if not _can_step(engine):  # no optimizer: no training step can follow
+                        self._end_without_step()
             return result
 
         return load_checkpoint
@@ -246,7 +287,43 @@ class DeepSpeedInstrumentor(Instrumentor):
 
         return _load_zero_checkpoint
 
+    def _end_without_step(self) -> None:
+        """The restore ends at the state restored, without ``first_step``."""
+        self._restored_step = None
+        self._first_forward = False
+        self.session.end_restore()
+
+    def _traced_forward(self, original):
+        """An evaluation-only restore (``load_checkpoint`` then inference or evaluation, no
+        ``step``) ends at its first forward (or ``eval_batch``): left open, it would time
+        the whole evaluation, keep its memory sampler and watchdog running and name a long
+        evaluation a stalled restore.
+
+        The rule: the first forward after the load runs with the module in eval mode and
+        gradients off (``engine.eval()`` under ``torch.no_grad()``/``inference_mode``), or
+        is ``eval_batch``. A training resume's first forward is in train mode with
+        gradients on (``step`` needs them), so its restore still ends at the first step;
+        only a loop that evaluates before its first training batch has its restore end
+        there (then ``first_step`` is not measured)."""
+
+        pipeline_eval = getattr(original, "__name__", "") == "eval_batch"
+
+        def forward(*args, **kwargs):
+            if self._first_forward and self.session.restore_op is not None:
+                import torch
+
+                self._first_forward = False  # only the first forward after the load decides
+                evaluating = not self.engine.module.training and not torch.is_grad_enabled()
+                if pipeline_eval or evaluating:
+                    self._end_without_step()
+            return original(*args, **kwargs)
+
+        return forward
+
     def _traced_step(self, original):
+        """``step()``, or a ``PipelineEngine``'s ``train_batch`` (its step): each wraps
+        exactly one ``_take_model_step`` per optimizer step, so a step is counted once."""
+
         def step(*args, **kwargs):
             result = original(*args, **kwargs)
             engine, session = self.engine, self.session
@@ -257,6 +334,7 @@ class DeepSpeedInstrumentor(Instrumentor):
             advanced = restored is not None and engine.global_steps > restored
             if session.restore_op is not None and advanced:
                 self._restored_step = None
+                self._first_forward = False
                 session.first_step_done(engine.global_steps, announce=engine.global_rank == 0)
             if self.interruptions is not None:
                 self.interruptions.step_end(engine.global_steps)
@@ -288,9 +366,10 @@ class DeepSpeedInstrumentor(Instrumentor):
                 names = [os.path.basename(p) for p in self._written if os.path.dirname(p) == folder]
                 if op is not None and engine.checkpoint_engine.is_decoupled():
                     # files are still being written by DeepSpeed's writer process; the commit
-                    # (and this rank's record) happen at the next optimizer step
+                    # (and this rank's record) happen at the next optimizer step, or at
+                    # engine.destroy() (checkpoint_engine.cleanup)
                     op.set_phase_attributes(Phase.WRITE, **{Attr.WRITE_ASYNC: True})
-                    self._pending = (folder, names, op.span_context, engine.global_steps)
+                    self._pending.append((folder, names, op.span_context, engine.global_steps))
                 elif op is not None:
                     self.files.commit_folder(folder, names, op, engine.global_steps)
             return result
@@ -303,29 +382,43 @@ class DeepSpeedInstrumentor(Instrumentor):
         queued the files (``ckpt.save.background``)."""
 
         def commit_decoupled_checkpoint(*args, **kwargs):
-            pending, self._pending = self._pending, None
-            if pending is None:
-                return original(*args, **kwargs)
-            folder, names, queued_by, step = pending
-            attrs = {Attr.FORMAT: "deepspeed", Attr.PATH: folder, Attr.STEP: step}
-            attrs[Attr.WORLD_SIZE] = self.engine.world_size
-            op = self.session.begin_background_save(attrs, queued_by)
+            return self._commit_pending(original, *args, **kwargs)
+
+        return commit_decoupled_checkpoint
+
+    def _begin_background(self, folder: str, step: int, queued_by):
+        attrs = {Attr.FORMAT: "deepspeed", Attr.PATH: folder, Attr.STEP: step}
+        attrs[Attr.WORLD_SIZE] = self.engine.world_size
+        return self.session.begin_background_save(attrs, queued_by)
+
+    def _commit_pending(self, original, *args, **kwargs):
+        """DeepSpeed's commit of the decoupled saves queued so far (one commit waits for
+        the writer to finish all of them): each save's background span and record."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return original(*args, **kwargs)
+        ops = [(self._begin_background(p[0], p[3], p[2]), p) for p in pending]
+        for op, _ in ops:
             if op is not None:
                 op.set_phase_attributes(Phase.COMMIT, **{Attr.COMMIT_WAITS_FOR_WRITER: True})
-            try:
-                result = timed(op, Phase.COMMIT, original, *args, **kwargs)
-            except BaseException as exc:
+        try:
+            with contextlib.ExitStack() as phases:
+                for op, _ in ops:
+                    if op is not None:
+                        phases.enter_context(op.phase(Phase.COMMIT))
+                result = original(*args, **kwargs)
+        except BaseException as exc:
+            for op, _ in ops:
                 if op is not None:
                     op.finish(exc)
-                raise
+            raise
+        for op, (folder, names, _, step) in ops:
             if op is not None:
                 op.add_bytes(Phase.COMMIT, sum(file_size(os.path.join(folder, n)) for n in names))
             self.files.commit_folder(folder, names, op, step)
             if op is not None:
                 op.finish()
-            return result
-
-        return commit_decoupled_checkpoint
+        return result
 
     def _traced_serialize(self, original):
         def build_and_write(*args, **kwargs):
@@ -356,9 +449,20 @@ class DeepSpeedInstrumentor(Instrumentor):
 
     def _traced_commit(self, original):
         def commit(*args, **kwargs):
+            if self._pending and self.session.save_op is None:
+                # a decoupled commit outside step(): checkpoint_engine.cleanup() at destroy
+                return self._commit_pending(original, *args, **kwargs)
             return timed(self.session.save_op, Phase.COMMIT, original, *args, **kwargs)
 
         return commit
+
+
+def _can_step(engine) -> bool:
+    """Whether the engine can take an optimizer step (``step`` asserts an optimizer)."""
+    from deepspeed.runtime.utils import DummyOptim
+
+    optimizer = getattr(engine, "optimizer", None)
+    return optimizer is not None and not isinstance(optimizer, DummyOptim)
 
 
 def instrument(engine, **options: Any) -> DeepSpeedInstrumentor:

@@ -16,7 +16,7 @@ import logging
 import os
 import re
 
-from ckptprof.errors import VerifyError
+from ckptprof.errors import CkptprofError, VerifyError
 from ckptprof.integrations.files import CheckpointFiles, FolderListing
 from ckptprof.phases import Attr, Phase
 
@@ -45,7 +45,21 @@ class LoadFiles:
 
     def list(self, engine, op, load_dir: str, tag: str | None, convert: bool) -> str | None:
         """Resolve the tag, list ``<dir>/<tag>``, detect a world-size change; returns the
-        tag of a universal copy when ckptprof converted one (``convert``; else None)."""
+        tag of a universal copy when ckptprof converted one (``convert``; else None).
+
+        With ``convert`` every rank takes part in the conversion's collectives on every
+        path (ckptprof's own trouble, a strict refusal, no change found): rank 0's finding
+        decides for all, so no rank waits on another that returned early."""
+        found: str | None = None
+        try:
+            found = self._inspect(engine, op, load_dir, tag, convert)
+        finally:
+            if convert:
+                converted = self.convert(engine, op, load_dir, found)
+        return converted if convert else None
+
+    def _inspect(self, engine, op, load_dir: str, tag: str | None, convert: bool) -> str | None:
+        """:meth:`list`'s finding: the tag to convert to a universal copy, or None."""
         with op.phase(Phase.LIST):
             universal = engine.load_universal_checkpoint()
             resolved = tag if tag is not None else _read_latest(load_dir, universal)
@@ -83,34 +97,46 @@ class LoadFiles:
                 current,
             )
             return None
-        return self._convert(engine, op, load_dir, str(resolved))
+        return str(resolved)
 
-    def _convert(self, engine, op, load_dir: str, tag: str) -> str:
-        """``ds_to_universal`` on rank 0 (the others wait), then load the universal copy."""
-        import argparse
+    def convert(self, engine, op, load_dir: str, tag: str | None) -> str | None:
+        """``ds_to_universal`` of ``tag`` on rank 0 (the others wait), then load that copy.
 
+        Every rank calls this once per load with ``universal='convert'`` (``op`` None where
+        its restore could not be traced): two collectives, reached by all, carry rank 0's
+        decision and then its outcome; a failed conversion is raised after them on every
+        rank. Returns the universal tag, or None when rank 0 found nothing to convert."""
         import torch
-        from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if distributed:  # rank 0's finding decides (every rank loads the same checkpoint)
+            decision = [tag]
+            torch.distributed.broadcast_object_list(decision, src=0)
+            tag = decision[0]
+        if tag is None:
+            return None
         target = f"{tag}_universal"
-        with op.phase(UNIVERSAL_CONVERT):
-            if engine.global_rank == 0 and not os.path.isdir(os.path.join(load_dir, target)):
-                ds_to_universal(
-                    argparse.Namespace(
-                        input_folder=os.path.join(load_dir, tag),
-                        output_folder=os.path.join(load_dir, target),
-                        num_extract_workers=1,
-                        num_merge_workers=1,
-                        keep_temp_folder=False,
-                        strict=True,
-                        inject_missing_state=True,
-                    )
-                )
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                torch.distributed.barrier()
-        path_key = Attr.DEEPSPEED_PATH if self.nested else Attr.PATH
-        op.set_attributes({Attr.UNIVERSAL: True, path_key: os.path.join(load_dir, target)})
-        self.fetch_tree(op, os.path.join(load_dir, target))
+        failure: BaseException | None = None
+        with op.phase(UNIVERSAL_CONVERT) if op is not None else contextlib.nullcontext():
+            try:
+                if engine.global_rank == 0 and not os.path.isdir(os.path.join(load_dir, target)):
+                    _ds_to_universal(load_dir, tag, target)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the others know
+                failure = exc
+            outcome = [None if failure is None else repr(failure)]
+            if distributed:  # the barrier: the others wait for rank 0's copy (or failure)
+                torch.distributed.broadcast_object_list(outcome, src=0)
+        if failure is not None:
+            raise failure
+        if outcome[0] is not None:
+            raise CkptprofError(
+                f"the universal conversion of {os.path.join(load_dir, tag)} failed on rank 0: "
+                f"{outcome[0]}"
+            )
+        if op is not None:
+            path_key = Attr.DEEPSPEED_PATH if self.nested else Attr.PATH
+            op.set_attributes({Attr.UNIVERSAL: True, path_key: os.path.join(load_dir, target)})
+            self.fetch_tree(op, os.path.join(load_dir, target))
         return target
 
     def fetch_tree(self, op, folder: str) -> None:
@@ -157,6 +183,25 @@ def loading_universal(engine):
         yield
     finally:
         config.load_universal_checkpoint = before
+
+
+def _ds_to_universal(load_dir: str, tag: str, target: str) -> None:
+    """DeepSpeed's own ``ds_to_universal``, in process."""
+    import argparse
+
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    ds_to_universal(
+        argparse.Namespace(
+            input_folder=os.path.join(load_dir, tag),
+            output_folder=os.path.join(load_dir, target),
+            num_extract_workers=1,
+            num_merge_workers=1,
+            keep_temp_folder=False,
+            strict=True,
+            inject_missing_state=True,
+        )
+    )
 
 
 def _read_latest(load_dir: str, universal: bool) -> str | None:

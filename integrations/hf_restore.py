@@ -74,7 +74,7 @@ class Resume:
                 output_dir = trainer.args.output_dir
                 last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
                 try:
-                    folder = self._last_complete(last)
+                    folder = self._last_complete(last, trainer.args.world_size)
                 except Exception as exc:  # noqa: BLE001 - records unreadable (EIO on NFS):
                     self.session.warn_once("last_complete", exc)
                     folder = last  # the Trainer's own choice stands
@@ -104,19 +104,33 @@ class Resume:
             self.files.report_missing(listing, missing, op)
         return listing
 
-    def _last_complete(self, folder: str | None) -> str | None:
+    def _last_complete(self, folder: str | None, world_size: int = 1) -> str | None:
         """The newest ``checkpoint-N``, unless the interruption record says its save was
         cut short (no record of its files, and the emergency save of that step never
-        finished): then the newest one whose save did finish."""
+        finished): then the newest one whose save did finish.
+
+        Only a single-process job substitutes: the record is rank 0's, in a state location
+        that may be node-local, so ranks could read different records and load different
+        checkpoints; with more ranks the Trainer's choice stands, with a warning."""
         from ckptprof.interrupt.record import SAVED, read_record
 
         if folder is None or self.files.read_folder_records(folder) is not None:
             return folder
         parent = os.path.dirname(folder)
         record = read_record(self.files.state.location(parent))
-        step = folder.rsplit("-", 1)[-1]
+        step = _step_of(folder)
         if record is None or record.outcome == SAVED or str(record.step) != step:
             return folder  # nothing says it is incomplete: the Trainer's choice stands
+        if world_size > 1:
+            log.warning(
+                "ckptprof: %s may have been cut short when the job was stopped (%s); resuming "
+                "from it as the Trainer chose (%d ranks: each would decide from its own node's "
+                "records, and must load the same checkpoint)",
+                folder,
+                record.outcome,
+                world_size,
+            )
+            return folder
         finished = [
             p
             for p in checkpoints_in(parent)
@@ -157,7 +171,7 @@ class Resume:
         op = self.session.restore_op
         if op is None:
             return
-        restored = str(op.attributes.get(Attr.PATH, "")).rsplit("-", 1)[-1]
+        restored = _step_of(str(op.attributes.get(Attr.PATH, "")))
         extra = {Attr.RESTORED_STEP: int(restored)} if restored.isdigit() else {}  # checkpoint-N
         announce = trainer is not None and trainer.is_world_process_zero()
         batch, self.first_batch = self.first_batch, None
@@ -165,6 +179,11 @@ class Resume:
         self.session.first_step_done(
             step, announce=announce, batch=batch, skipped_batches=skipped, **extra
         )
+
+
+def _step_of(path: str) -> str:
+    """``N`` of ``…/checkpoint-N`` (a trailing slash or ``.`` parts included)."""
+    return os.path.basename(os.path.normpath(path)).rsplit("-", 1)[-1] if path else ""
 
 
 __all__ = ["Resume"]

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,222 @@ def test_a_universal_load_leaves_the_engines_config_as_it_was():
         assert config.load_universal_checkpoint is True
         raise RuntimeError("the load failed")
     assert config.load_universal_checkpoint is False
+
+
+def run_script(script: str, tmp_path: Path, nproc: int = 1, timeout: int = 300):
+    """``script`` (after the example's imports, as ``main()``) in a fresh process, or
+    ``nproc`` of them."""
+    path = tmp_path / "job.py"
+    header = f"""
+import os, sys, threading, torch
+sys.path.insert(0, {str(EXAMPLE.parent)!r})
+from deepspeed_resume import make_engine, single_process_env, train
+single_process_env()
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+"""
+    # in a main guard: DeepSpeed's decoupled writer is a spawned process (it imports this)
+    body = textwrap.indent(textwrap.dedent(script), "    ")
+    path.write_text(f"{header}\ndef main():\n{body}\n\nif __name__ == '__main__':\n    main()\n")
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        launcher += ["--standalone", "--local-addr", "127.0.0.1"]
+    result = subprocess.run(
+        [*launcher, str(path)], capture_output=True, text=True, timeout=timeout, env=env()
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def test_every_decoupled_save_gets_its_background_span_and_record(tmp_path):
+    """Two saves before one step (one DeepSpeed commit covers both), the last save before
+    engine.destroy() (committed by its cleanup), and a save still pending when ckptprof is
+    removed (its background span ends, marked, without a record)."""
+    ckpt, traces = tmp_path / "c", tmp_path / "t"
+    run_script(
+        f"""
+from ckptprof.integrations.deepspeed import instrument
+engine = make_engine(0, 16, 1, decoupled=True)
+instrument(engine, trace_dir={str(traces)!r})
+train(engine, 2)
+engine.save_checkpoint({str(ckpt)!r}, tag="a")
+engine.save_checkpoint({str(ckpt)!r}, tag="b")
+train(engine, 3)  # DeepSpeed commits both here
+engine.save_checkpoint({str(ckpt)!r}, tag="c")
+engine.destroy()  # and this one in checkpoint_engine.cleanup()
+
+second = make_engine(0, 16, 1, decoupled=True)
+ckptprof = instrument(second, trace_dir={str(traces)!r})
+train(second, 1)
+second.save_checkpoint({str(ckpt)!r}, tag="d")
+ckptprof.uninstrument()
+second.destroy()
+print("threads", sorted(t.name for t in threading.enumerate() if "ckptprof" in t.name))
+""",
+        tmp_path,
+    )
+    spans = spans_in(traces)
+    saves = [s for s in spans if s["name"] == "ckpt.save"]
+    blocking = {
+        s["attributes"]["ckpt.path"]: s
+        for s in saves
+        if not s["attributes"].get("ckpt.save.background")
+    }
+    background = {
+        s["attributes"]["ckpt.path"]: s
+        for s in saves
+        if s["attributes"].get("ckpt.save.background")
+    }
+    folders = [str(ckpt / tag) for tag in "abcd"]
+    assert sorted(blocking) == sorted(background) == folders
+    for folder in folders:
+        (link,) = background[folder]["links"]
+        assert link["context"]["span_id"] == blocking[folder]["context"]["span_id"]
+    for tag in "abc":
+        model = ckpt / tag / "mp_rank_00_model_states.pt"
+        commit = children(spans, background[str(ckpt / tag)])["ckpt.commit"]["attributes"]
+        assert commit["ckpt.bytes"] == model.stat().st_size > 0
+        assert background[str(ckpt / tag)]["status"]["status_code"] != "ERROR"
+        assert folder_record(ckpt / tag)["files"]["mp_rank_00_model_states.pt"]["size"] == (
+            model.stat().st_size
+        )
+    # removed before DeepSpeed committed it: ended, said so, no record of its files
+    assert background[str(ckpt / "d")]["status"]["status_code"] == "ERROR"
+    assert folder_record(ckpt / "d") is None
+
+
+def test_an_evaluation_only_restore_ends_at_its_first_forward_and_a_training_one_at_its_step(
+    tmp_path,
+):
+    traces = tmp_path / "t"
+    result = run_script(
+        f"""
+import time
+from ckptprof.integrations.deepspeed import instrument
+engine = make_engine(2, 16, 1)
+ckptprof = instrument(engine, trace_dir={str(traces)!r})
+train(engine, 2, save_dir={str(tmp_path / "c")!r}, every=2)
+engine.load_checkpoint({str(tmp_path / "c")!r})
+engine.eval()
+with torch.no_grad():
+    engine(torch.randn(2, 16))
+open_after_eval = ckptprof.session.restore_op is not None
+restore_threads = ("ckptprof-memory", "ckptprof-watchdog")
+busy = sorted(t.name for t in threading.enumerate() if t.name in restore_threads)
+engine.train()
+engine.load_checkpoint({str(tmp_path / "c")!r})
+# a training resume: its first forward (train mode, gradients on) leaves it open
+loss = engine(torch.randn(2, 16)).sum()
+open_after_forward = ckptprof.session.restore_op is not None
+engine.backward(loss)
+engine.step()
+print("eval", open_after_eval, busy, "train", open_after_forward,
+      ckptprof.session.restore_op is not None)
+engine.destroy()
+""",
+        tmp_path,
+    )
+    assert "eval False [] train True False" in result.stdout, result.stdout
+    evaluation, training = sorted(
+        (s for s in spans_in(traces) if s["name"] == "ckpt.restore"),
+        key=lambda s: span_ns(s["start_time"]),
+    )
+    spans = spans_in(traces)
+    assert "ckpt.first_step" not in children(spans, evaluation)
+    assert evaluation["attributes"]["ckpt.restored_step"] == 2
+    assert "ckpt.first_step" in children(spans, training)
+    assert training["attributes"]["ckpt.step"] == 3
+
+
+def test_a_pipeline_engine_counts_train_batch_as_its_step(tmp_path):
+    """PipelineEngine.step() only raises: train_batch is its step (one stage, gloo, CPU)."""
+    traces = tmp_path / "t"
+    result = run_script(
+        f"""
+import deepspeed, deepspeed.ops
+from deepspeed.pipe import PipelineModule
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+deepspeed.init_distributed(dist_backend="gloo")
+torch.manual_seed(0)
+layers = [torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)]
+net = PipelineModule(layers=layers, num_stages=1, loss_fn=torch.nn.MSELoss())
+config = {{"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2,
+          "steps_per_print": 10**9, "zero_optimization": {{"stage": 0}}}}
+optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+engine, *_ = deepspeed.initialize(model=net, optimizer=optimizer, config=config)
+from ckptprof.integrations.deepspeed import instrument
+ckptprof = instrument(engine, trace_dir={str(traces)!r})
+def data():
+    g = torch.Generator().manual_seed(0)
+    while True:
+        x = torch.randn(2, 16, generator=g)
+        yield x, x[:, :4]
+batches = data()
+for _ in range(3):
+    engine.train_batch(batches)
+engine.save_checkpoint({str(tmp_path / "c")!r})
+engine.load_checkpoint({str(tmp_path / "c")!r})
+engine.train_batch(batches)
+trained = ckptprof.session.restore_op is None
+engine.load_checkpoint({str(tmp_path / "c")!r})
+engine.eval_batch(batches)
+print("pipeline", trained, ckptprof.session.restore_op is None, engine.global_steps)
+engine.destroy()
+""",
+        tmp_path,
+    )
+    assert "pipeline True True 3" in result.stdout, result.stdout
+    first, evaluation = sorted(
+        (s for s in spans_in(traces) if s["name"] == "ckpt.restore"),
+        key=lambda s: span_ns(s["start_time"]),
+    )
+    spans = spans_in(traces)
+    assert first["attributes"]["ckpt.restored_step"] == 3
+    assert first["attributes"]["ckpt.step"] == 4
+    assert "ckpt.first_step" in children(spans, first)
+    assert "ckpt.first_step" not in children(spans, evaluation)
+
+
+def test_universal_convert_keeps_every_rank_in_step_whatever_ckptprof_finds(tmp_path):
+    """Saved by one rank, loaded by two with universal='convert': a conversion that fails
+    on rank 0 fails on both ranks (neither waits for the other), and rank 0's finding
+    decides for a rank whose own listing failed (both load the universal copy)."""
+    ok(run(tmp_path, "train", "--steps", "5"))
+    ckpt = tmp_path / "checkpoints"
+    result = run_script(
+        f"""
+import deepspeed.checkpoint.ds_to_universal as d2u
+from ckptprof.integrations.deepspeed import instrument
+from ckptprof.integrations.files import CheckpointFiles
+engine = make_engine(2, 64, 2)
+rank = engine.global_rank
+instrument(engine, trace_dir={str(tmp_path / "traces")!r}, universal="convert")
+convert = d2u.main
+def broken(args):
+    raise OSError("disk full")
+d2u.main = broken
+try:
+    engine.load_checkpoint({str(ckpt)!r})
+    print(f"rank{{rank}} loaded", flush=True)
+except Exception as exc:
+    print(f"rank{{rank}} refused: {{exc}}", flush=True)
+d2u.main = convert
+list_folder = CheckpointFiles.list_folder
+def unlisted(self, folder, op):
+    if rank == 1:
+        raise OSError("EIO")
+    return list_folder(self, folder, op)
+CheckpointFiles.list_folder = unlisted
+engine.load_checkpoint({str(ckpt)!r})
+print(f"rank{{rank}} resumed at {{engine.global_steps}}", flush=True)
+engine.destroy()
+""",
+        tmp_path,
+        nproc=2,
+        timeout=240,
+    )
+    out = result.stdout
+    assert "rank0 refused: disk full" in out, out
+    assert "rank1 refused: the universal conversion of" in out and "failed on rank 0" in out
+    assert "rank0 resumed at 5" in out and "rank1 resumed at 5" in out, out
+    assert (ckpt / "global_step5_universal").is_dir()

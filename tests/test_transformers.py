@@ -717,7 +717,9 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
             f"{told.rto_s:.3f} s") in report.stdout  # fmt: skip
 
 
-def test_save_cut_short_by_the_deadline_leaves_the_previous_checkpoint_in_use(tmp_path, caplog):
+def cut_short_after_ten_steps(tmp_path: Path) -> Path:
+    """Ten steps trained (checkpoint-10), then an emergency save of step 12 killed half
+    way: its files, no record of them, and rank 0's interruption record of step 12."""
     import shutil
 
     from ckptprof.interrupt.record import InterruptionRecord, write_record
@@ -747,6 +749,11 @@ def test_save_cut_short_by_the_deadline_leaves_the_previous_checkpoint_in_use(tm
             last_step=12,
         ),
     )
+    return checkpoints
+
+
+def test_save_cut_short_by_the_deadline_leaves_the_previous_checkpoint_in_use(tmp_path, caplog):
+    checkpoints = cut_short_after_ten_steps(tmp_path)
     callback = CkptProfCallback(trace_dir=tmp_path / "traces", interruptions={"sources": []})
     trainer = make_trainer(tmp_path, 11, [callback])
     with caplog.at_level(logging.WARNING, logger="ckptprof"):
@@ -757,6 +764,37 @@ def test_save_cut_short_by_the_deadline_leaves_the_previous_checkpoint_in_use(tm
     assert attrs["ckpt.path"] == str(checkpoints / "checkpoint-10")
     assert attrs["ckpt.interruption.outcome"] == "pending"  # the save never finished
     assert attrs["ckpt.interruption.steps_lost"] == 2
+
+
+def test_with_more_ranks_the_trainers_choice_stands_over_a_node_local_record(
+    tmp_path, caplog, monkeypatch
+):
+    """The interruption record is rank 0's, in a state location that may be node-local:
+    with more than one rank, ranks could decide differently, so none substitutes."""
+    from transformers import TrainingArguments
+
+    checkpoints = cut_short_after_ten_steps(tmp_path)
+    trainer = make_trainer(tmp_path, 11, [])
+    ckptprof = instrument(trainer, trace_dir=tmp_path / "traces")._instrumentor
+    monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: 2))
+    try:
+        with caplog.at_level(logging.WARNING, logger="ckptprof"):
+            given = ckptprof._resume.begin(trainer, True, False)
+        assert given is True  # the Trainer's own choice: its last checkpoint
+        assert ckptprof.session.restore_op.attributes["ckpt.path"] == str(
+            checkpoints / "checkpoint-12"
+        )
+        assert "resuming from it as the Trainer chose (2 ranks" in caplog.text
+    finally:
+        ckptprof.session.end_restore()
+        uninstrument(trainer)
+
+
+def test_a_resume_path_with_a_trailing_slash_keeps_its_restored_step(tmp_path):
+    traced(tmp_path, 4, save_steps=2)[0].train()
+    trainer, callback = traced(tmp_path, 6, save_steps=2)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoints" / "checkpoint-4") + "/")
+    assert callback.last_restore.attributes["ckpt.restored_step"] == 4
 
 
 def test_notice_during_a_save_is_handled_after_it(tmp_path):
