@@ -48,8 +48,9 @@ class _LogFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
-            if "://" in message:
-                record.msg, record.args = strip_url_secrets(message), None
+            stripped = strip_url_secrets(message)  # as it is where it names no URL
+            if stripped is not message:
+                record.msg, record.args = stripped, None
         except Exception:  # noqa: BLE001, S110 - a log line is never worth an error
             pass
         return True
