@@ -50,6 +50,7 @@ import time
 from typing import Any
 
 from ckptprof.errors import CkptprofError
+from ckptprof.integrations.ds_decoupled import DecoupledSaves
 from ckptprof.integrations.ds_load import LoadFiles, file_size, loading_universal
 from ckptprof.integrations.instrumentor import Instrumentor
 from ckptprof.integrations.patching import Target, argument, replace_argument
@@ -117,7 +118,7 @@ class DeepSpeedInstrumentor(Instrumentor):
         self._ticked_at: int | None = None  # the global step last timed
         self._written: list[str] = []
         # decoupled saves waiting for DeepSpeed's commit (one commit covers all queued)
-        self._pending: list[tuple] = []
+        self._decoupled_saves = DecoupledSaves(self)
 
     @property
     def engine(self):
@@ -137,23 +138,8 @@ class DeepSpeedInstrumentor(Instrumentor):
         engine = self.engine
         if engine is not None and vars(engine).get(_ATTACHED) is self:
             del vars(engine)[_ATTACHED]
-        self._abandon_pending()
+        self._decoupled_saves.abandon()
         super().uninstrument()
-
-    def _abandon_pending(self) -> None:
-        """Decoupled saves DeepSpeed has not committed yet (ckptprof removed before the
-        next step or ``engine.destroy()``): their background spans end now, marked as not
-        seen committed, and no record is written (their files may still be arriving)."""
-        pending, self._pending = self._pending, []
-        for folder, _names, queued_by, step in pending:
-            op = self._begin_background(folder, step, queued_by)
-            if op is not None:
-                op.finish(
-                    CkptprofError(
-                        f"{folder}: ckptprof was removed before DeepSpeed committed this save "
-                        "(at the next step or engine.destroy()); no record of its files"
-                    )
-                )
 
     def _decoupled(self, engine) -> bool:
         return bool(engine.checkpoint_engine.is_decoupled())
@@ -369,7 +355,7 @@ class DeepSpeedInstrumentor(Instrumentor):
                     # (and this rank's record) happen at the next optimizer step, or at
                     # engine.destroy() (checkpoint_engine.cleanup)
                     op.set_phase_attributes(Phase.WRITE, **{Attr.WRITE_ASYNC: True})
-                    self._pending.append((folder, names, op.span_context, engine.global_steps))
+                    self._decoupled_saves.queue(folder, names, op.span_context, engine.global_steps)
                 elif op is not None:
                     self.files.commit_folder(folder, names, op, engine.global_steps)
             return result
@@ -382,43 +368,9 @@ class DeepSpeedInstrumentor(Instrumentor):
         queued the files (``ckpt.save.background``)."""
 
         def commit_decoupled_checkpoint(*args, **kwargs):
-            return self._commit_pending(original, *args, **kwargs)
+            return self._decoupled_saves.commit(original, *args, **kwargs)
 
         return commit_decoupled_checkpoint
-
-    def _begin_background(self, folder: str, step: int, queued_by):
-        attrs = {Attr.FORMAT: "deepspeed", Attr.PATH: folder, Attr.STEP: step}
-        attrs[Attr.WORLD_SIZE] = self.engine.world_size
-        return self.session.begin_background_save(attrs, queued_by)
-
-    def _commit_pending(self, original, *args, **kwargs):
-        """DeepSpeed's commit of the decoupled saves queued so far (one commit waits for
-        the writer to finish all of them): each save's background span and record."""
-        pending, self._pending = self._pending, []
-        if not pending:
-            return original(*args, **kwargs)
-        ops = [(self._begin_background(p[0], p[3], p[2]), p) for p in pending]
-        for op, _ in ops:
-            if op is not None:
-                op.set_phase_attributes(Phase.COMMIT, **{Attr.COMMIT_WAITS_FOR_WRITER: True})
-        try:
-            with contextlib.ExitStack() as phases:
-                for op, _ in ops:
-                    if op is not None:
-                        phases.enter_context(op.phase(Phase.COMMIT))
-                result = original(*args, **kwargs)
-        except BaseException as exc:
-            for op, _ in ops:
-                if op is not None:
-                    op.finish(exc)
-            raise
-        for op, (folder, names, _, step) in ops:
-            if op is not None:
-                op.add_bytes(Phase.COMMIT, sum(file_size(os.path.join(folder, n)) for n in names))
-            self.files.commit_folder(folder, names, op, step)
-            if op is not None:
-                op.finish()
-        return result
 
     def _traced_serialize(self, original):
         def build_and_write(*args, **kwargs):
@@ -449,9 +401,9 @@ class DeepSpeedInstrumentor(Instrumentor):
 
     def _traced_commit(self, original):
         def commit(*args, **kwargs):
-            if self._pending and self.session.save_op is None:
+            if self._decoupled_saves.pending and self.session.save_op is None:
                 # a decoupled commit outside step(): checkpoint_engine.cleanup() at destroy
-                return self._commit_pending(original, *args, **kwargs)
+                return self._decoupled_saves.commit(original, *args, **kwargs)
             return timed(self.session.save_op, Phase.COMMIT, original, *args, **kwargs)
 
         return commit

@@ -432,13 +432,7 @@ class CkptProf(GuestCallback, Callback):
     def on_validation_start(self, trainer, pl_module) -> None:
         self._instrumentor.evaluation_started(trainer)
 
-    @override
-    def on_test_start(self, trainer, pl_module) -> None:
-        self._instrumentor.evaluation_started(trainer)
-
-    @override
-    def on_predict_start(self, trainer, pl_module) -> None:
-        self._instrumentor.evaluation_started(trainer)
+    on_test_start = on_predict_start = on_validation_start  # an evaluation from a checkpoint
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

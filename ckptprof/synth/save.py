@@ -442,15 +442,11 @@ def _entries(storage, plan: CheckpointPlan, tensors: dict, strategy: str) -> dic
 def save_line(record: TimedSave) -> str:
     parts = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in record.phases.items())
     synced = "" if record.fsync else " (no fsync: the bytes may be only in the page cache)"
-    background = (
-        f"; then {record.background_s:.3f} s in the background"
-        if record.background_s is not None
-        else ""
-    )
-    if record.background_s is not None:
+    if record.background_s is not None:  # async: what blocked, then what went on behind
         return (
             f"save #{record.repeat}: {record.wall_s:.3f} s blocking ({fmt_bytes(record.bytes)}; "
-            f"{parts}){background}: {record.gbps:.2f} GB/s to the storage{synced}"
+            f"{parts}); then {record.background_s:.3f} s in the background: "
+            f"{record.gbps:.2f} GB/s to the storage{synced}"
         )
     return (
         f"save #{record.repeat}: {record.wall_s:.3f} s, {record.gbps:.2f} GB/s "
