@@ -9,7 +9,6 @@ import shutil
 import pytest
 import torch
 
-from ckptprof.errors import CkptprofError
 from ckptprof.manifest import MANIFEST_NAME
 from tests.conftest import TINY_SCALE, interrupted_generation, run_cli
 
@@ -192,8 +191,8 @@ def test_bad_restore_option_values(ckpt_copy, args, needles):
         (["--memory-budget", "1M"], ["--memory-budget", "two --part-size", "lower"]),
         (["--world-size", "2", "--rank", "2"], ["--rank 2", "--world-size 2", "0 to 1"]),
         (["--rank", "1"], ["--rank 1", "pass --world-size"]),  # saved by 1: one rank only
-        (["--stage", "."], ["--stage .", "add staged to --strategy"]),  # pipelined has none
-        # an option another leaves without effect (RestoreOptions.moot): refused, not ignored
+        # an option another leaves without effect (synth_restore.MOOT): refused, not ignored
+        (["--stage", "."], ["--stage would do", "add staged to --strategy"]),  # pipelined has none
         (["--first-step-s", "1"], ["--first-step-s would do", "--no-first-step skips"]),
         (["--first-step-tokens", "64"], ["--first-step-tokens would do", "--no-first-step"]),
         (["--deadline", "30"], ["--deadline would do nothing", "add --simulate-interruption"]),
@@ -218,32 +217,6 @@ def test_a_step_time_given_leaves_no_step_to_shape(ckpt_copy):
                          first_step=True)  # fmt: skip
     assert_one_line_error(result, "--first-step-tokens would do nothing", "--first-step-s gives")
     assert "ceiling" not in result.stdout  # refused before any work
-
-
-def test_every_moot_option_named_is_one_of_the_command():
-    """The options :meth:`RestoreOptions.moot` refuses, every one made moot at once: each
-    is named by its flag in ``synth restore``'s parser, with a fix naming flags too."""
-    import argparse
-
-    from ckptprof.cli import build_parser
-    from ckptprof.synth.options import RestoreOptions
-
-    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    (restore,) = [a for a in commands.choices["synth"]._actions
-                  if isinstance(a, argparse._SubParsersAction)]  # fmt: skip
-    flags = {f for a in restore.choices["restore"]._actions for f in a.option_strings}
-    every = RestoreOptions(first_step=False, first_step_s=1.0, first_step_tokens=64,
-                           deadline_s=30.0, caches=("hot",), drop_caches=True)  # fmt: skip
-    named = every.moot()
-    assert {option for option, _, _ in named} == {
-        "--first-step-s", "--first-step-tokens", "--deadline", "--drop-caches"
-    }  # fmt: skip
-    for option, why, fix in named:
-        assert option in flags
-        mentioned = {w.strip(",.;()") for w in f"{why} {fix}".split() if w.startswith("--")}
-        assert mentioned <= flags, (option, mentioned - flags)
-    with pytest.raises(CkptprofError, match="would do nothing"):
-        every.validate()
 
 
 @pytest.mark.slow
@@ -534,7 +507,7 @@ def test_a_bad_index_file_is_named_where_it_is(layout, checkpoints, tmp_path):
 @pytest.mark.parametrize(
     "args, says",
     [
-        (["--full", "--scale", "0.002"], "--scale 0.002 would do nothing: --full"),
+        (["--full", "--scale", "0.002"], "--scale would do nothing: --full"),
         (["--rank", "1"], "--rank 1 is not a rank of the 1 saved"),
         (["--strategy", "runai"], "--layout safetensors"),
         (["--strategy", "s3torchconnector"], "reads s3:// checkpoints"),

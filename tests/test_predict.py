@@ -413,40 +413,18 @@ def test_the_rest_of_a_restore_leaves_out_its_first_step(tmp_path):
     assert others == pytest.approx([0.25, 0.25])
 
 
-#: a value other than the default for every option of ``predict`` (the test below holds
-#: the table to the parser)
-SAMPLES = {
-    "PATH": ".", "--nodes": "2", "--ranks-per-node": "4", "--sharding": "zero1",
-    "--optimizer": None, "--master-weights": None, "--files-per-rank": "2",
-    "--storage-gbps": "10", "--node-gbps": "10", "--cores-per-node": "8", "--get-rate": "100",
-    "--put-rate": "100", "--mtbi": "24h", "--price-per-hour": "3", "--format": "json",
-    "--plot": "p.png", "--direct-io": None, "--cases": "ranks", "--scale": "0.004",
-    "--repeat": "3", "--out": "elsewhere",
-}  # fmt: skip
-
-
-def test_every_option_of_predict_is_used_where_given_or_refused(tmp_path, capsys, monkeypatch):
-    """Each option belongs to --check, to a prediction from PATHs, or to both; one given
-    where it would do nothing is one line naming it, before any work."""
+def test_every_option_of_predict_is_used_where_given_or_refused():
+    """Each option belongs to --check, to a prediction from PATHs, or to both, and one
+    given where it would do nothing is refused by the command's rules (each case:
+    tests/test_seams_options.py::test_every_moot_rule_refuses_each_option)."""
     import argparse
 
     from ckptprof.cli import build_parser
     from ckptprof.cli.predict import BOTH, CHECK_ONLY, PREDICTION_ONLY
 
     (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    dests = {a.dest for a in commands.choices["predict"]._actions
-             if not isinstance(a, argparse._HelpAction)}  # fmt: skip
-    assert dests == {*CHECK_ONLY, *PREDICTION_ONLY, *BOTH}
-    assert set(SAMPLES) == {*CHECK_ONLY.values(), *PREDICTION_ONLY.values()}
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "results.json").write_text("{}")
-    for flags, base in ((PREDICTION_ONLY, ["--check", str(tmp_path / "chk")]), (CHECK_ONLY, [])):
-        for flag in flags.values():
-            value = SAMPLES[flag]
-            given = [value] if flag == "PATH" else [flag] if value is None else [flag, value]
-            if flag == "--optimizer":
-                given = ["--no-optimizer"]
-            assert main(["predict", *base, *given]) == 2, flag
-            err = capsys.readouterr().err.strip().splitlines()
-            assert len(err) == 1 and f"{flag} would do nothing" in err[0], (flag, err)
-            assert not (tmp_path / "chk").exists() and not (tmp_path / "elsewhere").exists()
+    predict = commands.choices["predict"]
+    dests = [a.dest for a in predict._actions if not isinstance(a, argparse._HelpAction)]
+    groups = [*CHECK_ONLY, *PREDICTION_ONLY, *BOTH]
+    assert sorted(dests) == sorted(groups)  # each option in exactly one group
+    assert {rule.dests for rule in predict.moot_rules} == {CHECK_ONLY, PREDICTION_ONLY}

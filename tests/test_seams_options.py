@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import re
 
 import pytest
 
@@ -76,7 +77,14 @@ def _positional_values(parser: argparse.ArgumentParser, tmp_path, trial=None) ->
 
 @functools.cache
 def _parser() -> argparse.ArgumentParser:
-    return build_parser()  # parse_args leaves it as it was: one for the whole matrix
+    """One parser for the whole matrix (parse_args leaves it as it was), its moot rules off:
+    the matrix holds each value to its range alone, where an option others leave without
+    effect (``--deadline`` without ``--simulate-interruption``) is refused whatever its
+    value; the rules have their own test (:func:`test_every_moot_rule_refuses_each_option`)."""
+    parser = build_parser()
+    for _, command in _commands(parser):
+        command.moot_rules = ()
+    return parser
 
 
 def _parse(words, parser, tmp_path, option: str, value: str, capsys):
@@ -189,3 +197,82 @@ def test_huge_prices_and_intervals_are_refused_not_printed(tmp_path, capsys):
     for option, value in (("--mtbi", "1e99"), ("--price-per-hour", "1e308"), ("--mtbi", "1s")):
         code, _, err = _parse(("report",), report, tmp_path, option, value, capsys)
         _assert_refused(code, err, option, value)
+
+
+#: a value other than the default for every option of ``predict`` that only --check, or
+#: only a prediction from PATHs, uses
+PREDICT_VALUES = {
+    "paths": ["results.json"], "nodes": ["--nodes", "2"],
+    "ranks_per_node": ["--ranks-per-node", "4"], "sharding": ["--sharding", "zero1"],
+    "optimizer": ["--no-optimizer"], "master_weights": ["--master-weights"],
+    "files_per_rank": ["--files-per-rank", "2"], "storage_gbps": ["--storage-gbps", "10"],
+    "node_gbps": ["--node-gbps", "10"], "cores_per_node": ["--cores-per-node", "8"],
+    "get_rate": ["--get-rate", "100"], "put_rate": ["--put-rate", "100"],
+    "mtbi": ["--mtbi", "24h"], "price_per_hour": ["--price-per-hour", "3"],
+    "format": ["--format", "json"], "plot": ["--plot", "p.png"], "direct_io": ["--direct-io"],
+    "cases": ["--cases", "ranks"], "scale": ["--scale", "0.004"], "repeat": ["--repeat", "3"],
+    "out": ["--out", "elsewhere"],
+}  # fmt: skip
+
+
+def _moot_cases() -> list[tuple[tuple[str, ...], str, list[str], list[str]]]:
+    """(command, the option's dest, a command line under which the option does nothing, the
+    option's own words): each line is this test's claim, not read from the rules."""
+    from ckptprof.cli.predict import CHECK_ONLY, PREDICTION_ONLY
+
+    restore, save, generate = ("synth", "restore"), ("synth", "save"), ("synth", "generate")
+    framework = ["ck", "--strategy", "framework", "--ceiling-gbps", "1"]
+    dcp = ["ck", "--layout", "dcp", "--ceiling-gbps", "1"]  # DCP's default writer: framework
+    tokens, check = ["--first-step-tokens", "64"], ["--check", "chk"]
+    return [
+        (restore, "first_step_s", ["ck", "--no-first-step"], ["--first-step-s", "1"]),
+        (restore, "first_step_tokens", ["ck", "--no-first-step"], tokens),
+        (restore, "first_step_tokens", ["ck", "--first-step-s", "1"], tokens),
+        (restore, "deadline", ["ck"], ["--deadline", "30"]),
+        (restore, "drop_caches", ["ck", "--cache", "hot"], ["--drop-caches"]),
+        (restore, "stage", ["ck", "--strategy", "pipelined,framework"], ["--stage", "st"]),
+        (save, "concurrency", framework, ["--concurrency", "4"]),
+        (save, "part_size", framework, ["--part-size", "4M"]),
+        (save, "part_size", dcp, ["--part-size", "4M"]),
+        (generate, "bandwidth_gbps", ["ck"], ["--bandwidth-gbps", "5"]),
+        (generate, "force", ["ck", "--dry-run"], ["--force"]),
+        (("demo",), "scale", ["--full"], ["--scale", "0.1"]),
+        *[(("predict",), dest, check, PREDICT_VALUES[dest]) for dest in PREDICTION_ONLY],
+        *[(("predict",), dest, [], PREDICT_VALUES[dest]) for dest in CHECK_ONLY],
+    ]  # fmt: skip
+
+
+def test_every_moot_rule_refuses_each_option(tmp_path, capsys, monkeypatch):
+    """An option others leave without effect is one line naming it (and why, and the fix),
+    at parse time, before any work; the same line without it passes. The rules are read
+    from every command's parser: each option of each rule must be exercised by a case here,
+    and every flag a rule's text names must be one of its command's."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results.json").write_text("{}")
+    commands = dict(_commands(build_parser()))
+    exercised = set()
+    for words, dest, base, given in _moot_cases():
+        command = commands[words]
+        try:
+            namespace = build_parser().parse_args([*words, *base])
+        except SystemExit:
+            pytest.fail(f"{' '.join([*words, *base])}: refused without {given}")
+        rules = [(i, rule) for i, rule in enumerate(command.moot_rules) if dest in rule.dests]
+        holding = [i for i, rule in rules if rule.when(namespace)]
+        assert holding, f"{words} {given}: no rule of the command holds under {base}"
+        exercised.update((words, i, dest) for i in holding)
+        with pytest.raises(SystemExit) as exc:
+            build_parser().parse_args([*words, *base, *given])
+        lines = capsys.readouterr().err.strip().splitlines()
+        flag = next(a for a in command._actions if a.dest == dest)
+        name = flag.option_strings[-1] if flag.option_strings else flag.metavar
+        assert exc.value.code == 2 and len(lines) == 1, (words, given, lines)
+        assert f"{name} would do nothing" in lines[0] and "--help" in lines[0], lines[0]
+    for words, command in commands.items():
+        flags = {f for a in command._actions for f in a.option_strings}
+        for i, rule in enumerate(getattr(command, "moot_rules", ())):
+            for dest in rule.dests:
+                assert (words, i, dest) in exercised, f"{words} rule {i}: {dest} has no case"
+            text = f"{rule.fix} {rule.why if isinstance(rule.why, str) else ''}"
+            named = set(re.findall(r"--[a-z][a-z-]*[a-z]", text))
+            assert named <= flags, (words, named - flags)

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptprof.cli.options import HelpFormatter, add_device_option, directory
+from ckptprof.cli.options import HelpFormatter, Moot, add_device_option, directory, refuse_moot
 from ckptprof.cli.synth_options import (
     add_concurrency_option,
     add_memory_budget_option,
@@ -91,20 +91,19 @@ def add_parser(commands) -> None:
     ):  # fmt: skip
         add_option(restore)
     demo.set_defaults(func=run, **DEMO_DEFAULTS)
+    refuse_moot(
+        demo, Moot(("scale",), lambda args: args.full, "--full is --scale 1", "drop one of them")
+    )
 
 
 def _check_before_saving(args, options) -> None:
     """What the restore would refuse after the timed saves, known from the options alone:
-    a moot --scale, a rank outside the ranks saved, a strategy for another layout."""
+    a rank outside the ranks saved, a strategy for another layout."""
     from ckptprof.errors import CkptprofError
     from ckptprof.storage import open_storage
     from ckptprof.synth.layouts import get_layout
     from ckptprof.synth.strategies.registry import get_strategy
 
-    if args.full and args.scale != DEMO_SCALE:
-        raise CkptprofError(
-            f"--scale {args.scale:g} would do nothing: --full is --scale 1; drop one of them."
-        )
     if args.rank is not None and args.world_size is None and args.rank >= args.ranks:
         raise CkptprofError(
             f"--rank {args.rank} is not a rank of the {args.ranks} saved (--ranks "

@@ -8,7 +8,9 @@ one line every ckptprof error is (``ckptprof: error: --ranks: expected …``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -56,8 +58,22 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         namespace, extras = super().parse_known_args(args, namespace)
+        self._refuse_moot(namespace)
         self._refuse_writing_what_is_read(namespace)
         return namespace, extras
+
+    def _refuse_moot(self, namespace: argparse.Namespace) -> None:
+        """Every option of a :class:`Moot` rule of this command given while its rule holds:
+        one line naming them, before any work (:func:`refuse_moot` declares the rules)."""
+        for rule in getattr(self, "moot_rules", ()):
+            given = [
+                _option_name(action)
+                for action in self._actions
+                if action.dest in rule.dests and _given(action, getattr(namespace, action.dest))
+            ]
+            if given and rule.when(namespace):
+                reason = rule.reason(namespace)
+                self.error(f"{', '.join(given)} would do nothing: {reason}; {rule.fix}.")
 
     def _refuse_writing_what_is_read(self, namespace: argparse.Namespace) -> None:
         """An output file that is one of the files the command's inputs name (``report
@@ -87,29 +103,36 @@ class Parser(argparse.ArgumentParser):
                 )
 
 
-def remember_defaults(parser: argparse.ArgumentParser) -> None:
-    """Each option's default on the namespace, so that the command can tell an option
-    given from one left alone (:func:`refuse_moot`)."""
-    parser.set_defaults(option_defaults={a.dest: a.default for a in parser._actions})
+@dataclass(frozen=True)
+class Moot:
+    """Options (their ``dests``) that have no effect while ``when`` holds of the parsed
+    arguments: given then, they are refused, never silently ignored. ``why`` says why (a
+    text that may name the arguments' values, ``--check {check}``, or made from them);
+    ``fix`` what to give or drop."""
+
+    dests: tuple[str, ...]
+    when: Callable[[argparse.Namespace], bool]
+    why: str | Callable[[argparse.Namespace], str]
+    fix: str
+
+    def reason(self, args: argparse.Namespace) -> str:
+        return self.why(args) if callable(self.why) else self.why.format_map(vars(args))
 
 
-def refuse_moot(args: argparse.Namespace, flags: dict[str, str], why: str, fix: str) -> None:
-    """One line naming every option of ``flags`` (dest → flag) given on the command line
-    that the others leave without effect: refused, never silently ignored."""
-    from ckptprof.errors import CkptprofError
-
-    given = [flag for dest, flag in flags.items()
-             if _given(getattr(args, dest), args.option_defaults[dest])]  # fmt: skip
-    if given:
-        raise CkptprofError(f"{', '.join(given)} would do nothing: {why}; {fix}.")
+def refuse_moot(parser: argparse.ArgumentParser, *rules: Moot) -> None:
+    """Declare a command's :class:`Moot` rules: its :class:`Parser` checks them after each
+    parse, so that every command refuses a moot option the one way."""
+    parser.moot_rules = (*getattr(parser, "moot_rules", ()), *rules)
 
 
-def _given(value: Any, default: Any) -> bool:
-    """Whether ``value`` came from the command line: argparse converts a text default
-    with the option's type (a folder's text becomes a Path) and leaves ``nargs="*"`` an
-    empty list."""
-    plain = str(value) if isinstance(value, Path) else value
-    return plain != default and not (default is None and plain == [])
+def _given(action: argparse.Action, value: Any) -> bool:
+    """Whether ``value`` came from the command line: argparse converts a text default with
+    the option's type (``"16M"``, a folder's text) and leaves ``nargs="*"`` an empty list."""
+    default = action.default
+    if isinstance(default, str) and callable(action.type):
+        with contextlib.suppress(Exception):  # as argparse would have it, where it can
+            default = action.type(default)
+    return value != default and not (default is None and value == [])
 
 
 def _option_name(action: argparse.Action) -> str:

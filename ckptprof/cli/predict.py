@@ -9,6 +9,7 @@ import sys
 from ckptprof import schema
 from ckptprof.cli.options import (
     HelpFormatter,
+    Moot,
     choice_list,
     directory,
     duration,
@@ -17,7 +18,6 @@ from ckptprof.cli.options import (
     output_file,
     real,
     refuse_moot,
-    remember_defaults,
     whole,
 )
 from ckptprof.cost import MAX_PRICE_PER_HOUR
@@ -109,22 +109,25 @@ def add_parser(commands) -> None:
     )  # fmt: skip
     _add_check(parser)
     parser.set_defaults(func=run)
-    remember_defaults(parser)
+    refuse_moot(
+        parser,
+        Moot(PREDICTION_ONLY, lambda args: bool(args.check),
+             "--check {check} predicts its own cases from what it measures there",
+             "drop them, or predict without --check"),
+        Moot(CHECK_ONLY, lambda args: not args.check, "they say how --check measures",
+             "add --check DEST, or drop them"),
+    )  # fmt: skip
 
 
 #: what only ``--check`` uses, and what only a prediction from PATHs uses (``--model``
 #: serves both); the test holds every option of the command to one of the three
-CHECK_ONLY = {"direct_io": "--direct-io", "cases": "--cases", "scale": "--scale",
-              "repeat": "--repeat", "out": "--out"}  # fmt: skip
-PREDICTION_ONLY = {
-    "paths": "PATH", "nodes": "--nodes", "ranks_per_node": "--ranks-per-node",
-    "sharding": "--sharding", "optimizer": "--optimizer", "master_weights": "--master-weights",
-    "files_per_rank": "--files-per-rank", "storage_gbps": "--storage-gbps",
-    "node_gbps": "--node-gbps", "cores_per_node": "--cores-per-node", "get_rate": "--get-rate",
-    "put_rate": "--put-rate", "mtbi": "--mtbi", "price_per_hour": "--price-per-hour",
-    "format": "--format", "plot": "--plot",
-}  # fmt: skip
-BOTH = {"model": "--model", "check": "--check"}
+CHECK_ONLY = ("direct_io", "cases", "scale", "repeat", "out")
+PREDICTION_ONLY = (
+    "paths", "nodes", "ranks_per_node", "sharding", "optimizer", "master_weights",
+    "files_per_rank", "storage_gbps", "node_gbps", "cores_per_node", "get_rate", "put_rate",
+    "mtbi", "price_per_hour", "format", "plot",
+)  # fmt: skip
+BOTH = ("model", "check")
 
 
 def _add_limits(parser) -> None:
@@ -225,12 +228,6 @@ def run(args) -> int:
     from ckptprof.errors import CkptprofError
     from ckptprof.storage import is_object_store
 
-    if args.check:
-        refuse_moot(args, PREDICTION_ONLY, f"--check {args.check} predicts its own cases from "
-                    "what it measures there", "drop them, or predict without --check")  # fmt: skip
-    else:
-        refuse_moot(args, CHECK_ONLY, "they say how --check measures",
-                    "add --check DEST, or drop them")  # fmt: skip
     if args.plot:
         from ckptprof.report.plot import check_image_path
 

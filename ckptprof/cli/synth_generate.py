@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ckptprof.cli.options import HelpFormatter, location, real
+from ckptprof.cli.options import HelpFormatter, Moot, location, real, refuse_moot
 from ckptprof.cli.synth_options import add_force_option, add_spec_arguments
 from ckptprof.synth import ranges
 
@@ -42,18 +42,18 @@ def add_parser(sub) -> None:
     )
     add_force_option(gen)
     gen.set_defaults(func=run_generate)
+    refuse_moot(
+        gen,
+        Moot(("bandwidth_gbps",), lambda args: not args.dry_run,
+             "it sets --dry-run's time estimates", "add --dry-run, or drop it"),
+        Moot(("force",), lambda args: args.dry_run, "--dry-run writes nothing to replace",
+             "drop one of them"),
+    )  # fmt: skip
 
 
 def run_generate(args) -> int:
-    from ckptprof.errors import CkptprofError
     from ckptprof.synth.generate import estimated_bytes, generate, plan_checkpoint
     from ckptprof.synth.plan import SynthSpec
-
-    if args.bandwidth_gbps and not args.dry_run:
-        raise CkptprofError(
-            "--bandwidth-gbps would do nothing: it sets --dry-run's time estimates; add "
-            "--dry-run, or drop it."
-        )
 
     spec = SynthSpec(
         model=args.model,

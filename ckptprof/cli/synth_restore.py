@@ -8,11 +8,13 @@ import os
 
 from ckptprof.cli.options import (
     HelpFormatter,
+    Moot,
     add_device_option,
     checkpoint,
     choice_list,
     directory,
     real,
+    refuse_moot,
     size,
     size_text,
     whole,
@@ -65,6 +67,26 @@ def add_parser(sub) -> None:
     _add_outputs(res)
     _add_interruptions(res)
     res.set_defaults(func=run_restore)
+    refuse_moot(res, *MOOT)
+
+
+#: options the others leave without effect, refused where given
+MOOT = (
+    Moot(("first_step_s", "first_step_tokens"), lambda args: not args.first_step,
+         "--no-first-step skips the step", "drop them, or --no-first-step"),
+    Moot(("first_step_tokens",), lambda args: args.first_step and args.first_step_s is not None,
+         "--first-step-s gives the step's time, so no step runs or is estimated here",
+         "drop one of them"),
+    Moot(("deadline",), lambda args: not args.simulate_interruption,
+         "it is the notice's deadline, and only --simulate-interruption gives one",
+         "add --simulate-interruption, or drop --deadline"),
+    Moot(("drop_caches",), lambda args: "cold" not in args.cache,
+         "it empties the cache before cold runs, and --cache asks for none",
+         "add cold to --cache, or drop --drop-caches"),
+    Moot(("stage",), lambda args: "staged" not in args.strategy,
+         lambda args: f"it is where --strategy staged downloads to, and --strategy is "
+         f"{','.join(args.strategy)}", "add staged to --strategy, or drop --stage"),
+)  # fmt: skip
 
 
 def _add_sweep(parser) -> None:

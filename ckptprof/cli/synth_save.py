@@ -7,7 +7,17 @@ import argparse
 import contextlib
 import os
 
-from ckptprof.cli.options import HelpFormatter, directory, location, real, size, size_text, whole
+from ckptprof.cli.options import (
+    HelpFormatter,
+    Moot,
+    directory,
+    location,
+    real,
+    refuse_moot,
+    size,
+    size_text,
+    whole,
+)
 from ckptprof.cli.synth_options import (
     add_force_option,
     add_spec_arguments,
@@ -101,6 +111,19 @@ def add_parser(sub) -> None:
     )  # fmt: skip
     add_stall_option(save)
     save.set_defaults(func=run_save)
+    refuse_moot(
+        save,
+        Moot(("concurrency", "part_size"),
+             lambda args: _strategy(args) != "parallel" and args.ceiling_gbps is not None,
+             lambda args: f"--strategy {_strategy(args)} writes as its framework does, and "
+             "--ceiling-gbps skips the write probe that uses them",
+             "drop them, or --ceiling-gbps"),
+    )  # fmt: skip
+
+
+def _strategy(args) -> str:
+    """The save's strategy: as given, or the layout's default."""
+    return args.strategy or saver_registry.default_strategy(args.layout)
 
 
 def run_save(args) -> int:
@@ -120,7 +143,7 @@ def run_save(args) -> int:
     )  # fmt: skip
     options = SaveOptions(
         repeat=args.repeat, fsync=args.fsync, force=args.force,
-        strategy=args.strategy or saver_registry.default_strategy(args.layout),
+        strategy=_strategy(args),
         concurrency=args.concurrency, part_size=args.part_size, ceiling_gbps=args.ceiling_gbps,
         direct_io=args.direct_io,
         stall_after_s=stall_option(args.stall_after),

@@ -96,12 +96,6 @@ class RestoreOptions:
                 f"--memory-budget {self.memory_budget} holds fewer than two --part-size "
                 f"{self.part_size} reads; raise it, or lower --part-size."
             )
-        if self.stage_dir is not None and "staged" not in self.strategies:
-            raise CkptprofError(
-                f"--stage {self.stage_dir} is where --strategy staged downloads to, but the "
-                f"strategies are {','.join(self.strategies)}; add staged to --strategy, or "
-                "drop --stage."
-            )
         if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
             raise CkptprofError(
                 f"--rank {self.rank} is not a rank of --world-size {self.world_size} "
@@ -112,50 +106,11 @@ class RestoreOptions:
                 "--simulate-interruption saves the first step's model and optimizer, which "
                 "--no-first-step does not build; drop one of them."
             )
-        for option, why, fix in self.moot():
-            raise CkptprofError(f"{option} would do nothing: {why}; {fix}.")
 
     @property
     def deadline(self) -> float:
         """The simulated notice's seconds to termination."""
         return DEADLINE_S if self.deadline_s is None else self.deadline_s
-
-    def moot(self) -> list[tuple[str, str, str]]:
-        """``(option, why, fix)`` for each option given that the others leave without
-        effect: refused, never silently ignored."""
-        moot = []
-        if not self.first_step:
-            for option, value in (
-                ("--first-step-s", self.first_step_s),
-                ("--first-step-tokens", self.first_step_tokens),
-            ):
-                if value is not None:
-                    moot.append((option, "--no-first-step skips the step", "drop one of them"))
-        elif self.first_step_s is not None and self.first_step_tokens is not None:
-            moot.append(
-                (
-                    "--first-step-tokens",
-                    "--first-step-s gives the step's time, so no step runs or is estimated here",
-                    "drop one of them",
-                )
-            )
-        if self.deadline_s is not None and not self.simulate_interruption:
-            moot.append(
-                (
-                    "--deadline",
-                    "it is the notice's deadline, and only --simulate-interruption gives one",
-                    "add --simulate-interruption, or drop --deadline",
-                )
-            )
-        if self.drop_caches and "cold" not in self.caches:
-            moot.append(
-                (
-                    "--drop-caches",
-                    "it empties the cache before cold runs, and --cache asks for none",
-                    "add cold to --cache, or drop --drop-caches",
-                )
-            )
-        return moot
 
 
 @dataclass

@@ -107,7 +107,6 @@ def check(location: str, spec: SynthSpec, options: SaveOptions, world: int | Non
     check_strategy(options.strategy, spec.layout, is_object_store(location))
     if options.repeat < 1:
         raise CkptprofError(f"--repeat {options.repeat} must be at least 1.")
-    _refuse_moot(options)
     if world is not None and spec.layout == "dcp":
         raise CkptprofError(
             "--layout dcp: a DCP save by several ranks needs sharded tensors (DTensor); "
@@ -122,24 +121,6 @@ def check(location: str, spec: SynthSpec, options: SaveOptions, world: int | Non
         _check_direct_io(location, spec, options)
     if is_object_store(location):
         check_s3_parts(location, get_layout(spec.layout).plan(spec), options)
-
-
-def _refuse_moot(options: SaveOptions) -> None:
-    """--concurrency and --part-size shape the parallel writer's requests and the write
-    probe's: with another writer and the ceiling given, nothing reads them."""
-    if options.strategy == "parallel" or options.ceiling_gbps is None:
-        return
-    default = SaveOptions()
-    given = [flag for flag, value, unset in (
-        ("--concurrency", options.concurrency, default.concurrency),
-        ("--part-size", options.part_size, default.part_size),
-    ) if value != unset]  # fmt: skip
-    if given:
-        raise CkptprofError(
-            f"{', '.join(given)} would do nothing: --strategy {options.strategy} writes as "
-            "its framework does, and --ceiling-gbps skips the write probe that uses them; "
-            "drop them, or --ceiling-gbps."
-        )
 
 
 def _check_direct_io(location: str, spec: SynthSpec, options: SaveOptions) -> None:
