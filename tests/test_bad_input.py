@@ -212,6 +212,15 @@ def test_options_that_do_not_fit_together(ckpt_copy, args, needles):
     assert "ceiling" not in result.stdout  # refused before any work
 
 
+def test_an_interruption_needs_a_step_that_runs(ckpt_copy):
+    """Its emergency save saves the step's model: a step time given builds none (it
+    failed after the ceiling probe, its traces left behind)."""
+    result = restore_cli(ckpt_copy, "--simulate-interruption", "--first-step-s", "1",
+                         first_step=True)  # fmt: skip
+    assert_one_line_error(result, "--simulate-interruption saves", "--first-step-s does not")
+    assert "ceiling" not in result.stdout and not (ckpt_copy.parent / "out").exists()
+
+
 def test_a_step_time_given_leaves_no_step_to_shape(ckpt_copy):
     result = restore_cli(ckpt_copy, "--first-step-s", "1", "--first-step-tokens", "64",
                          first_step=True)  # fmt: skip

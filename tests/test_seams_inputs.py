@@ -6,7 +6,7 @@ read over every input the day it is added. The inputs come from real small runs,
 once per session in this process: ``synth save`` and ``synth restore`` at a tiny scale,
 and jobs traced by the real session code every adapter runs (``traced_job``), then
 damaged the ways files are (a trace cut mid-line, one without its root spans, garbage,
-two jobs in one folder, clocks that cannot be).
+two jobs in one folder, clocks that cannot be, an ``--out`` a second run wrote into).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ KINDS = (
     "garbage",
     "two jobs",
     "broken clocks",
+    "reused out",
 )
 
 
@@ -121,6 +122,11 @@ def inputs(tmp_path_factory, checkpoints) -> dict[str, Path]:
         traced_job(root / "jobs" / "traces", root / "jobs" / "ckpt-a")
         traced_job(root / "jobs" / "traces", root / "jobs" / "ckpt-b")
         traced_job(root / "clocks" / "traces", root / "clocks" / "ckpt")
+        for concurrency in ("1", "2"):  # the second sweep into the same --out
+            assert main(["synth", "restore", str(checkpoints("torch")), "--cache", "hot",
+                         "--concurrency", concurrency, "--verify", "size", "--no-first-step",
+                         "--no-report", "--out", str(root / "reused"), "--repeat", "1",
+                         "--ceiling-gbps", "1"]) == 0  # fmt: skip
     [restore_trace] = (root / "restore" / "traces").glob("*.jsonl")
     lines = restore_trace.read_text().splitlines(keepends=True)
     cut = root / "cut" / "cut.jsonl"
@@ -142,6 +148,7 @@ def inputs(tmp_path_factory, checkpoints) -> dict[str, Path]:
         root / "restore" / "results.json", root / "save" / "save.json",
         root / "restore" / "traces", root / "save" / "traces", mixed, cut, rootless,
         root / "empty", garbage, root / "jobs" / "traces", root / "clocks" / "traces",
+        root / "reused",
     ), strict=True))  # fmt: skip
 
 
@@ -197,6 +204,15 @@ EXPECTED: dict[tuple[str, str], Callable[[int, str, str, Path], None]] = {
     ),
     ("report", "empty folder"): lambda code, out, err, p: code == 2 and str(p) in err,
     ("export", "garbage"): lambda code, out, err, p: code == 2 and str(p) in err,
+    # a results.json is exported as its runs' traces, as report reads it
+    ("export", "restore results"): lambda code, out, err, p: code == 0,
+    # what report shows of it (the second sweep), and the first one's traces left out in words
+    ("report table", "reused out"): lambda code, out, err, p: (
+        code == 0 and {r.split()[1] for r in out.splitlines() if r.split()[:1] == ["hot"]} == {"2"}
+    ),
+    ("export perfetto", "reused out"): lambda code, out, err, p: (
+        code == 0 and "earlier run" in err and "wrote 1 operations" in err
+    ),
 }
 
 

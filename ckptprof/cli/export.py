@@ -48,7 +48,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         nargs="+",
         metavar="PATH",
         type=input_path,
-        help="trace files (*.jsonl), OTLP JSON lines (for --otlp), or folders holding them",
+        help="trace files (*.jsonl), OTLP JSON lines (for --otlp), a results.json or save.json "
+        "(its runs' traces), or folders holding them (an earlier run's traces in a reused "
+        "--out left out, as report does)",
     )
     parser.add_argument(
         "--format", choices=FORMATS, help="what to write to -o: perfetto or otlp-json"
@@ -66,20 +68,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _files(paths: list[str]) -> list[Path]:
-    found: list[Path] = []
-    for raw in paths:
-        path = Path(raw).expanduser()
-        if path.is_dir():
-            found += sorted(p for p in path.rglob("*.jsonl") if p.is_file())
-        elif path.is_file():
-            found.append(path)
-        else:
-            raise CkptprofError(
-                f"{raw}: no such file or directory — pass trace files (*.jsonl) or the "
-                "folder holding them (ckptprof-traces/ by default)"
-            )
+    """The trace files the PATHs name, found as ``ckptprof report`` finds them: a folder's
+    or a results.json's own runs (an earlier run's traces in the same ``--out`` left out,
+    with a warning), a save.json's saves, any other ``*.jsonl``."""
+    from ckptprof.report.load import trace_files
+
+    warnings: list[str] = []
+    found = trace_files(paths, beside_results=True, warnings=warnings)
+    for warning in warnings:
+        print(f"ckptprof: warning: {warning}", file=sys.stderr)
     if not found:
-        raise CkptprofError(f"{', '.join(paths)}: no *.jsonl files under it")
+        raise CkptprofError(
+            f"{', '.join(paths)}: no trace files (*.jsonl) under it or beside it — pass the "
+            "trace files, or the folder holding them (ckptprof-traces/ by default)"
+        )
     return found
 
 

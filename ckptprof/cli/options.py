@@ -18,20 +18,34 @@ from ckptprof import schema
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions and epilogs as written, their prose lines wrapped to the terminal
-    (an indented line, an example command, is kept whole to be copied); and each option's
+    """Descriptions and epilogs as written, each prose paragraph (lines not indented,
+    up to a blank or indented line) refilled to the terminal (an indented line, an example
+    command, is kept whole to be copied); and each option's
     default shown where its help does not already say it (a flag's False and an unset
     None say nothing)."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         import textwrap
 
-        lines = []
+        lines: list[str] = []
+        prose: list[str] = []  # the paragraph's lines so far, refilled as one
+
+        def refill() -> None:
+            joined = " ".join(prose)
+            if len(prose) == 1 and len(joined) <= width:
+                lines.append(indent + joined)
+            elif prose:
+                lines.extend(textwrap.wrap(joined, width, initial_indent=indent,
+                                           subsequent_indent=indent))  # fmt: skip
+            prose.clear()
+
         for line in text.splitlines():
-            if line[:1].isspace() or len(line) <= width:
-                lines.append(indent + line)
-            else:
-                lines += textwrap.wrap(line, width, initial_indent=indent, subsequent_indent=indent)
+            if line.strip() and not line[:1].isspace():
+                prose.append(line)
+                continue
+            refill()
+            lines.append(indent + line if line.strip() else "")
+        refill()
         return "\n".join(lines)
 
     def _get_help_string(self, action: argparse.Action) -> str:

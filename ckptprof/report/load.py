@@ -155,14 +155,20 @@ def files_read(paths: Iterable[str | os.PathLike]) -> set[Path]:
 
 
 # --------------------------------------------------------------------- entry
-def trace_files(paths: Iterable[str | os.PathLike], beside_results: bool = False) -> list[Path]:
+def trace_files(
+    paths: Iterable[str | os.PathLike],
+    beside_results: bool = False,
+    warnings: list[str] | None = None,
+) -> list[Path]:
     """The trace files the PATHs name, each once; with ``beside_results`` also the traces
-    under a results directory (the same runs, span by span: timelines)."""
-    results, _, trace_paths = _discover(list(paths))
+    under a results directory, or beside a results.json named (the same runs, span by
+    span: timelines, exports). Under a results or save file's folder, an earlier run's
+    traces are left out, and ``warnings`` says so (:func:`own_traces`)."""
+    results, _, trace_paths = _discover(list(paths), warnings)
     if beside_results:
         for found in results:
             beside = sorted(p for p in found.parent.rglob(f"*{TRACE_SUFFIX}") if p.is_file())
-            trace_paths += own_traces(found, beside)
+            trace_paths += own_traces(found, beside, warnings)
     return _unique(trace_paths)
 
 

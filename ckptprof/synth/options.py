@@ -106,6 +106,12 @@ class RestoreOptions:
                 "--simulate-interruption saves the first step's model and optimizer, which "
                 "--no-first-step does not build; drop one of them."
             )
+        if self.simulate_interruption and self.first_step_s is not None:
+            raise CkptprofError(
+                "--simulate-interruption saves the first step's model and optimizer, which "
+                "--first-step-s does not build (it gives the step's time: no step runs); "
+                "drop one of them."
+            )
 
     @property
     def deadline(self) -> float:
