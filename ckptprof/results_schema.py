@@ -14,6 +14,9 @@ from ckptprof import schema
 from ckptprof.phases import RESTORE_PHASES, Phase, fused_phases
 
 RESULTS_NAME = "results.json"
+#: bumped when a field changes meaning; a reader refuses a newer one it cannot read (a file
+#: without it is from before it was written: version 1)
+RESULTS_SCHEMA_VERSION = 1
 
 _COUNT = schema.integer(0)
 _SECONDS = schema.number(minimum=0)
@@ -85,6 +88,7 @@ _CEILING = schema.record(
 #: what a results.json written by ``ckptprof synth restore`` holds (unknown keys allowed)
 RESULTS_SCHEMA = schema.record(
     {
+        "schema_version": schema.integer(1, RESULTS_SCHEMA_VERSION),
         "ckptprof_version": schema.text(),
         "created": schema.text(),
         "spec": schema.record({}),
@@ -221,6 +225,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], ceiling_gbps: float | None) -> 
 __all__ = [
     "RESULTS_NAME",
     "RESULTS_SCHEMA",
+    "RESULTS_SCHEMA_VERSION",
     "fetch_unbounded",
     "fraction_of_ceiling",
     "spread",

@@ -6,7 +6,8 @@ read over every input the day it is added. The inputs come from real small runs,
 once per session in this process: ``synth save`` and ``synth restore`` at a tiny scale,
 and jobs traced by the real session code every adapter runs (``traced_job``), then
 damaged the ways files are (a trace cut mid-line, one without its root spans, garbage,
-two jobs in one folder, clocks that cannot be, an ``--out`` a second run wrote into).
+two jobs in one folder, clocks that cannot be, an ``--out`` a second run wrote into, a
+results.json of a newer schema).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ KINDS = (
     "two jobs",
     "broken clocks",
     "reused out",
+    "newer results",
 )
 
 
@@ -144,11 +146,16 @@ def inputs(tmp_path_factory, checkpoints) -> dict[str, Path]:
     for name in ("save", "restore", "job"):
         shutil.copytree(root / name, mixed / name)
     _swap_run_clocks(sorted((root / "clocks" / "traces").glob("*.jsonl"))[0])
+    newer = root / "newer" / "results.json"
+    newer.parent.mkdir()
+    doc = json.loads((root / "restore" / "results.json").read_text())
+    assert doc["schema_version"] == 1
+    newer.write_text(json.dumps({**doc, "schema_version": 2, "runs": [{"wall_s": "later"}]}))
     return dict(zip(KINDS, (
         root / "restore" / "results.json", root / "save" / "save.json",
         root / "restore" / "traces", root / "save" / "traces", mixed, cut, rootless,
         root / "empty", garbage, root / "jobs" / "traces", root / "clocks" / "traces",
-        root / "reused",
+        root / "reused", newer,
     ), strict=True))  # fmt: skip
 
 
@@ -210,6 +217,12 @@ EXPECTED: dict[tuple[str, str], Callable[[int, str, str, Path], None]] = {
     ("report table", "reused out"): lambda code, out, err, p: (
         code == 0 and {r.split()[1] for r in out.splitlines() if r.split()[:1] == ["hot"]} == {"2"}
     ),
+    # what to do is to upgrade, not to re-run (its fields may mean what this one cannot read)
+    **{
+        (reader, "newer results"): lambda code, out, err, p: code == 2 and "upgrade" in err
+        for reader in ("report table", "report json", "report --html")
+    },  # fmt: skip
+    ("compare", "newer results"): lambda code, out, err, p: code == 2 and "upgrade" in err,
     ("export perfetto", "reused out"): lambda code, out, err, p: (
         code == 0 and "earlier run" in err and "wrote 1 operations" in err
     ),

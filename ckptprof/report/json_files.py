@@ -20,7 +20,7 @@ from ckptprof.report.records import (
     ResultsRun,
     TraceOperation,
 )
-from ckptprof.results_schema import RESULTS_NAME, RESULTS_SCHEMA, summarize
+from ckptprof.results_schema import RESULTS_NAME, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION, summarize
 from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA, SAVE_SCHEMA_VERSION
 
 
@@ -54,6 +54,17 @@ def _results_phases(raw: Any) -> dict[str, PhaseSample]:
     return phases
 
 
+def _refuse_newer(doc: Any, path: str, name: str, readable: int) -> None:
+    """A file a newer ckptprof wrote (its ``schema_version`` above what this one reads) is
+    one line saying to upgrade, not a field-by-field complaint to re-run."""
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > readable:
+        raise CkptprofError(
+            f"{path}: written by a newer ckptprof ({name} schema {version}; this one reads "
+            f"{readable}) — upgrade ckptprof to read it"
+        )
+
+
 def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFile:
     """Turn a decoded ``results.json`` into records, after checking it against
     :data:`RESULTS_SCHEMA` (a wrong type names the field); unknown keys are ignored."""
@@ -63,6 +74,7 @@ def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFi
             f"written by the synthetic restore, the {SAVE_NAME} of a synthetic save, or the "
             "trace *.jsonl files"
         )
+    _refuse_newer(doc, path, RESULTS_NAME, RESULTS_SCHEMA_VERSION)
     schema.require(
         doc,
         RESULTS_SCHEMA,
@@ -153,12 +165,7 @@ def parse_save(doc: Mapping[str, Any], path: str = SAVE_NAME) -> list[TraceOpera
     """A decoded ``save.json`` as the save operations it records, after checking it
     against :data:`SAVE_SCHEMA` (a wrong type names the field): each save becomes what its
     trace would have given, so every view reads saves one way."""
-    version = doc.get("schema_version") if isinstance(doc, dict) else None
-    if isinstance(version, int) and not isinstance(version, bool) and version > SAVE_SCHEMA_VERSION:
-        raise CkptprofError(
-            f"{path}: written by a newer ckptprof ({SAVE_NAME} schema {version}; this one "
-            f"reads {SAVE_SCHEMA_VERSION}) — upgrade ckptprof to read it"
-        )
+    _refuse_newer(doc, path, SAVE_NAME, SAVE_SCHEMA_VERSION)
     schema.require(
         doc,
         SAVE_SCHEMA,

@@ -19,7 +19,13 @@ from pathlib import Path
 
 from ckptprof.atomic import atomic_write
 from ckptprof.phases import RESTORE_PHASES, Attr
-from ckptprof.results_schema import fraction_of_ceiling, stalled, summarize, time_to_state_s
+from ckptprof.results_schema import (
+    RESULTS_SCHEMA_VERSION,
+    fraction_of_ceiling,
+    stalled,
+    summarize,
+    time_to_state_s,
+)
 
 #: where the first step's time came from
 STEP_REAL, STEP_ESTIMATE, STEP_USER, STEP_SKIPPED = "measured", "estimated", "user", "skipped"
@@ -289,6 +295,7 @@ def payload(
     stats = subject.storage.stats
     attempted = len(runs) + len(failures)
     return {
+        "schema_version": RESULTS_SCHEMA_VERSION,
         "ckptprof_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "location": subject.storage.uri,
