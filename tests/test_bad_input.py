@@ -537,6 +537,28 @@ def test_what_the_demos_restore_would_refuse_is_refused_before_its_saves(
     assert captured.out == "" and not folder.exists()
 
 
+def test_the_demo_never_replaces_what_no_demo_wrote(tmp_path, capsys):
+    """A --dir of the user's own with a report.png or results/ in it: refused before any
+    work, the files as they were; an earlier demo's folder (its checkpoint holds a
+    ckptprof manifest) is the demo's to replace."""
+    from ckptprof.cli import main
+    from ckptprof.cli.demo import _check_dir
+
+    folder = tmp_path / "mine"
+    (folder / "results").mkdir(parents=True)
+    (folder / "report.png").write_bytes(b"my figure")
+    assert main(["demo", "--dir", str(folder), "--scale", "0.001"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "results, report.png" in line and "new or empty folder" in line, line
+    assert sorted(p.name for p in folder.iterdir()) == ["report.png", "results"]
+    assert (folder / "report.png").read_bytes() == b"my figure"
+    (folder / "results").rmdir()
+    _check_dir(folder, plot=False)  # the plot not written: its name is not in the way
+    (folder / "checkpoint").mkdir()
+    (folder / "checkpoint" / MANIFEST_NAME).write_text("{}")
+    _check_dir(folder, plot=True)  # an earlier demo's
+
+
 @pytest.mark.parametrize(
     "argv, says",
     [

@@ -73,7 +73,8 @@ def add_parser(commands) -> None:
         "--dir",
         type=directory,
         default="ckptprof-demo",
-        help="working directory (default ./ckptprof-demo)",
+        help="working directory: checkpoint/, save/, results/ and report.png go there, an "
+        "earlier demo's replaced (default ./ckptprof-demo)",
     )
     demo.add_argument(
         "--plot",
@@ -98,12 +99,14 @@ def add_parser(commands) -> None:
 
 def _check_before_saving(args, options) -> None:
     """What the restore would refuse after the timed saves, known from the options alone:
-    a rank outside the ranks saved, a strategy for another layout."""
+    a folder whose own files it would replace, a rank outside the ranks saved, a strategy
+    for another layout."""
     from ckptprof.errors import CkptprofError
     from ckptprof.storage import open_storage
     from ckptprof.synth.layouts import get_layout
     from ckptprof.synth.strategies.registry import get_strategy
 
+    _check_dir(args.dir, args.plot)
     if args.rank is not None and args.world_size is None and args.rank >= args.ranks:
         raise CkptprofError(
             f"--rank {args.rank} is not a rank of the {args.ranks} saved (--ranks "
@@ -115,6 +118,29 @@ def _check_before_saving(args, options) -> None:
         get_strategy(name).check_layout(get_layout(args.layout))
 
 
+#: what the demo writes in its --dir (an earlier demo's are replaced)
+OUTPUTS = ("checkpoint", "save", "results")
+PLOT_NAME = "report.png"
+
+
+def _check_dir(folder: Path, plot: bool) -> None:
+    """The demo writes ``OUTPUTS`` (and the plot) in ``folder``, replacing an earlier
+    demo's; a folder the user chose that holds files of those names that no demo wrote
+    (no ckptprof checkpoint in ``checkpoint/``) is refused before anything is written."""
+    from ckptprof.errors import CkptprofError
+    from ckptprof.manifest import MANIFEST_NAME
+
+    if (folder / "checkpoint" / MANIFEST_NAME).is_file():
+        return  # an earlier demo's folder: its outputs are the demo's to replace
+    names = OUTPUTS + ((PLOT_NAME,) if plot else ())
+    taken = [name for name in names if (folder / name).exists()]
+    if taken:
+        raise CkptprofError(
+            f"--dir {folder} holds {', '.join(taken)}, which the demo would replace and no "
+            "demo wrote; name a new or empty folder (default ./ckptprof-demo)."
+        )
+
+
 def run(args) -> int:
     from ckptprof.cli.report import print_report
     from ckptprof.synth.generate import generate
@@ -122,8 +148,7 @@ def run(args) -> int:
     from ckptprof.synth.plan import SynthSpec
     from ckptprof.synth.restore import run_restore
 
-    ckpt = args.dir / "checkpoint"
-    out = args.dir / "results"
+    ckpt, save, out = (args.dir / name for name in OUTPUTS)
     scale = 1.0 if args.full else args.scale
     spec = SynthSpec(
         model=args.model, layout=args.layout, scale=scale, ranks=args.ranks,
@@ -151,13 +176,13 @@ def run(args) -> int:
         result = generate(str(ckpt), spec, force=True)
         print(f"wrote {len(result.manifest.files)} files, {result.total_bytes / 1e9:.3f} GB")
     else:
-        reported.append(str(_save(ckpt, spec, args.dir / "save", options.repeat)))
+        reported.append(str(_save(ckpt, spec, save, options.repeat)))
     levels = ",".join(map(str, options.concurrency))
     how = ", ".join(options.strategies)
     print(f"== restore ({how}; cold and hot, {levels} in flight, {options.repeat} repeats)")
     run_restore(str(ckpt), options, out)
     print("== report")
-    print_report(reported, plot=args.dir / "report.png" if args.plot else None)
+    print_report(reported, plot=args.dir / PLOT_NAME if args.plot else None)
     return 0
 
 
