@@ -239,6 +239,19 @@ def test_interrupted_generation_never_looks_complete(tmp_path, monkeypatch):
     assert_one_line_error(restore_cli(dest), MANIFEST_NAME, "did not finish")
 
 
+def test_a_checkpoint_being_written_names_its_writer(tmp_path, monkeypatch):
+    """A restore of a DEST another ckptprof run holds (a generation under way) names that
+    run, rather than calling the generation unfinished and asking for --force."""
+    from ckptprof.preflight import OutputClaim
+
+    dest = tmp_path / "partial"
+    interrupted_generation(dest, 3, monkeypatch)  # as a live generation has it so far
+    with OutputClaim(dest, "DEST", "a checkpoint"):  # the writer, this test's own process
+        line = assert_one_line_error(restore_cli(dest), "is being written now", "wait for")
+    assert f"pid {os.getpid()}" in line and "--force" not in line, line
+    assert_one_line_error(restore_cli(dest), "did not finish")  # the writer gone
+
+
 @pytest.mark.slow
 def test_a_path_that_cannot_be_written_is_refused_before_anything_is_written(tmp_path):
     dest = tmp_path / "blocked"

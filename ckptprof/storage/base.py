@@ -210,6 +210,11 @@ class Storage(ABC):
         to take (two writers of one prefix are not detected there)."""
         return nullcontext()
 
+    def writer(self) -> str | None:
+        """The process that holds the location's :meth:`claim` now, as "pid N: its
+        command" (None: none, or no lock to ask, as on object stores)."""
+        return None
+
     def check_writable(self, path: str, removing: set[str] = frozenset()) -> None:
         """Refuse, before anything is deleted, a path that cannot be written as a file
         (once the paths in ``removing`` are gone). Object stores take any key."""

@@ -179,6 +179,18 @@ class PosixStorage(Storage):
         self.root.mkdir(parents=True, exist_ok=True)
         return OutputClaim(self.root, "DEST", "a checkpoint")
 
+    def writer(self) -> str | None:
+        from ckptprof.preflight import lock_holder
+
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return None
+        try:
+            return lock_holder(fd)
+        finally:
+            os.close(fd)
+
     @contextmanager
     def staging_file(self, path: str) -> Iterator[Path]:
         final = self._writable(path)

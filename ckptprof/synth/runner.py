@@ -178,6 +178,12 @@ class RestoreRunner:
                     f"{self.storage.uri}: no such checkpoint location; check the path, or "
                     "create one with `ckptprof synth generate`."
                 ) from None
+            writer = self.storage.writer()
+            if writer is not None:
+                raise CkptprofError(
+                    f"{self.storage.uri} is being written now ({writer}): its "
+                    f"{MANIFEST_NAME} comes last; wait for that run to finish, then restore."
+                ) from None
             if self.storage.exists(GENERATING_NAME):
                 raise CkptprofError(
                     f"{self._where(MANIFEST_NAME)} is missing: the `ckptprof synth generate` "
