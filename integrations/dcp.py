@@ -17,6 +17,9 @@ sharded paths) and, untraced, one fused interval. Wrapped, each rank's load is a
 
 A save is a ``ckpt.save``: ``serialize`` (planning), ``write`` (``write_data``: DCP
 serializes while it writes, ``ckpt.fused``) and ``commit`` (``finish``: the metadata).
+An ``async_save`` (thread-based) is two linked ``ckpt.save`` operations, as every
+asynchronous save is recorded: what blocks the training (``stage``) and the background
+save (``ckpt.save.background``: those three phases), see ``integrations/dcp_async.py``.
 The wrappers delegate every call to the wrapped object and return what it returns; the
 reader's ``fs`` is swapped only for the duration of one ``read_data`` and put back.
 
@@ -41,6 +44,7 @@ try:
 except ImportError:  # a torch without async staging: no writer is one
     AsyncStager = None
 
+from ckptprof.integrations.dcp_async import end_background_saves, traced_async_save
 from ckptprof.integrations.patching import Patcher
 from ckptprof.integrations.session import TracingSession
 from ckptprof.phases import Attr, Phase
@@ -265,6 +269,7 @@ class DCPInstrumentor:
 
     def uninstrument(self) -> None:
         self.patcher.unwrap_all()
+        end_background_saves(self.session)  # recorded before the telemetry closes
         self.session.close()
 
 
@@ -275,7 +280,8 @@ def _traced_entry(
     wrapped (the default one made from ``checkpoint_id`` first, as DCP would) for
     ``session``; with ``join``, into the restore or save ``session`` already has open.
     The call's own operation ends with it on every path: with DCP's error, which is
-    raised unchanged; an async save's when its upload future completes."""
+    raised unchanged. An async save is two: what blocks, and the background save that
+    ends when its upload future completes (:func:`traced_async_save`)."""
     option = "storage_reader" if kind == "reader" else "storage_writer"
 
     def call(state_dict, *args, **kwargs):
@@ -299,15 +305,14 @@ def _traced_entry(
         except Exception as exc:  # noqa: BLE001 - DCP decides; we only stand aside
             session.warn_once(f"dcp.{kind}", exc)
             return original(state_dict, *args, **kwargs)
+        if asynchronous:  # a blocking and a background save (integrations/dcp_async.py)
+            return traced_async_save(original, traced, state_dict, args, kwargs)
         try:
             result = original(state_dict, *args, **{**kwargs, option: traced})
         except BaseException as exc:  # DCP's error, raised unchanged; its operation ends
             _end(traced, exc)
             raise
-        if asynchronous:  # ends when the background save does
-            _end_when_done(traced, result)
-        else:
-            _end(traced, None)  # ended by its last storage call already, as a rule
+        _end(traced, None)  # ended by its last storage call already, as a rule
         return result
 
     return call
@@ -326,25 +331,6 @@ def _end(traced, error: BaseException | None) -> None:
         traced._call.end(error)
     except Exception as exc:  # noqa: BLE001 - a guest's bookkeeping never fails a call
         traced._call.warn_once("dcp.end", exc)
-
-
-def _end_when_done(traced, result) -> None:
-    """End ``traced``'s save when ``async_save``'s upload future completes (its error, if
-    the save failed in the background before ``finish`` ended it)."""
-    future = getattr(result, "upload_completion", result)
-
-    def done(future) -> None:
-        try:
-            error = None if future.cancelled() else future.exception()
-        except BaseException as exc:  # noqa: BLE001
-            error = exc
-        _end(traced, error)
-
-    try:
-        future.add_done_callback(done)
-    except Exception as exc:  # noqa: BLE001 - no future: DCP's own return value, as is
-        _end(traced, None)
-        traced._call.warn_once("dcp.async_save", exc)
 
 
 _ENTRY_POINTS = (("load", "reader"), ("save", "writer"), ("async_save", "writer"))

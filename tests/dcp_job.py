@@ -3,7 +3,9 @@ state of a small model on a CPU device mesh, one process per rank under torchrun
 with ``ckptprof.integrations.dcp.instrument()`` on. ``load`` checks every rank's shard
 against the saved values, so a reshard to another world size is checked, not assumed.
 
-    python -m torch.distributed.run --nproc-per-node N tests/dcp_job.py save|load CKPT TRACES
+``async`` saves the same state with ``dcp.async_save`` and waits for its upload future.
+
+    python -m torch.distributed.run --nproc-per-node N tests/dcp_job.py save|async|load CKPT TRACES
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ def main() -> int:
         if mode == "save":
             state = {k: distribute_tensor(v, mesh, [Shard(0)]) for k, v in full.items()}
             dcp.save({"model": state}, checkpoint_id=ckpt)
+        elif mode == "async":
+            state = {k: distribute_tensor(v, mesh, [Shard(0)]) for k, v in full.items()}
+            dcp.async_save({"model": state}, checkpoint_id=ckpt).result()
         else:
             state = {
                 k: distribute_tensor(torch.zeros_like(v), mesh, [Shard(0)]) for k, v in full.items()
