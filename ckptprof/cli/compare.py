@@ -18,12 +18,17 @@ compute, beside it), a callback's real resume by its RTO, a save by its wall tim
 each phase's median and what one restore costs. Saves (save.json, save traces) and
 restores mix freely; a storage table sets each PATH's write and read GB/s side by side.
 Repeats that overlap get no verdict: the repeats that would separate them are named.
-The first PATH is the base.
+The first PATH is the base. The runs one PATH holds (a folder of several sweeps), and
+those of PATHs given one --label, are one source: pooled per setting where they restored
+the same checkpoint, refused in one line where they did not. Only later PATHs are judged,
+against the base.
 
 With --fail-if-slower, exits 1 when a setting (or one of its phases) of a later PATH is
 slower than the base by more than the limit in every repeat (its fastest repeat slower
 than the base's slowest by more than the limit; at least 3 repeats each): the limit
-clears the spread, so noise does not fail a build.
+clears the spread, so noise does not fail a build. It also exits 1 when it could not
+judge what the base measured: a later PATH with nothing in common with the base, or
+lacking a setting the base ran 3 times or more (no run of it, or too few repeats).
 Saves are judged as restores are; saves by different writers (--strategy) are not."""
 
 EPILOG = """\
@@ -75,7 +80,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=None,
         type=text_value("a name"),
         help="a name per PATH, in order (default: each path's folder name); PATHs given "
-        "the same name are one source (a save folder and a restore folder, say)",
+        "the same name are one source (a save folder and a restore folder, say), their "
+        "runs of a setting pooled; runs of different checkpoints are refused",
     )
     parser.add_argument(
         "--fail-if-slower",
@@ -165,9 +171,6 @@ def run(args: argparse.Namespace) -> int:
         written = save_figure(lambda: compare_figure(result), args.plot, "--plot")
         print(f"ckptprof: plot written to {written}", file=sys.stderr)
     failure = result.gate_failure()
-    if failure:
-        print(f"ckptprof: {failure}", file=sys.stderr)
-        return 1
     if result.regressions:
         first = result.regressions[0]
         more = len(result.regressions) - 1
@@ -176,5 +179,6 @@ def run(args: argparse.Namespace) -> int:
             + (f" (and {more} more)" if more else ""),
             file=sys.stderr,
         )
-        return 1
-    return 0
+    if failure:
+        print(f"ckptprof: {failure}", file=sys.stderr)
+    return 1 if failure or result.regressions else 0

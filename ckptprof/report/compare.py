@@ -4,7 +4,10 @@ ranked per setting, with what each restore costs, a storage table, and a regress
 Each PATH is what ``ckptprof report`` reads (a results.json, a save.json, traces, a
 folder), saves and restores in any mix. Like settings are matched across them: a
 restore's (strategy, cache state, concurrency), a save's kind, a callback's trace group's
-configuration less where it was stored. The first PATH is the base.
+configuration less where it was stored. The first PATH is the base; PATHs given one
+``--label`` are one source, and so are the runs one PATH holds (a folder of two sweeps):
+their runs of a setting are pooled where they did the same work (one checkpoint, one
+writer), else refused in one line. Only later sources are judged, against the base.
 
 What ranks a setting: a synthetic restore by its **time to state** (list → reshard: what
 the storage and the loader control; its first step is this machine's compute, shown
@@ -15,7 +18,9 @@ Verdicts only where the data separates them: a setting is *faster* or *slower* o
 when every repeat of it is beyond every repeat of the base (the spreads do not overlap),
 with at least two repeats on each side; overlapping repeats are said to overlap, with
 the repeats that would separate them at the spread observed. The gate fails a setting
-that is slower beyond the spread **and** by more than the limit. In a synthetic run only
+that is slower beyond the spread **and** by more than the limit, and a setting the base
+ran enough times to judge that a later source lacks (``Comparison.not_judged``): not
+judged is no pass. In a synthetic run only
 the storage's phases are judged on their own (list, fetch; write, upload, fsync, commit):
 the rest, the first step above all, measures this machine's CPU, never the storage.
 
@@ -31,6 +36,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from ckptprof.errors import CkptprofError
 from ckptprof.phases import RESTORE_PHASES, SAVE_PHASES, Phase
 from ckptprof.report.compare_entries import entries_of
 from ckptprof.report.comparison import (
@@ -42,6 +48,7 @@ from ckptprof.report.comparison import (
     Comparison,
     Entry,
     Finding,
+    why_apart,
 )
 
 PHASE_FLOOR = 0.05  # a phase must move by this share of the base's figure to count
@@ -124,47 +131,87 @@ def compare(
     instances: int = 1,
     by: str = "auto",
 ) -> Comparison:
-    """Load every PATH, match like settings, and judge each against the first."""
+    """Load every PATH, pool each source's runs per setting, and judge every later source
+    against the first (the base): never the base against itself.
+
+    Raises:
+        CkptprofError: one source holds runs of one setting that did different work (two
+            checkpoints, two writers): pooled, they would be one sample of neither.
+    """
     from ckptprof.cost import cost_per_hour as default_rate
 
-    named = labels is not None  # PATHs the user named alike are one source
-    labels = labels or [_label(p) for p in paths]
+    labels = labels or _labels(paths)  # PATHs the user named alike are one source
     by_setting: dict[str, list[Entry]] = {}
-    for path, label in zip(paths, labels, strict=True):
+    home: dict[tuple[str, str], int] = {}  # (source, setting) -> the PATH its runs came from
+    for n, (path, label) in enumerate(zip(paths, labels, strict=True)):
         for entry in entries_of(path, label):
             entry.metric = metric_of(entry, by)
             same = by_setting.setdefault(entry.setting, [])
-            known = next((e for e in same if e.source == label), None) if named else None
+            known = next((e for e in same if e.source == label), None)
             if known is None:
                 same.append(entry)
-            else:
-                _merge(known, entry)
-    labels = list(dict.fromkeys(labels)) if named else labels
+                home[(label, entry.setting)] = n
+            elif home[(label, entry.setting)] == n or not _read_before(known, entry):
+                _pool(known, entry, paths[home[(label, entry.setting)]], path)
+    sources = list(dict.fromkeys(labels))
     writers: dict[str, dict[str, str]] = {}
     for setting, entries in by_setting.items():
-        named = {e.source: str(e.writer) for e in entries if e.kind == SAVE and e.writer}
-        if len(set(named.values())) > 1:
-            writers[setting] = named
+        wrote = {e.source: str(e.writer) for e in entries if e.kind == SAVE and e.writer}
+        if len(set(wrote.values())) > 1:
+            writers[setting] = wrote
     findings = []
     for setting, entries in by_setting.items():
-        base = next((e for e in entries if e.source == labels[0]), None)
+        base = next((e for e in entries if e.source == sources[0]), None)
         if base is None:
             continue
         for entry in entries:
-            if entry is not base:
+            if entry.source != base.source:
                 findings += judge(base, entry, limit, comparable=setting not in writers)
     return Comparison(
-        labels, by_setting, findings, default_rate(cost_per_hour), instances, limit, by, writers
+        sources, by_setting, findings, default_rate(cost_per_hour), instances, limit, by, writers
     )
 
 
-def _merge(into: Entry, other: Entry) -> None:
-    """``other``'s runs join ``into`` (the same source and setting, from another PATH)."""
-    into.walls += other.walls
-    into.tts += other.tts
-    into.fetch_gbps += other.fetch_gbps
-    for name, values in other.phases.items():
-        into.phases.setdefault(name, []).extend(values)
+def _read_before(known: Entry, entry: Entry) -> bool:
+    """Whether another PATH of the same label named the runs ``entry`` holds (``a`` and
+    ``a/results.json``, a results.json and its own traces): the same runs, counted once."""
+    if entry.run_ids and set(entry.run_ids) <= set(known.run_ids):
+        return True
+    files = {Path(o).resolve() for o in known.origins}
+    return bool(entry.origins) and all(Path(o).resolve() in files for o in entry.origins)
+
+
+def _pool(known: Entry, entry: Entry, known_path: str, path: str) -> None:
+    """``entry``'s runs join ``known`` (one source, one setting), or one line says why
+    they cannot: runs of different work are never pooled silently."""
+    why = why_apart(known, entry)
+    if why is None:
+        known.pool(entry)
+        return
+    one, other = known.origins[0], entry.origins[0]
+    files = f"{one} and {other}" if one != other else one
+    if Path(known_path).resolve() == Path(path).resolve():
+        fix = f"pass each as its own PATH (both are under {path})"
+    else:
+        fix = f"give {known_path} and {path} a --label each (both are --label {entry.source})"
+    raise CkptprofError(
+        f"{files}: runs of {entry.setting} for one source ({entry.source}), but {why}: "
+        f"never pooled; {fix}."
+    )
+
+
+def _labels(paths: list[str]) -> list[str]:
+    """Each PATH's label (:func:`_label`), each a source of its own: a name that two
+    PATHs share becomes the PATH as given, else gets "#2" (the same PATH twice)."""
+    short = [_label(p) for p in paths]
+    labels = [p if short.count(s) > 1 else s for p, s in zip(paths, short, strict=True)]
+    out: list[str] = []
+    for label in labels:
+        n = 1
+        while (f"{label}#{n}" if n > 1 else label) in out:
+            n += 1
+        out.append(f"{label}#{n}" if n > 1 else label)
+    return out
 
 
 def _label(path: str) -> str:

@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 from ckptprof.phases import Attr, Phase
 from ckptprof.report.checkpoint_cost import bytes_read, time_to_state, written_bytes
-from ckptprof.report.comparison import SAVE, Entry
+from ckptprof.report.comparison import SAVE, Entry, why_apart
 from ckptprof.report.groups import CONFIG_ATTRS, rank_instances, short_label
 from ckptprof.report.load import load
 from ckptprof.report.records import ReportData, TraceOperation
@@ -62,11 +61,14 @@ def _results_entries(data: ReportData, label: str) -> list[Entry]:
             setting = _restore_setting(run.strategy, run.cache, run.concurrency)
             entry = by_setting.setdefault(
                 setting,
-                Entry(label, setting, [], checkpoint=what, synthetic=True,
-                      nbytes=bytes_read(run), cache=run.cache, ceiling_gbps=ceiling),
+                Entry(label, setting, [], checkpoint=what, synthetic=True, nbytes=bytes_read(run),
+                      cache=run.cache, origins=[results.path]),
             )  # fmt: skip
             entry.walls.append(run.wall_s)
             entry.tts.append(time_to_state(run))
+            entry.run_ids += [str(run.trace_id).removeprefix("0x")] if run.trace_id else []
+            if ceiling:
+                entry.ceilings.append(ceiling)
             fetch = run.phases.get(Phase.FETCH.value)
             if fetch is not None and fetch.nbytes and fetch.busy_s > 0:
                 entry.fetch_gbps.append(fetch.nbytes / fetch.busy_s / 1e9)
@@ -77,53 +79,62 @@ def _results_entries(data: ReportData, label: str) -> list[Entry]:
 
 
 def _trace_entries(operations: Sequence[TraceOperation], label: str) -> list[Entry]:
-    """Restores and saves of traces (and of save.json), one entry per setting; a job's
-    operation is its slowest rank's; an async save's background half is left out."""
+    """Restores and saves of traces (and of save.json), one entry per setting and work
+    (a folder of traces of two checkpoints gives two: compare refuses to pool them); a
+    job's operation is its slowest rank's; an async save's background half is left out."""
     buckets: dict[tuple[str, str], list[TraceOperation]] = defaultdict(list)
     for op in operations:
         if not op.failed and not op.attr(Attr.SAVE_BACKGROUND):
             buckets[(op.kind, _trace_setting(op))].append(op)
     out = []
     for (kind, setting), ops in buckets.items():
-        instances = rank_instances(ops)
-        first = max(instances[0], key=lambda o: o.wall_s)
-        entry = Entry(
-            label,
-            setting,
-            [],
-            checkpoint=_checkpoint(
-                first.attr(Attr.MODEL),
-                first.attr(Attr.LAYOUT, first.attr(Attr.FORMAT)),
-                first.attr(Attr.CHECKPOINT_BYTES),
-            ),  # fmt: skip
-            kind=kind,
-            synthetic=first.attr(Attr.FRAMEWORK) == SYNTHETIC,
-            writer=first.attr(Attr.STRATEGY) if kind == SAVE else None,
-            cache=first.attr(Attr.CACHE),
-            ceiling_gbps=_number(first.attr(Attr.SAVE_CEILING_GBPS)) if kind == SAVE else None,
-        )
-        sizes = []
-        for instance in instances:
-            op = max(instance, key=lambda o: o.wall_s)  # the job waits for its slowest rank
-            entry.walls.append(op.wall_s)
-            for name, sample in op.phases.items():
-                entry.phases.setdefault(name, []).append(sample.busy_s)
-            if kind == SAVE:
-                sizes.append(sum(written_bytes(o) for o in instance))
-                continue
-            entry.tts.append(time_to_state(op))
-            size = op.attr(Attr.CHECKPOINT_BYTES)
-            fetch = op.phases.get(Phase.FETCH.value)
-            if not isinstance(size, int) and fetch is not None:
-                size = fetch.nbytes
-            if fetch is not None and fetch.nbytes and fetch.busy_s > 0:
-                entry.fetch_gbps.append(fetch.nbytes / fetch.busy_s / 1e9)
-            if isinstance(size, int) and size > 0:
-                sizes.append(size)
-        sizes = [s for s in sizes if s]
-        entry.nbytes = int(statistics.median(sizes)) if sizes else None
-        out.append(entry)
+        apart: list[Entry] = []
+        for instance in rank_instances(ops):
+            entry = _instance_entry(label, kind, setting, instance)
+            known = next((e for e in apart if why_apart(e, entry) is None), None)
+            if known is None:
+                apart.append(entry)
+            else:
+                known.pool(entry)
+        out += apart
     return out
+
+
+def _instance_entry(label: str, kind: str, setting: str, instance: list[TraceOperation]) -> Entry:
+    """One save or restore (every rank of it) as an entry of one run."""
+    op = max(instance, key=lambda o: o.wall_s)  # the job waits for its slowest rank
+    entry = Entry(
+        label,
+        setting,
+        [op.wall_s],
+        checkpoint=_checkpoint(
+            op.attr(Attr.MODEL),
+            op.attr(Attr.LAYOUT, op.attr(Attr.FORMAT)),
+            op.attr(Attr.CHECKPOINT_BYTES),
+        ),
+        kind=kind,
+        synthetic=op.attr(Attr.FRAMEWORK) == SYNTHETIC,
+        writer=op.attr(Attr.STRATEGY) if kind == SAVE else None,
+        cache=op.attr(Attr.CACHE),
+        origins=[op.source] if op.source else [],
+        run_ids=[op.trace_id.removeprefix("0x")] if op.trace_id else [],
+    )
+    for name, sample in op.phases.items():
+        entry.phases.setdefault(name, []).append(sample.busy_s)
+    if kind == SAVE:
+        ceiling = _number(op.attr(Attr.SAVE_CEILING_GBPS))
+        entry.ceilings += [ceiling] if ceiling else []
+        entry.nbytes = sum(written_bytes(o) for o in instance) or None
+        return entry
+    entry.tts.append(time_to_state(op))
+    size = op.attr(Attr.CHECKPOINT_BYTES)
+    fetch = op.phases.get(Phase.FETCH.value)
+    if not isinstance(size, int) and fetch is not None:
+        size = fetch.nbytes
+    if fetch is not None and fetch.nbytes and fetch.busy_s > 0:
+        entry.fetch_gbps.append(fetch.nbytes / fetch.busy_s / 1e9)
+    entry.nbytes = size if isinstance(size, int) and size > 0 else None
+    return entry
 
 
 def _number(value: Any) -> float | None:

@@ -40,6 +40,7 @@ def render_json(c: Comparison) -> str:
                     "writer": e.writer,
                     "phases_median_s": {n: e.phase_median(n) for n in e.phases},
                     "cost": c.cost(e.rto_median),
+                    "files": e.origins,
                 }
                 for e in sorted(entries, key=lambda e: e.median)
             ]
@@ -48,6 +49,9 @@ def render_json(c: Comparison) -> str:
         "different_writers": c.writers,
         "findings": [asdict(f) for f in c.findings],
         "regressions": [asdict(f) for f in c.regressions],
+        "not_judged": [
+            {**asdict(u), "fails_gate": c.limit is not None and u.guarded} for u in c.not_judged()
+        ],
         "gate_failure": c.gate_failure(),
         "checkpoints": {s: c.checkpoints_of(s) for s in c.sources},
     }

@@ -6,7 +6,7 @@ report both show it."""
 from __future__ import annotations
 
 from ckptprof.phases import RESTORE_PHASES, SAVE_PHASES
-from ckptprof.report.comparison import SAVE, Comparison, Entry
+from ckptprof.report.comparison import SAVE, Comparison, Entry, same_work
 
 
 def of_ceiling_cell(e: Entry) -> str:
@@ -34,7 +34,8 @@ def ceiling_notes(c: Comparison) -> list[str]:
 
 
 #: "fetch of ceil": the fetch phase's GB/s over the read ceiling (what the probe bounds),
-#: not the read GB/s beside it, which is by time to state
+#: not the read GB/s beside it, which is by time to state; "verdict": on seconds, as the
+#: gate judges, each naming its figure
 STORAGE_COLUMNS = ("source", "write GB/s", "read GB/s", "w/r", "of write ceil",
                    "fetch of ceil", "saves", "restores", "verdict")  # fmt: skip
 
@@ -109,23 +110,30 @@ def _table_setting(c: Comparison, kind: str) -> str | None:
 
 
 def _table_verdict(c: Comparison, source: str, read: str | None, write: str | None) -> str:
+    """The verdicts of the block below and of the gate, on what ranks the setting (seconds:
+    time to state, RTO, save time), each said with the figure it is judged on: the GB/s
+    beside it are bytes over those seconds, and of another checkpoint's bytes they part."""
     if source == c.sources[0]:
         return "base"
     parts = []
     for what, setting in (("read", read), ("write", write)):
         if setting is None:
             continue
-        entry = _entry(c, setting, source)
-        found = next((f for f in c.findings if f.source == source and f.setting == setting
-                      and entry is not None and f.what == entry.metric), None)  # fmt: skip
+        entry, base = _entry(c, setting, source), _entry(c, setting, c.sources[0])
         if entry is None:
+            parts += [f"{what}: no run"] if base is not None else []
             continue
+        found = next((f for f in c.findings if f.source == source and f.setting == setting
+                      and f.what == entry.metric), None)  # fmt: skip
+        figure = entry.metric
+        if base is not None and not same_work(base, entry):
+            figure += ", another checkpoint"
         if found is None:
             parts.append(f"{what}: -")
         elif found.beyond_spread and found.judged:
-            parts.append(f"{what}: {found.verdict} ({found.change:+.0%})")
+            parts.append(f"{what} ({figure}): {found.verdict} ({found.change:+.0%})")
         else:
-            parts.append(f"{what}: {found.verdict}")
+            parts.append(f"{what} ({figure}): {found.verdict}")
     return "; ".join(parts)
 
 

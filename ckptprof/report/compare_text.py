@@ -13,7 +13,8 @@ from ckptprof.report.compare_storage import (
     storage_table,
 )
 from ckptprof.report.comparison import (
-    MIN_REPEATS,
+    NO_RUN,
+    OTHER_WRITER,
     RTO,
     SAVE,
     SAVE_TIME,
@@ -21,6 +22,7 @@ from ckptprof.report.comparison import (
     Comparison,
     Entry,
     percent,
+    same_checkpoint,
 )
 
 _METRIC_WORDS = {
@@ -58,6 +60,7 @@ def render_text(c: Comparison) -> str:
                      "time to state, never in a verdict")  # fmt: skip
     lines += ceiling_notes(c)
     lines += _checkpoint_lines(c)
+    lines += _pooled_lines(c)
     lines += _verdict_lines(c)
     return "\n".join(lines) + "\n"
 
@@ -115,17 +118,19 @@ def _setting_block(c: Comparison, setting: str, entries: list[Entry]) -> list[st
                      "the same --strategy")  # fmt: skip
     if base_entry is None:
         lines.append(f"  (no {base} run of this setting: nothing to judge against)")
+    lacking = [s for s in c.sources[1:] if all(e.source != s for e in entries)]
+    if base_entry is not None and lacking:
+        lines.append(f"  (no {', '.join(lacking)} run of this setting: not judged"
+                     + (", the gate fails" if _guarded(c, setting) else "") + ")")  # fmt: skip
     return lines
+
+
+def _guarded(c: Comparison, setting: str) -> bool:
+    return c.limit is not None and any(u.guarded for u in c.not_judged() if u.setting == setting)
 
 
 def _overlap(a: Sequence[float], b: Sequence[float]) -> bool:
     return not (min(b) > max(a) or max(b) < min(a))
-
-
-def _same_checkpoint(a: tuple[str | None, ...], b: tuple[str | None, ...]) -> bool:
-    """Whether two runs may have touched the same checkpoint: what one did not record
-    (a trace's scale, say) matches anything."""
-    return all(x == y or x is None or y is None for x, y in zip(a, b, strict=True))
 
 
 def _checkpoint_lines(c: Comparison) -> list[str]:
@@ -133,12 +138,28 @@ def _checkpoint_lines(c: Comparison) -> list[str]:
     different work, so a ranking or a gate between them says little."""
     keys = {s: {e.checkpoint for es in c.entries.values() for e in es if e.source == s
                 and any(e.checkpoint)} for s in c.sources}  # fmt: skip
-    if all(_same_checkpoint(a, b) for x in keys.values() for y in keys.values()
+    if all(same_checkpoint(a, b) for x in keys.values() for y in keys.values()
            for a in x for b in y):  # fmt: skip
         return []
     seen = {s: c.checkpoints_of(s) for s in c.sources}
     parts = "; ".join(f"{s}: {', '.join(v) or 'unknown'}" for s, v in seen.items())
     return [f"note: the sources restored different checkpoints ({parts})"]
+
+
+def _pooled_lines(c: Comparison) -> list[str]:
+    """A word for each source whose runs of a setting came from several results.json (or
+    save.json) files: pooled (the same work, the same setting), never judged against each
+    other. (Trace files are many to a run: a file per process, per rank.)"""
+    lines = []
+    for source in c.sources:
+        files: dict[str, None] = {}
+        for e in (e for es in c.entries.values() for e in es if e.source == source):
+            summaries = [o for o in e.origins if o.endswith(".json")]
+            files.update(dict.fromkeys(summaries if len(summaries) > 1 else []))
+        if files:
+            lines.append(f"note: {source} pools the runs of {len(files)} files, setting by "
+                         f"setting (the same checkpoint): {', '.join(files)}")  # fmt: skip
+    return lines
 
 
 def _verdict_lines(c: Comparison) -> list[str]:
@@ -149,14 +170,14 @@ def _verdict_lines(c: Comparison) -> list[str]:
             "no setting moved beyond its repeats' spread"
         ]
     lines = [f"SLOWER: {f.line(c.limit)}" for f in c.regressions]
-    unjudged = sorted({f"{f.source}: {f.setting}" for f in c.findings
-                       if not f.judged and f.setting not in c.writers})  # fmt: skip
-    if unjudged:
-        lines.append(
-            f"not judged (fewer than {MIN_REPEATS} repeats on a side): " + "; ".join(unjudged)
-        )
+    unjudged = [u for u in c.not_judged() if u.why != OTHER_WRITER]  # "not ranked" above
+    for why in dict.fromkeys(u.why for u in unjudged):
+        named = "; ".join(f"{u.source}: {u.setting}" for u in unjudged if u.why == why)
+        words = "no run of the base's setting" if why == NO_RUN else why
+        lines.append(f"not judged ({words}): {named}")
     if c.gate_failure():
-        lines.append("gate: FAILED: it could not judge (the error line says why)")
+        lines.append("gate: FAILED: it could not judge what the base measured (the error "
+                     "line says why)")  # fmt: skip
     elif not c.regressions:
         lines.append(f"gate: nothing slower than the base by more than {percent(c.limit)}")
     return lines

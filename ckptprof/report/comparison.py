@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ckptprof.results_schema import fraction_of_ceiling
+from ckptprof.units import fmt_bytes
 
 #: a verdict needs at least this many repeats on each side: with 2, a gate over four
 #: settings of the same storage and code failed 12-29% of builds (simulated, 10-20% spread)
@@ -16,6 +17,11 @@ MIN_REPEATS = 3
 #: what ranks a setting
 TTS, RTO, SAVE_TIME = "time to state", "RTO", "save time"
 SAVE = "save"  # the kind of operation
+#: two runs of one checkpoint read (or write) the same bytes; two checkpoints of different
+#: specs (a scale step, the optimizer's state, a layout) differ by far more than this
+SIZE_TOLERANCE = 0.01
+#: why a setting of the base got no verdict for a later source (:class:`Unjudged`)
+NO_RUN, OTHER_WRITER = "no run of it", "different writers"
 ASYNC = "async"  # a save's strategy whose timed part blocks while the write goes on behind
 
 
@@ -35,14 +41,46 @@ class Entry:
     nbytes: int | None = None  # the checkpoint's bytes (restore), or what a save wrote
     writer: str | None = None  # a save's strategy
     cache: str | None = None
-    #: the probed ceiling: read GB/s (restore), write GB/s (save)
-    ceiling_gbps: float | None = None
+    #: each run's probed ceiling, where it recorded one: read GB/s (restore), write (save)
+    ceilings: list[float] = field(default_factory=list)
     fetch_gbps: list[float] = field(default_factory=list)
     metric: str = RTO  # what ranks it (set by ``compare``)
+    #: the files its runs were read from (a results.json, a save.json, a trace file)
+    origins: list[str] = field(default_factory=list)
+    #: its runs' trace ids, where recorded (a results.json and its own traces: the same)
+    run_ids: list[str] = field(default_factory=list)
 
     @property
     def checkpoint_name(self) -> str:
         return " ".join(p for p in self.checkpoint if p)
+
+    @property
+    def work(self) -> str:
+        """What its runs did, for a line that sets two apart: "llama2-7b torch x0.01,
+        21.57 MB read"."""
+        size = f"{fmt_bytes(self.nbytes)} {'written' if self.kind == SAVE else 'read'}"
+        return ", ".join(p for p in (self.checkpoint_name, size if self.nbytes else "") if p)
+
+    @property
+    def ceiling_gbps(self) -> float | None:
+        """The probed ceiling: the median of its runs' (runs pooled from two sweeps each
+        bring their own probe)."""
+        return statistics.median(self.ceilings) if self.ceilings else None
+
+    def pool(self, other: Entry) -> None:
+        """``other``'s runs join this entry's (the same source and setting, the same work:
+        :func:`why_apart` says None); what one did not record, the other may have."""
+        self.walls += other.walls
+        self.tts += other.tts
+        self.fetch_gbps += other.fetch_gbps
+        self.ceilings += other.ceilings
+        self.origins += [o for o in other.origins if o not in self.origins]
+        self.run_ids += other.run_ids
+        for name, values in other.phases.items():
+            self.phases.setdefault(name, []).extend(values)
+        self.checkpoint = tuple(a or b for a, b in zip(self.checkpoint, other.checkpoint,
+                                                       strict=True))  # fmt: skip
+        self.nbytes = self.nbytes or other.nbytes
 
     @property
     def values(self) -> list[float]:
@@ -88,6 +126,49 @@ class Entry:
         underestimate (a probe of too few bytes, or a cache that served it)."""
         share = self.of_ceiling
         return share is not None and share > 1.0
+
+
+def same_checkpoint(a: tuple[str | None, ...], b: tuple[str | None, ...]) -> bool:
+    """Whether two runs may have touched the same checkpoint: what one did not record
+    (a trace's scale, say) matches anything."""
+    return all(x == y or x is None or y is None for x, y in zip(a, b, strict=True))
+
+
+def same_size(a: int | None, b: int | None) -> bool:
+    """Bytes read (or written) alike, within :data:`SIZE_TOLERANCE`; unknown matches."""
+    return not a or not b or abs(a - b) <= SIZE_TOLERANCE * max(a, b)
+
+
+def same_work(a: Entry, b: Entry) -> bool:
+    """The same checkpoint (as far as both recorded it), the same bytes read or written."""
+    return same_checkpoint(a.checkpoint, b.checkpoint) and same_size(a.nbytes, b.nbytes)
+
+
+def why_apart(a: Entry, b: Entry) -> str | None:
+    """Why the runs of ``a`` and ``b`` (one source's, one setting's) are not one sample to
+    pool, or None: they did different work (another checkpoint, another share of one),
+    or saves by different writers, or from different cache states."""
+    if (a.kind, a.synthetic) != (b.kind, b.synthetic):
+        return "one is a synthetic run, the other a traced job's"
+    if not same_work(a, b):
+        what = "wrote" if a.kind == SAVE else "restored"
+        return f"they {what} different checkpoints ({a.work}; {b.work})"
+    if a.writer != b.writer:
+        return f"different writers wrote them ({a.writer}; {b.writer})"
+    if a.cache != b.cache:
+        return f"they read from different cache states ({a.cache}; {b.cache})"
+    return None
+
+
+@dataclass(frozen=True)
+class Unjudged:
+    """A setting of the base that a later source got no verdict on."""
+
+    source: str
+    setting: str
+    why: str  # NO_RUN, "fewer than 3 repeats on a side", OTHER_WRITER
+    #: the base can judge it (MIN_REPEATS repeats, one writer): a gate fails without it
+    guarded: bool
 
 
 @dataclass
@@ -149,6 +230,30 @@ class Comparison:
     def regressions(self) -> list[Finding]:
         return [f for f in self.findings if f.slower]
 
+    def not_judged(self) -> list[Unjudged]:
+        """Each setting of the base a later source got no verdict on: it has no run of it,
+        too few repeats, or saves by another writer. The gate guards what the base can
+        judge: a guarded setting the new run lacks (its restores failed, the sweep changed)
+        is no pass, as a gate that compared nothing is none."""
+        out = []
+        for setting, entries in sorted(self.entries.items()):
+            base = next((e for e in entries if e.source == self.sources[0]), None)
+            if base is None:
+                continue
+            guarded = setting not in self.writers and len(base.values) >= MIN_REPEATS
+            for source in self.sources[1:]:
+                entry = next((e for e in entries if e.source == source), None)
+                if entry is None:
+                    why = NO_RUN
+                elif setting in self.writers:
+                    why = OTHER_WRITER
+                elif min(len(entry.values), len(base.values)) < MIN_REPEATS:
+                    why = f"fewer than {MIN_REPEATS} repeats on a side"
+                else:
+                    continue
+                out.append(Unjudged(source, setting, why, guarded))
+        return out
+
     def unjudged_sources(self) -> list[str]:
         """Later sources the gate rendered no verdict on: no setting in common with the
         base, or too few repeats on a side. A gate that compared nothing has not passed."""
@@ -176,9 +281,22 @@ class Comparison:
                     "(an empty variable in the command line?); name the runs to judge after "
                     "it.")  # fmt: skip
         missing = self.unjudged_sources()
-        if not missing:
+        if missing:
+            return self._compared_nothing(missing[0])
+        gaps = [u for u in self.not_judged() if u.guarded]
+        if not gaps:
             return None
-        other = missing[0]
+        other = gaps[0].source
+        named = "; ".join(f"{u.setting}: {u.why}" for u in gaps if u.source == other)
+        more = len({u.source for u in gaps}) - 1
+        return (f"the gate did not judge every setting of the base for {other} ({named})"
+                + (f", nor for {more} more source{'s' * (more > 1)}" if more else "")
+                + "; a setting the base measured that the new run lacks is no pass (its "
+                "restores may have failed, or the sweep changed): run it with the base's "
+                f"settings and --repeat {MIN_REPEATS} or more, or make a base of only the "
+                "settings you run.")  # fmt: skip
+
+    def _compared_nothing(self, other: str) -> str:
         base_settings, other_settings = self.settings_of(self.sources[0]), self.settings_of(other)
         shared = set(base_settings) & set(other_settings)
         if shared and shared <= set(self.writers):
@@ -206,12 +324,20 @@ def percent(share: float) -> str:
 
 __all__ = [
     "MIN_REPEATS",
+    "NO_RUN",
+    "OTHER_WRITER",
     "RTO",
     "SAVE",
+    "SIZE_TOLERANCE",
     "SAVE_TIME",
     "TTS",
     "Comparison",
     "Entry",
     "Finding",
+    "Unjudged",
     "percent",
+    "same_checkpoint",
+    "same_size",
+    "same_work",
+    "why_apart",
 ]
