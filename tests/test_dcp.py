@@ -634,7 +634,7 @@ def test_the_report_shows_an_async_save_as_its_blocking_part_and_its_background_
     assert blocking.breakdown.wall_median_s < 0.3 <= background.breakdown.wall_median_s
     text = render_text(report)
     assert "save: framework=dcp format=dcp strategy=async world_size=1" in text
-    assert "save: framework=dcp format=dcp strategy=async\n" in text
+    assert "save: framework=dcp format=dcp strategy=async background=True\n" in text
     spans = spans_in(tmp_path / "traces")
     [lifetime] = build_goodput(spans).lifetimes
     walls = [

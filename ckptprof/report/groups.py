@@ -52,6 +52,7 @@ CONFIG_ATTRS: tuple[tuple[str, str], ...] = (
     (Attr.CONCURRENCY, "concurrency"),
     (Attr.WORLD_SIZE, "world_size"),
     (Attr.SAVED_WORLD_SIZE, "saved_world_size"),
+    (Attr.SAVE_BACKGROUND, "background"),  # an async save's background half, apart
 )
 
 
@@ -116,9 +117,11 @@ def short_label(config: dict[str, Any]) -> str:
             continue
         if key == "verify":
             parts.append(f"verify={value}")
+        elif key == "background":
+            parts.append("background" if value else "")
         else:
             parts.append(f"{_LABEL_PREFIX.get(key, '')}{value}")
-    return " ".join(parts)
+    return " ".join(p for p in parts if p)
 
 
 def _config(op: TraceOperation) -> tuple[tuple[str, Any], ...]:
