@@ -256,13 +256,20 @@ class Attr:
     INTERRUPTION_OUTCOME = "ckpt.interruption.outcome"  # of the emergency save
     INTERRUPTION_CHECKPOINT_STEP = "ckpt.interruption.checkpoint_step"  # the step it saved
     INTERRUPTION_MARGIN_S = "ckpt.interruption.margin_s"  # save end → deadline (< 0: late)
-    INTERRUPTION_DOWNTIME_S = "ckpt.interruption.downtime_s"  # notice → this process started
+    #: when the notice came (ISO, as span times), from the record: the resumed restore has
+    #: it where the interrupted process, killed, left no span
+    INTERRUPTION_NOTICE_AT = "ckpt.interruption.notice_at"
+    INTERRUPTION_LAST_STEP = "ckpt.interruption.last_step"  # the last step it trained (record)
+    INTERRUPTION_LAST_STEP_AT = "ckpt.interruption.last_step_at"  # when that step ended (ISO)
+    #: notice → this process started: the wind-down and the downtime together (the
+    #: downtime alone is the report's: report/recovery.py)
+    INTERRUPTION_NOTICE_TO_START_S = "ckpt.interruption.notice_to_start_s"
     INTERRUPTION_STARTUP_S = "ckpt.interruption.startup_s"  # process started → restore began
     INTERRUPTION_RECOVERY_S = "ckpt.interruption.recovery_s"  # notice → first step done
     INTERRUPTION_RESTORED_STEP = "ckpt.interruption.restored_step"
     INTERRUPTION_STEPS_LOST = "ckpt.interruption.steps_lost"
     INTERRUPTION_COST_PER_HOUR = "ckpt.interruption.cost_per_hour"
-    INTERRUPTION_DOWNTIME_COST = "ckpt.interruption.downtime_cost"
+    INTERRUPTION_NOTICE_TO_START_COST = "ckpt.interruption.notice_to_start_cost"  # that, priced
     INTERRUPTION_RESTORE_COST = "ckpt.interruption.restore_cost"
 
     # ---- environment: ranks, hosts, devices (root)

@@ -28,6 +28,13 @@ def fmt_s(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.3f}"
 
 
+def fmt_margin(margin_s: float, deadline: str = "the deadline") -> str:
+    """A margin to a deadline in words, never a negative number: ``0.052 s after the
+    deadline`` (missed), ``29.286 s before the deadline``."""
+    side = "before" if margin_s >= 0 else "after"
+    return f"{abs(margin_s):.3f} s {side} {deadline}"
+
+
 def fmt_gbps(gbps: float | None) -> str:
     if gbps is None:
         return "-"

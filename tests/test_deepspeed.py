@@ -225,7 +225,7 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     attrs = restore["attributes"]
     assert attrs["ckpt.restored_step"] == record["checkpoint_step"]
     assert attrs["ckpt.interruption.steps_lost"] == 0
-    assert attrs["ckpt.interruption.downtime_s"] > 0
+    assert attrs["ckpt.interruption.notice_to_start_s"] > 0
 
 
 def test_decoupled_writer_shows_blocking_and_background_time(tmp_path):

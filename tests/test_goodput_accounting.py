@@ -159,3 +159,81 @@ def test_a_process_run_written_at_each_save_stays_one_trace(tmp_path, monkeypatc
     assert [s["name"] for s in spans] == ["ckpt.run"] * 3 + ["ckpt.after", "ckpt.run"]
     assert len(set(traces[:3])) == 1 and len({s["context"]["span_id"] for s in spans}) == 5
     assert len(set(traces[2:])) == 3
+
+
+def _killed_then_resumed(record: bool = True) -> list[dict]:
+    """Process 1 (0-50 s as its spans know it: its last ``ckpt.run`` is from its save of
+    step 20 at 50 s) got a notice at 55 s, trained to step 24 (ended at 54.5 s) and was
+    killed before its emergency save. Process 2 (60-100 s) resumes from step 20; its
+    restore carries the interruption record (with ``record``) and links to the notice
+    span, which was never written."""
+    facts = {
+        Attr.INTERRUPTION_SOURCE: "sigterm", Attr.INTERRUPTION_OUTCOME: "pending",
+        Attr.INTERRUPTION_STEP: 24, Attr.INTERRUPTION_DEADLINE_S: 30.0,
+        Attr.INTERRUPTION_DEADLINE_ASSUMED: True, Attr.INTERRUPTION_NOTICE_TO_START_S: 5.0,
+        Attr.INTERRUPTION_STARTUP_S: 2.0, Attr.INTERRUPTION_RECOVERY_S: 10.0,
+        Attr.INTERRUPTION_RESTORED_STEP: 20, Attr.INTERRUPTION_STEPS_LOST: 4,
+        Attr.INTERRUPTION_LAST_STEP: 24,
+    }  # fmt: skip
+    if record:
+        facts[Attr.INTERRUPTION_NOTICE_AT] = iso(55)
+        facts[Attr.INTERRUPTION_LAST_STEP_AT] = iso(54.5)
+    restore = span("ckpt.restore", 62, 65, 202, "restore2", **{Attr.RESTORED_STEP: 20}, **facts)
+    restore["links"] = [{"context": {"span_id": "notice1", "trace_id": "t"}}]
+    step = {Attr.RUN_STEP_MEDIAN_S: 1.0, Attr.RUN_FIRST_STEP: 1, Attr.RUN_BACKGROUND_STEPS: 0}
+    return [
+        run_span(0, 50, 101, final=False, **{Attr.RUN_STEP_S: 20.0, Attr.RUN_LAST_STEP: 20},
+                 **step),
+        span("ckpt.save", 49, 50, 101, "save1"),
+        run_span(60, 100, 202, **{Attr.RUN_STEP_S: 30.0, Attr.RUN_LAST_STEP: 50}, **step),
+        restore,
+    ]  # fmt: skip
+
+
+def test_a_process_killed_before_its_emergency_save_ends_where_its_record_saw_it():
+    """Its life runs to the notice its record saw (not its last save: the 5 s in which
+    steps 21-24 trained are no downtime), those steps are lost work, and the story tells
+    the goodput's downtime, the record's deadline, and no negative wind-down."""
+    from ckptprof.report.interruptions import build_stories, render_stories
+
+    spans = _killed_then_resumed()
+    goodput = build_goodput(spans)
+    one, two = goodput.lifetimes
+    assert one.end_ns - one.start_ns == 55 * S and one.unseen_s == pytest.approx(5.0)
+    assert one.last_step == 24 and one.lost_steps == 4 and two.resumed_from == 20
+    assert one.buckets["lost_work"] == pytest.approx(4 * 1.0)  # at the median pace
+    assert one.buckets["productive"] == pytest.approx(20.0)  # what its ckpt.run counted
+    assert one.buckets["other"] == pytest.approx(55 - 20 - 1 - 4)
+    assert goodput.downtimes_s == pytest.approx([5.0])
+    assert goodput.wall_s == pytest.approx(100)
+    (story,) = build_stories(spans)
+    assert story.downtime_s == pytest.approx(5.0) and story.recovery.wind_down_s == 0.0
+    assert (story.deadline_s, story.deadline_assumed) == (30.0, True)
+    assert story.notice_at == iso(55) and story.step_at_notice == 24
+    text = render_stories([story])
+    assert "deadline 30.000 s later (assumed)" in text and "pending" not in text
+    assert "the last trained 24" in text and "wind-down 0.000 s + downtime 5.000 s" in text
+    assert " -" not in text
+    # a record outside the process's life (another process's, a clock off) moves nothing
+    late = _killed_then_resumed()
+    late[-1]["attributes"][Attr.INTERRUPTION_NOTICE_AT] = iso(61)
+    late[-1]["attributes"][Attr.INTERRUPTION_LAST_STEP_AT] = iso(61)
+    assert build_goodput(late).downtimes_s == pytest.approx([10.0])
+
+
+def test_without_the_record_no_part_of_recovery_is_negative():
+    """Traces whose restore carries no record of when the process was last seen: its
+    end (its last save) is before the notice, so the wind-down is not known and recovery
+    is told from the notice, not as a negative wind-down."""
+    from ckptprof.report.interruptions import build_stories, render_stories
+
+    spans = _killed_then_resumed(record=False)
+    notice = span("ckpt.interruption", 55, 55, 101, "notice1", **{
+        Attr.INTERRUPTION_SOURCE: "sigterm", Attr.RUN_ID: "job",
+    })  # fmt: skip
+    (story,) = build_stories([*spans, notice])
+    assert story.downtime_s == pytest.approx(10.0)  # the goodput's: its last record → start
+    assert story.recovery.wind_down_s is None
+    text = render_stories([story])
+    assert " -" not in text
+    assert "= notice → start 5.000 s + start-up 2.000 s + RTO 3.000 s" in text

@@ -390,7 +390,8 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     attrs = restore["attributes"]
     assert attrs["ckpt.restored_step"] == record["checkpoint_step"]
     assert attrs["ckpt.interruption.steps_lost"] == 0
-    assert 0 < attrs["ckpt.interruption.downtime_s"] < attrs["ckpt.interruption.recovery_s"]
+    notice_to_start = attrs["ckpt.interruption.notice_to_start_s"]
+    assert 0 < notice_to_start < attrs["ckpt.interruption.recovery_s"]
 
 
 class OwnCheckpointingStrategy(SingleDeviceStrategy):

@@ -681,11 +681,11 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     assert attrs["ckpt.path"] == str(saved)
     assert attrs["ckpt.interruption.steps_lost"] == 0
     assert attrs["ckpt.interruption.restored_step"] == record["checkpoint_step"]
-    downtime = attrs["ckpt.interruption.downtime_s"]
-    assert 0 < downtime < attrs["ckpt.interruption.recovery_s"]
+    notice_to_start = attrs["ckpt.interruption.notice_to_start_s"]
+    assert 0 < notice_to_start < attrs["ckpt.interruption.recovery_s"]
     rate = attrs["ckpt.interruption.cost_per_hour"]
-    assert attrs["ckpt.interruption.downtime_cost"] == pytest.approx(
-        downtime / 3600 * rate, abs=1e-3
+    assert attrs["ckpt.interruption.notice_to_start_cost"] == pytest.approx(
+        notice_to_start / 3600 * rate, abs=1e-3
     )
     assert not interruption_record_path(checkpoints).exists()  # retired after linking
     report = subprocess.run(
@@ -710,7 +710,7 @@ def test_sigterm_mid_training_saves_and_the_resume_links_back(tmp_path):
     assert 0 < wind_down < 30  # the emergency save, within the grace
     parts = wind_down + told.downtime_s + told.startup_s + told.rto_s
     assert parts == pytest.approx(told.recovery_s, abs=0.02)  # to the rounding of each
-    assert told.downtime_s + wind_down == pytest.approx(downtime, abs=0.02)  # as recorded
+    assert told.downtime_s + wind_down == pytest.approx(notice_to_start, abs=0.02)  # recorded
     assert f"  start-up: {told.startup_s:.3f} s (the new process started" in report.stdout
     assert (f"from the notice to the first step done = wind-down {wind_down:.3f} s + downtime "
             f"{told.downtime_s:.3f} s + start-up {told.startup_s:.3f} s + RTO "

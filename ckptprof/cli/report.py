@@ -228,7 +228,8 @@ def run_goodput(args: argparse.Namespace) -> int:
 
     from ckptprof.errors import CkptprofError
     from ckptprof.report.cut_short import cut_short_json
-    from ckptprof.report.goodput import build_goodputs, goodput_json, read_job_spans, render_goodput
+    from ckptprof.report.goodput import build_goodputs, read_job_spans
+    from ckptprof.report.goodput_text import goodput_json, render_goodput
     from ckptprof.report.traces import cut_short_from_spans
 
     spans = read_job_spans(args.paths)

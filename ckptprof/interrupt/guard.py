@@ -14,7 +14,8 @@ guard does the rest:
   the grace left), and the signal is handed on to the handler ckptprof replaced (for the
   default action: the process ends as it would have).
 * resumed process: the restore reads the record, links to the notice span, and at the
-  first step records ``ckpt.interruption.downtime_s`` (notice → this process started),
+  first step records ``ckpt.interruption.notice_to_start_s`` (notice → this process
+  started: the wind-down and the downtime, which the report tells apart),
   ``…startup_s`` (this process started → its restore began), ``…recovery_s`` (notice →
   first step: the two and the RTO), ``…steps_lost`` and the cost at
   ``$CKPTPROF_COST_PER_HOUR`` (default :data:`ckptprof.cost.DEFAULT_COST_PER_HOUR`).
@@ -50,6 +51,7 @@ from ckptprof.interrupt.story import (
     recovery_attributes,
 )
 from ckptprof.phases import INTERRUPTION_SPAN, Attr, Phase
+from ckptprof.units import fmt_margin
 
 log = logging.getLogger("ckptprof")
 
@@ -288,7 +290,7 @@ class InterruptionGuard:
                     notice.source,
                     "unknown time"
                     if notice.deadline_ns is None
-                    else f"{notice.seconds_left:.0f} s",
+                    else f"{max(0.0, notice.seconds_left):.3f} s",
                 )
             except Exception as exc:  # noqa: BLE001
                 self.inst.warn_once("interruption", exc)
@@ -395,7 +397,7 @@ class InterruptionGuard:
                     "ckptprof: emergency save %s at step %d%s",
                     record.outcome,
                     step,
-                    "" if margin is None else f", {margin:.1f} s before the deadline",
+                    "" if margin is None else f", {fmt_margin(margin)}",
                 )
             except Exception as exc:  # noqa: BLE001
                 self.inst.warn_once("emergency_save", exc)
@@ -410,7 +412,7 @@ class InterruptionGuard:
     ) -> tuple[list, dict[str, Any]]:
         """Links and attributes for a restore that follows an interruption (or nothing).
 
-        ``restart_ns`` ends the downtime: this process's start by default (the simulated
+        ``restart_ns`` ends the wait: this process's start by default (the simulated
         interruption of the synthetic mode passes the restore's start).
         """
         location = self.location()

@@ -158,4 +158,22 @@ def as_attributes(record: InterruptionRecord) -> dict[str, Any]:
         attrs[Attr.INTERRUPTION_MARGIN_S] = round(record.margin_s, 3)
     if record.checkpoint_step is not None:
         attrs[Attr.INTERRUPTION_CHECKPOINT_STEP] = record.checkpoint_step
+    # what the resumed run's report needs where the interrupted process left no span (it
+    # was killed before its emergency save ended): the notice, its deadline, the last step
+    attrs[Attr.INTERRUPTION_DEADLINE_ASSUMED] = bool(record.deadline_assumed)
+    if record.deadline_ns is not None:
+        deadline_s = (record.deadline_ns - record.notice_ns) / 1e9
+        attrs[Attr.INTERRUPTION_DEADLINE_S] = round(deadline_s, 3)
+    attrs[Attr.INTERRUPTION_NOTICE_AT] = iso_time(record.notice_ns)
+    if record.last_step is not None:
+        attrs[Attr.INTERRUPTION_LAST_STEP] = record.last_step
+    if record.last_step_ns is not None:
+        attrs[Attr.INTERRUPTION_LAST_STEP_AT] = iso_time(record.last_step_ns)
     return attrs
+
+
+def iso_time(ns: int) -> str:
+    """A time as the trace files write a span's (ISO, microseconds, ``Z``)."""
+    from opentelemetry.sdk.util import ns_to_iso_str
+
+    return ns_to_iso_str(ns)

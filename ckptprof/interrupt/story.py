@@ -1,6 +1,12 @@
 """What the spans and the record of one interruption say: the notice's attributes, the
 pending record, the emergency save's outcome, and on the resumed run the link back to
-the notice with the downtime, recovery and cost.
+the notice with the time from the notice to this process's start, recovery and cost.
+
+The resumed run measures from the notice, which the record gives: the interrupted
+process's end is in that process's traces only, so the downtime (that end → this
+process's start) is the report's (report/recovery.py), and the span's interval has a
+name of its own, ``ckpt.interruption.notice_to_start_s`` (the wind-down and the
+downtime together).
 
 Why apart from :mod:`ckptprof.interrupt.guard`: the guard decides *when* (its thread,
 the signal, step boundaries, the ranks' agreement, handing the signal on); this module
@@ -70,7 +76,7 @@ def record_outcome(
 
 def interrupted_by(record: InterruptionRecord, restart_ns: int) -> tuple[list, dict[str, Any]]:
     """A resumed restore's link to the notice span, and its attributes: the record's and
-    the downtime (notice → ``restart_ns``)."""
+    the time from the notice to ``restart_ns`` (this process's start)."""
     from opentelemetry.trace import Link, SpanContext, TraceFlags
 
     ctx = SpanContext(
@@ -81,7 +87,7 @@ def interrupted_by(record: InterruptionRecord, restart_ns: int) -> tuple[list, d
     )
     attrs = {
         **as_attributes(record),
-        Attr.INTERRUPTION_DOWNTIME_S: round((restart_ns - record.notice_ns) / 1e9, 3),
+        Attr.INTERRUPTION_NOTICE_TO_START_S: round((restart_ns - record.notice_ns) / 1e9, 3),
     }
     return [Link(ctx, {Attr.LINK: "interrupted_by"})], attrs
 
@@ -90,9 +96,9 @@ def recovery_attributes(
     record: InterruptionRecord, op, now: int, started: int, restored_step: int, rate: float
 ) -> dict[str, Any]:
     """At the first step (``now``) after the restore ``op`` of a process started at
-    ``started``: its startup and recovery time, the steps lost, what the downtime and
-    the restore cost."""
-    downtime_s = (started - record.notice_ns) / 1e9
+    ``started``: its startup and recovery time, the steps lost, what the time from the
+    notice to this process's start and the restore cost."""
+    notice_to_start_s = (started - record.notice_ns) / 1e9
     rto_s = (now - op.start_ns) / 1e9
     lost = max(0, (record.last_step or record.step) - restored_step)
     return {
@@ -101,7 +107,7 @@ def recovery_attributes(
         Attr.INTERRUPTION_STEPS_LOST: lost,
         Attr.INTERRUPTION_RESTORED_STEP: restored_step,
         Attr.INTERRUPTION_COST_PER_HOUR: rate,
-        Attr.INTERRUPTION_DOWNTIME_COST: round(downtime_s / 3600 * rate, 4),
+        Attr.INTERRUPTION_NOTICE_TO_START_COST: round(notice_to_start_s / 3600 * rate, 4),
         Attr.INTERRUPTION_RESTORE_COST: round(rto_s / 3600 * rate, 4),
     }
 

@@ -11,14 +11,17 @@ restores inside them) beside its ``ckpt.restore`` and ``ckpt.save`` spans. Per p
 * background-save slowdown: the steps that ran while a background save wrote, less the
   same number of steps at the process's median pace;
 * lost work: the steps after the checkpoint the next process resumed from, at the
-  median pace (trained, then trained again);
+  median pace (trained, then trained again), those its last ``ckpt.run`` never saw too;
 * productive: the rest of the step time;
 * the rest: whatever else the process did (start-up, evaluation, idle), its wall time
   less the buckets above: what ckptprof did not see is said, never spread.
 
-Between processes, downtime: the old process's end to the new one's start. The buckets
-of every process plus the downtimes are the job's wall time; goodput is the productive
-share.
+Between processes, downtime: the old process's end to the new one's start. A process
+killed before it wrote its end (its last ``ckpt.run`` is from its last routine save)
+lived at least until the notice and its last step that the next process's interruption
+record names (on its restore): its life runs to there, and those steps are lost work.
+The buckets of every process plus the downtimes are the job's wall time; goodput is the
+productive share.
 
 The processes of one job are those whose ``ckpt.run`` names the same job (its checkpoint
 folder or run id; else the folder of the trace file): several jobs are several tables,
@@ -44,6 +47,7 @@ from ckptprof.phases import (
     Phase,
     span_name,
 )
+from ckptprof.report.json_values import integer, number
 from ckptprof.tracing.times import span_ns
 
 BUCKETS = (
@@ -90,6 +94,12 @@ class Lifetime:
     restore_phases: dict[str, float] = field(default_factory=dict)
     lost_steps: int = 0
     overrun_s: float = 0.0  # its buckets beyond its wall time (within the rounding allowed)
+    #: what the interruption record its restore read says of the process before it
+    #: (notice_ns, last_step, last_step_ns)
+    record: dict[str, int] | None = None
+    #: its life past its last ``ckpt.run``, and the steps in it, from the next one's record
+    unseen_s: float = 0.0
+    unseen_steps: int = 0
 
     @property
     def wall_s(self) -> float:
@@ -119,7 +129,13 @@ class Goodput:
 
 
 def _attr(span: dict, key: str, default: Any = None) -> Any:
-    return (span.get("attributes") or {}).get(key, default)
+    attrs = span.get("attributes")
+    return attrs.get(key, default) if isinstance(attrs, dict) else default
+
+
+def _num(span: dict | None, key: str) -> float:
+    """A number attribute; a missing or odd one (not a number) reads as 0."""
+    return (number(_attr(span, key)) or 0.0) if span else 0.0
 
 
 def _bounds(span: dict) -> tuple[int, int]:
@@ -131,8 +147,8 @@ def _resource(span: dict, key: str) -> Any:
 
 
 def _children(spans: Sequence[dict], root: dict) -> dict[str, dict]:
-    span_id = root["context"]["span_id"]
-    return {s["name"]: s for s in spans if s.get("parent_id") == span_id}
+    span_id = (root.get("context") or {}).get("span_id")
+    return {s["name"]: s for s in spans if span_id and s.get("parent_id") == span_id}
 
 
 def read_job_spans(paths: Iterable[str | os.PathLike], beside_results: bool = False) -> list[dict]:
@@ -191,6 +207,8 @@ def build_goodput(
     if not runs:
         return None
     lifetimes = [_lifetime(run, spans) for run in runs]
+    for before, after in zip(lifetimes, lifetimes[1:], strict=False):
+        _past_last_run(before, after.record, after.start_ns)
     nexts: list[tuple[int, int | None]] = [(lt.start_ns, lt.resumed_from) for lt in lifetimes[1:]]
     if resuming is not None:
         nexts.append(resuming)
@@ -206,14 +224,45 @@ def build_goodput(
             )
         downtimes.append(max(0.0, -overlap_s))
         if resumed is not None and before.last_step is not None and before.last_step > resumed:
-            before.lost_steps = before.last_step - resumed
-            pace = before.step_median_s or 0.0
-            lost = min(before.lost_steps * pace, before.buckets["productive"])
-            before.buckets["lost_work"] = lost
-            before.buckets["productive"] -= lost
+            _lose(before, before.last_step - resumed)
     total = {b: sum(lt.buckets.get(b, 0.0) for lt in lifetimes) for b in BUCKETS}
     total["downtime"] = sum(downtimes)
     return Goodput(lifetimes, downtimes, total, price_per_hour, job)
+
+
+def _past_last_run(before: Lifetime, record: dict[str, int] | None, next_start: int) -> None:
+    """``before`` was alive at the notice and at its last step that the next process's
+    interruption ``record`` names (inside its life, before the next start): its end is
+    there at least, and the steps after its last ``ckpt.run`` ran in that time."""
+    if not record:
+        return
+    seen = [
+        at for at in (record.get("notice_ns"), record.get("last_step_ns"))
+        if at is not None and before.start_ns <= at <= next_start
+    ]  # fmt: skip
+    end = max(seen, default=before.end_ns)
+    if end > before.end_ns:
+        before.unseen_s = (end - before.end_ns) / 1e9
+        before.buckets["other"] += before.unseen_s
+        before.end_ns = end
+    last = record.get("last_step")
+    if before.unseen_s and last is not None and last > (before.last_step or 0):
+        before.unseen_steps = last - (before.last_step or 0)
+        before.last_step = last
+
+
+def _lose(before: Lifetime, steps: int) -> None:
+    """``steps`` of ``before`` redone by the next process, at its median pace: those its
+    ``ckpt.run`` counted come out of its productive time, those after it out of the time
+    the next one's record added."""
+    before.lost_steps = steps
+    pace = before.step_median_s or 0.0
+    unseen = min(steps, before.unseen_steps)
+    after_run = min(unseen * pace, before.unseen_s, before.buckets["other"])
+    counted = min((steps - unseen) * pace, before.buckets["productive"])
+    before.buckets["lost_work"] = counted + after_run
+    before.buckets["productive"] -= counted
+    before.buckets["other"] -= after_run
 
 
 def _impossible(span: dict, what: str) -> CkptprofError:
@@ -276,33 +325,13 @@ def _lifetime(run: dict, spans: Sequence[dict]) -> Lifetime:
     ]  # fmt: skip
     for span in restores + saves:
         _checked_bounds(span)
-    phases: dict[str, float] = {}
-    first_step = 0.0
-    restore = 0.0
-    resumed_from = None
-    for r in restores:
-        wall = float(_attr(r, Attr.WALL_S) or 0.0)
-        kids = _children(spans, r)
-        step = kids.get(span_name(Phase.FIRST_STEP))
-        step_s = float(_attr(step, Attr.BUSY_S, 0.0)) if step else 0.0
-        first_step += step_s
-        restore += max(0.0, wall - step_s)
-        for phase in RESTORE_PHASES:
-            if phase is Phase.FIRST_STEP:
-                continue
-            kid = kids.get(phase.span_name)
-            if kid:
-                phases[phase.value] = phases.get(phase.value, 0.0) + float(
-                    _attr(kid, Attr.BUSY_S, 0)
-                )
-        if _attr(r, Attr.RESTORED_STEP) is not None:
-            resumed_from = int(_attr(r, Attr.RESTORED_STEP))
-    blocking = sum(float(_attr(s, Attr.WALL_S) or 0.0) for s in saves)
-    steps_s = float(_attr(run, Attr.RUN_STEP_S, 0.0))
-    median = _attr(run, Attr.RUN_STEP_MEDIAN_S)
-    bg_steps = int(_attr(run, Attr.RUN_BACKGROUND_STEPS, 0))
-    bg_s = float(_attr(run, Attr.RUN_BACKGROUND_STEP_S, 0.0))
-    slowdown = max(0.0, bg_s - bg_steps * float(median)) if median is not None else 0.0
+    restore, first_step, phases, resumed_from, record = _restores(restores, spans)
+    blocking = sum(_wall(s) for s in saves)
+    steps_s = _num(run, Attr.RUN_STEP_S)
+    median = number(_attr(run, Attr.RUN_STEP_MEDIAN_S))
+    bg_steps = _num(run, Attr.RUN_BACKGROUND_STEPS)
+    bg_s = _num(run, Attr.RUN_BACKGROUND_STEP_S)
+    slowdown = max(0.0, bg_s - bg_steps * median) if median is not None else 0.0
     buckets = {
         "productive": max(0.0, steps_s - slowdown),
         "restore": restore,
@@ -324,84 +353,47 @@ def _lifetime(run: dict, spans: Sequence[dict]) -> Lifetime:
     buckets["other"] = max(0.0, wall - seen)  # what ckptprof did not see: said
     return Lifetime(
         pid=pid, host=host, start_ns=start, end_ns=end,
-        first_step=_attr(run, Attr.RUN_FIRST_STEP), last_step=_attr(run, Attr.RUN_LAST_STEP),
-        resumed_from=resumed_from, step_median_s=median, buckets=buckets,
-        restore_phases=phases, overrun_s=max(0.0, overrun),
+        first_step=integer(_attr(run, Attr.RUN_FIRST_STEP)),
+        last_step=integer(_attr(run, Attr.RUN_LAST_STEP)), resumed_from=resumed_from,
+        step_median_s=median, buckets=buckets, restore_phases=phases,
+        overrun_s=max(0.0, overrun), record=record,
     )  # fmt: skip
 
 
-def render_goodput(g: Goodput) -> str:
-    """The table a person reads: per process and for the job, and the goodput share."""
-    from ckptprof.units import fmt_pct
-
-    names = [f"process {i + 1}" for i in range(len(g.lifetimes))]
-    headers = ["bucket", *names, "job", "share"] + (["cost"] if g.price_per_hour else [])
-    rows = []
-    for bucket in BUCKETS:
-        cells = []
-        for i, lt in enumerate(g.lifetimes):
-            value = g.downtimes_s[i] if bucket == "downtime" and i < len(g.downtimes_s) else None
-            value = lt.buckets.get(bucket, 0.0) if bucket != "downtime" else (value or 0.0)
-            cells.append(f"{value:.2f}")
-        share = g.total[bucket] / g.wall_s if g.wall_s else 0.0
-        row = [LABELS[bucket], *cells, f"{g.total[bucket]:.2f}", fmt_pct(share)]
-        if g.price_per_hour:
-            row.append(f"{g.cost(bucket):.4f}")
-        rows.append(row)
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-
-    def line(cells) -> str:
-        first = str(cells[0]).ljust(widths[0])
-        return "  " + "  ".join(
-            [first] + [str(c).rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
-        )
-
-    job = f"job {g.job} ({len(g.lifetimes)} process(es))" if g.job else (
-        f"a job of {len(g.lifetimes)} process(es)"
-    )  # fmt: skip
-    out = [
-        f"goodput of {job}, {g.wall_s:.2f} s of wall time "
-        f"(seconds; downtime in the column of the process it follows):",
-        line(headers),
-        *[line(r) for r in rows],
-        f"  goodput: {fmt_pct(g.goodput)} of the job's wall time trained the model",
-    ]
-    for i, lt in enumerate(g.lifetimes):
-        facts = [f"pid {lt.pid}" if lt.pid else "", f"{lt.wall_s:.2f} s"]
-        if lt.first_step is not None:
-            facts.append(f"steps {lt.first_step}->{lt.last_step}")
-        if lt.resumed_from is not None:
-            facts.append(f"resumed from step {lt.resumed_from}")
-        if lt.lost_steps:
-            facts.append(f"{lt.lost_steps} steps after its last usable save lost")
-        if lt.restore_phases:
-            parts = ", ".join(f"{k} {v:.2f}" for k, v in lt.restore_phases.items())
-            facts.append(f"restore by phase: {parts}")
-        out.append(f"  process {i + 1}: " + "; ".join(f for f in facts if f))
-    if any(lt.overrun_s > 0.01 for lt in g.lifetimes):
-        out.append("  note: a process's buckets exceed its wall time (clocks of its spans overlap)")
-    if g.price_per_hour:
-        lost = g.wall_s - g.total["productive"]
-        out.append(
-            f"  at {g.price_per_hour:g}/hour: {g.wall_s / 3600 * g.price_per_hour:.4f} in all, "
-            f"{lost / 3600 * g.price_per_hour:.4f} not training"
-        )
-    return "\n".join(out) + "\n"
+def _wall(span: dict) -> float:
+    """A restore's or save's wall time: its ``ckpt.wall_s``, else its span's length."""
+    wall = number(_attr(span, Attr.WALL_S))
+    if wall is None:
+        start, end = _bounds(span)
+        wall = max(0.0, (end - start) / 1e9)
+    return wall
 
 
-def goodput_json(g: Goodput) -> dict:
-    import dataclasses
-
-    return {
-        "job": g.job,
-        "wall_s": g.wall_s,
-        "goodput": g.goodput,
-        "total": g.total,
-        "downtimes_s": g.downtimes_s,
-        "price_per_hour": g.price_per_hour,
-        "cost": {b: g.cost(b) for b in BUCKETS} if g.price_per_hour else None,
-        "lifetimes": [{**dataclasses.asdict(lt), "wall_s": lt.wall_s} for lt in g.lifetimes],
-    }
+def _restores(restores: list[dict], spans: Sequence[dict]) -> tuple:
+    """A process's restores: their time less the first step, the first step, the time
+    by phase, the step the last brought back, and the interruption record it read."""
+    phases: dict[str, float] = {}
+    restore = first_step = 0.0
+    resumed_from = record = None
+    for r in restores:
+        kids = _children(spans, r)
+        step_s = _num(kids.get(span_name(Phase.FIRST_STEP)), Attr.BUSY_S)
+        first_step += step_s
+        restore += max(0.0, _wall(r) - step_s)
+        for phase in RESTORE_PHASES:
+            kid = kids.get(phase.span_name)
+            if kid and phase is not Phase.FIRST_STEP:
+                phases[phase.value] = phases.get(phase.value, 0.0) + _num(kid, Attr.BUSY_S)
+        if integer(_attr(r, Attr.RESTORED_STEP)) is not None:
+            resumed_from = integer(_attr(r, Attr.RESTORED_STEP))
+        notice_ns = span_ns(_attr(r, Attr.INTERRUPTION_NOTICE_AT))
+        if notice_ns is not None:
+            record = {
+                "notice_ns": notice_ns,
+                "last_step": integer(_attr(r, Attr.INTERRUPTION_LAST_STEP)),
+                "last_step_ns": span_ns(_attr(r, Attr.INTERRUPTION_LAST_STEP_AT)),
+            }
+    return restore, first_step, phases, resumed_from, record
 
 
 __all__ = [
@@ -410,8 +402,6 @@ __all__ = [
     "Lifetime",
     "build_goodput",
     "build_goodputs",
-    "goodput_json",
     "jobs_of",
     "read_job_spans",
-    "render_goodput",
 ]

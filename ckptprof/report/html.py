@@ -353,7 +353,7 @@ def render_html(
         parts.append("<h2>Interruptions</h2>")
         parts.append(f"<pre>{_e(render_stories(list(stories)))}</pre>")
     if goodput is not None:
-        from ckptprof.report.goodput import render_goodput
+        from ckptprof.report.goodput_text import render_goodput
 
         parts.append("<h2>Goodput across restarts</h2>")
         parts.append(

@@ -22,7 +22,7 @@ from ckptprof.synth.options import RestoreOptions
 from ckptprof.synth.results import RunRecord, from_dict, payload, run_line, write_results
 from ckptprof.synth.runner import RestoreRunner
 from ckptprof.threads import last_words
-from ckptprof.units import fmt_bytes, wrap
+from ckptprof.units import fmt_bytes, fmt_margin, wrap
 
 
 def run_restore(
@@ -155,11 +155,10 @@ def _simulate_interruption(runner: RestoreRunner, options: RestoreOptions, out_d
         deadline_assumed=options.deadline_s is None,
     )
     record = runner.interruption.record
-    side = "before" if record.margin_s >= 0 else "after"
     echo(
         f"simulated interruption: emergency save {record.outcome} in "
         f"{(record.save_end_ns - record.save_start_ns) / 1e9:.3f} s, "
-        f"{abs(record.margin_s):.1f} s {side} the {options.deadline:g} s deadline; "
+        f"{fmt_margin(record.margin_s, f'the {options.deadline:g} s deadline')}; "
         "the first restore below is the recovery"
     )
 
