@@ -441,17 +441,24 @@ def test_cli_parser_help_and_defaults(three_restores, capsys):
 
 def bar_chart(ax) -> dict:
     """What a phase-bars axes shows, read back from its artists: the bars' labels (top
-    to bottom), each phase's stacked bars (widths and where they start), the black RTO
-    ticks, the repeats' min–max lines and the RTO notes."""
-    lines = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines]
+    to bottom), each phase's stacked bars (widths and where they start), each bar's black
+    tick (the figure it is ranked and labelled by), the repeats' min–max lines of that
+    figure, each bar's RTO diamond (None where none is drawn) and the notes."""
+    marks: dict[str, dict[int, list[float]]] = {"ranked": {}, "spread": {}, "rto": {}}
+    for line in ax.lines:
+        kind, _, index = (line.get_gid() or "").rpartition("-")
+        if kind in marks:
+            marks[kind][int(index)] = [float(x) for x in line.get_xdata()]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
     return {
         "title": ax.get_title(),
-        "labels": [t.get_text() for t in ax.get_yticklabels()],
+        "labels": labels,
         "legend": [t.get_text() for t in ax.get_legend().get_texts()],
         "widths": {c.get_label(): [p.get_width() for p in c.patches] for c in ax.containers},
         "lefts": {c.get_label(): [p.get_x() for p in c.patches] for c in ax.containers},
-        "rto": [x[0] for x, y in lines if x[0] == x[1] and y[0] != y[1]],
-        "spread": [tuple(x) for x, y in lines if y[0] == y[1]],
+        "ranked": [marks["ranked"].get(i, [None])[0] for i in range(len(labels))],
+        "spread": [tuple(marks["spread"][i]) for i in sorted(marks["spread"])],
+        "rto": [marks["rto"][i][0] if i in marks["rto"] else None for i in range(len(labels))],
         "notes": [t.get_text() for t in ax.texts],
     }
 
@@ -551,10 +558,17 @@ def test_plot_writes_a_png(results_dir, three_restores, tmp_path, monkeypatch):
         "first_step": pytest.approx([0.1, 0.1, 0.1, 0.1]),
     }
     assert_stacked(bars)
-    assert bars["rto"] == pytest.approx([4.2, 1.6, 0.6, 2.0])
-    spread = [(4.0, 4.4), (1.5, 1.7), (1.0, 3.0)]  # hot c=16 ran once
+    # a synthetic restore is headed by its time to state (the RTO less its 0.1 s first
+    # step), with its min–max, as the text report heads it; the RTO beside it
+    assert bars["ranked"] == pytest.approx([4.1, 1.5, 0.5, 1.9])
+    spread = [(3.9, 4.3), (1.4, 1.6), (0.9, 2.9)]  # hot c=16 ran once
     assert bars["spread"] == [pytest.approx(line) for line in spread]
-    assert bars["notes"] == ["RTO 4.2 s", "RTO 1.6 s", "RTO 0.6 s", "RTO 2 s"]
+    assert bars["rto"] == pytest.approx([4.2, 1.6, 0.6, 2.0])
+    assert bars["notes"] == ["to state 4.100 s (3.900–4.300)\nRTO 4.200 s",
+                             "to state 1.500 s (1.400–1.600)\nRTO 1.600 s",
+                             "to state 0.500 s\nRTO 0.600 s",
+                             "to state 1.900 s (0.900–2.900)\nRTO 2.000 s"]  # fmt: skip
+    assert "diamond: the RTO, first step included" in top.get_xlabel()
     assert bottom.get_title() == "Fetch throughput vs concurrency"
     assert [t.get_text() for t in bottom.get_xticklabels()] == ["1", "16"]
     curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
@@ -852,7 +866,8 @@ def test_compare_plot_draws_one_bar_per_source_and_setting(tmp_path):
     fig = compare_figure(compare([str(base), str(fast)]))
     assert png_size(target) == drawn_at(fig)  # the CLI wrote this figure: 6 bars tall
     bars = bar_chart(fig.axes[0])
-    assert bars["title"] == "Compared: median seconds per phase, fastest first within each setting"
+    assert bars["title"] == ("Compared: median seconds per phase, fastest first within each "
+                             "setting by time to state")  # fmt: skip
     # per setting, one bar per source, fastest first (fsx: half the RTO), the base marked
     assert bars["labels"] == [
         f"{setting}: {source}"
@@ -866,10 +881,15 @@ def test_compare_plot_draws_one_bar_per_source_and_setting(tmp_path):
                            ("reshard", 0.05), ("first_step", 0.1)):  # fmt: skip
         assert bars["widths"][phase] == pytest.approx([seconds] * 6), phase
     assert_stacked(bars)
-    assert bars["rto"] == pytest.approx([2.1, 4.2, 0.8, 1.6, 0.3, 0.6])
-    spread = [(2.0, 2.2), (4.0, 4.4), (0.75, 0.85), (1.5, 1.7)]  # hot c=16 ran once
+    # drawn and labelled by what ranks them, the time to state (the RTO less its 0.1 s
+    # first step), with its min–max; the RTO beside it
+    assert bars["ranked"] == pytest.approx([2.0, 4.1, 0.7, 1.5, 0.2, 0.5])
+    spread = [(1.9, 2.1), (3.9, 4.3), (0.65, 0.75), (1.4, 1.6)]  # hot c=16 ran once
     assert bars["spread"] == [pytest.approx(line) for line in spread]
-    assert bars["notes"] == [f"RTO {s} s" for s in ("2.1", "4.2", "0.8", "1.6", "0.3", "0.6")]
+    assert bars["rto"] == pytest.approx([2.1, 4.2, 0.8, 1.6, 0.3, 0.6])
+    assert bars["notes"][:2] == ["to state 2.000 s (1.900–2.100)\nRTO 2.100 s",
+                                 "to state 4.100 s (3.900–4.300)\nRTO 4.200 s"]  # fmt: skip
+    assert bars["notes"][4:] == ["to state 0.200 s\nRTO 0.300 s", "to state 0.500 s\nRTO 0.600 s"]
     missing = tmp_path / "none" / "c.png"
     bad = run_cli("compare", str(base), str(fast), "--plot", str(missing))
     assert bad.returncode != 0 and f"folder {missing.parent} does not exist" in bad.stderr

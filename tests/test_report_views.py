@@ -6,6 +6,7 @@ replayed into a real OTLP/HTTP receiver on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -80,6 +81,7 @@ def test_one_page_opens_offline_with_every_chart(runs, browser, tmp_path):
     for phase in ("list", "fetch", "verify", "deserialize", "reshard", "first_step"):
         assert phase in phases
     assert "min–max" in phases  # the repeats' spread is drawn
+    assert "to state" in phases  # a restore whose first step ran: headed by its time to state
     assert "ceiling 1.00 GB/s" in chart(page, "concurrency")["text"]
     timeline = chart(page, "timeline")["text"]
     assert "restore" in timeline and "fetch 0" in timeline  # per-file reads on lanes
@@ -113,6 +115,146 @@ def test_html_of_a_missing_folder_is_one_clear_error(runs, tmp_path):
     target = tmp_path / "nowhere" / "report.html"
     done = run_cli("report", str(runs / "sweep"), "--html", str(target))
     assert_one_line_error(done, f"--html: {target}: folder {target.parent} does not exist")
+
+
+# ------------------------------------------ what ranks a bar is what it draws and says
+def stepped(doc: dict, first_step_s: float, later_s: float = 0.0) -> dict:
+    """``doc`` with every run's first step taking ``first_step_s`` and its fetch (so its
+    time to state) ``later_s`` longer: its RTO moves by both (the runner's summary, of
+    the runs before, left out: the report reads the runs)."""
+    out = json.loads(json.dumps(doc))
+    out.pop("summary")
+    for run in out["runs"]:
+        step = run["phases"]["first_step"]
+        run["wall_s"] += first_step_s - step["busy_s"] + later_s
+        step["busy_s"] = first_step_s
+        run["phases"]["fetch"]["busy_s"] += later_s
+    return out
+
+
+@pytest.fixture
+def crossed(tmp_path) -> tuple[Path, Path]:
+    """Two sweeps whose order flips with the figure: "step" reads fast (time to state
+    4.1 / 1.5 / 0.5 s at cold c=1 / cold c=16 / hot c=16) but steps for 3 s (RTO 7.1 /
+    4.5 / 3.5 s); "read" reads 1.5 s slower (5.6 / 3.0 / 2.0 s) and steps for 0.1 s
+    (RTO 5.7 / 3.1 / 2.1 s)."""
+    from tests.test_report import results_doc, write_results
+
+    return (write_results(tmp_path / "step", stepped(results_doc(), 3.0)),
+            write_results(tmp_path / "read", stepped(results_doc(), 0.1, 1.5)))  # fmt: skip
+
+
+STEP_TTS = [(4.1, 3.9, 4.3), (1.5, 1.4, 1.6), (0.5, 0.5, 0.5)]  # median, min, max
+READ_TTS = [(5.6, 5.4, 5.8), (3.0, 2.9, 3.1), (2.0, 2.0, 2.0)]
+STEP_RTO, READ_RTO = [7.1, 4.5, 3.5], [5.7, 3.1, 2.1]
+BY_TTS_RTO = [7.1, 5.7, 4.5, 3.1, 3.5, 2.1]  # the RTOs, step then read in each setting
+BY_RTO = [5.7, 7.1, 3.1, 4.5, 2.1, 3.5]  # read then step
+SETTINGS = ["cold c=1", "cold c=16", "hot c=16"]
+
+
+def label(spread: tuple[float, float, float], word: str = "to state") -> str:
+    median, low, high = spread
+    return f"{word} {median:.3f} s" + (f" ({low:.3f}–{high:.3f})" if high > low else "")
+
+
+def test_compare_plot_draws_and_labels_what_ranks_it(crossed):
+    """compare ranks a synthetic restore by its time to state: the bars come in that
+    order, each tick, min–max line and first label is that figure, the RTO a diamond and
+    a second line beside it; --by rto ranks, draws and labels the RTO alone."""
+    from ckptprof.report.compare import compare
+    from ckptprof.report.compare_text import render_text
+    from ckptprof.report.plot import compare_figure
+    from tests.test_report import assert_stacked, bar_chart
+
+    step, read = map(str, crossed)
+    comparison = compare([step, read], ["step", "read"])
+    bars = bar_chart(compare_figure(comparison).axes[0])
+    assert bars["title"].endswith("fastest first within each setting by time to state")
+    # by time to state "step" (the base) is first everywhere, though its RTO is longer
+    assert bars["labels"] == [f"{s}: {who}" for s in SETTINGS for who in ("step (base)", "read")]
+    tts = [x for pair in zip(STEP_TTS, READ_TTS, strict=True) for x in pair]
+    assert bars["ranked"] == pytest.approx([m for m, _, _ in tts])
+    assert bars["spread"] == [pytest.approx((lo, hi)) for _, lo, hi in tts if hi > lo]
+    assert bars["rto"] == pytest.approx(BY_TTS_RTO)
+    notes = [n.splitlines() for n in bars["notes"]]
+    assert [n[0] for n in notes] == [label(x) for x in tts]
+    assert [n[1] for n in notes] == [f"RTO {x:.3f} s" for x in BY_TTS_RTO]
+    assert_stacked(bars)
+    for i in range(0, 6, 2):  # within a setting: what is drawn first is the smaller
+        assert bars["ranked"][i] < bars["ranked"][i + 1]
+    text = render_text(comparison)  # the text's ranked rows: the same order and figures
+    for setting, mine, theirs in zip(SETTINGS, STEP_TTS, READ_TTS, strict=True):
+        block = text.split(f"\n{setting}\n")[1].split("\n\n")[0].splitlines()
+        assert "step (base)" in block[1] and f"{mine[0]:.3f}" in block[1], block
+        assert "read" in block[2] and f"{theirs[0]:.3f}" in block[2], block
+    by_rto = bar_chart(compare_figure(compare([step, read], ["step", "read"], by="rto")).axes[0])
+    assert by_rto["title"].endswith("by RTO")
+    assert by_rto["labels"] == [f"{s}: {who}" for s in SETTINGS for who in ("read", "step (base)")]
+    assert by_rto["ranked"] == pytest.approx(BY_RTO)
+    assert by_rto["rto"] == [None] * 6  # the RTO is what is drawn: nothing beside it
+    assert [n.split(" s")[0] for n in by_rto["notes"]] == [f"RTO {x:.3f}" for x in BY_RTO]
+
+
+def test_report_plot_heads_each_bar_with_its_time_to_state(crossed, tmp_path):
+    """report --plot: each synthetic restore's bar is drawn and labelled with the time to
+    state and its min–max (the text report's first column), the RTO beside it."""
+    from ckptprof.report.aggregate import aggregate
+    from ckptprof.report.load import load
+    from ckptprof.report.plot import summary_figure
+    from tests.test_report import bar_chart
+
+    report = aggregate(load([str(p) for p in crossed]))
+    bars = bar_chart(summary_figure(report).axes[0])
+    assert bars["labels"] == [f"{who}: {s}" for who in ("step", "read") for s in SETTINGS]
+    assert bars["ranked"] == pytest.approx([m for m, _, _ in STEP_TTS + READ_TTS])
+    assert bars["rto"] == pytest.approx(STEP_RTO + READ_RTO)
+    assert [n.splitlines()[0] for n in bars["notes"]] == [label(x) for x in STEP_TTS + READ_TTS]
+    assert [n.splitlines()[1] for n in bars["notes"]] == [
+        f"RTO {x:.3f} s" for x in STEP_RTO + READ_RTO
+    ]
+    states = [r.breakdown.state_s for sweep in report.sweeps for r in sweep.rows]
+    assert states == [pytest.approx(x) for x in STEP_TTS + READ_TTS]  # what the text heads
+
+
+def test_the_html_chart_draws_and_labels_the_time_to_state(crossed, browser, tmp_path):
+    """The page's phase chart, read back in Chromium: each bar's first label is the
+    figure its table row heads with (to state, min–max), its black tick lies at that
+    figure, left of the RTO's diamond; hot c=16's ticks stand in time-to-state order
+    ("step" left of "read") while their diamonds stand in RTO order (the other way)."""
+    target = tmp_path / "crossed.html"
+    done = run_cli("report", *(str(p) for p in crossed), "--html", str(target))
+    assert done.returncode == 0, done.stderr
+    page, problems = open_page(browser, target)
+    assert problems == []
+    svg = page.locator('figure[data-chart="phases"] svg')
+    texts = [t.strip() for t in svg.locator("text").all_text_contents()]
+    firsts = [t for t in texts if t.startswith("to state ")]
+    assert firsts == [label(x) for x in STEP_TTS + READ_TTS]
+    assert [t for t in texts if t.startswith("RTO ")] == [
+        f"RTO {x:.3f} s" for x in STEP_RTO + READ_RTO
+    ]
+    tables = page.locator("h3:has-text('Cold vs hot') + table")
+    cells = []
+    for t in range(tables.count()):
+        heads = tables.nth(t).locator("thead th").all_text_contents()
+        column = heads.index("to state s (min–max)")
+        rows = tables.nth(t).locator("tbody tr")
+        cells += [rows.nth(i).locator("td").nth(column).text_content() for i in range(rows.count())]
+    shown = [tuple(float(v) for v in re.findall(r"\d+\.\d+", c)) for c in cells]
+    assert shown == [pytest.approx(x) for x in STEP_TTS + READ_TTS]  # the labels' figures
+
+    def x(selector: str) -> float:
+        box = svg.locator(selector).bounding_box()
+        assert box is not None, selector
+        return box["x"] + box["width"] / 2
+
+    for i in range(6):
+        assert x(f"#ranked-{i} path") < x(f"#rto-{i} use"), i
+    assert x("#ranked-2 path") < x("#ranked-5 path")  # hot c=16: 0.5 s before 2.0 s
+    assert x("#rto-2 use") > x("#rto-5 use")  # while its RTO is 3.5 s against 2.1 s
+    caption = page.locator('figure[data-chart="phases"] figcaption').text_content()
+    assert "the time to state" in caption and "the RTO, first step included" in caption
+    page.close()
 
 
 # ---------------------------------------------------------------------- export

@@ -17,6 +17,7 @@ from typing import Any
 from ckptprof import __version__
 from ckptprof.atomic import atomic_open
 from ckptprof.errors import CkptprofError
+from ckptprof.phases import Phase
 from ckptprof.report import plot
 from ckptprof.report.breakdown import Report, Sweep
 from ckptprof.report.hints import Hint
@@ -222,6 +223,7 @@ def _groups_section(report: Report) -> str:
                 group.kind,
                 b.label,
                 b.repeats,
+                _state_cell(b),
                 f"{fmt_s(b.wall_median_s)} ({fmt_s(b.wall_min_s)}–{fmt_s(b.wall_max_s)})",
                 ", ".join(
                     " ".join(filter(None, (p.phase, fmt_s(p.busy_s), phase_note(b, p))))
@@ -232,11 +234,21 @@ def _groups_section(report: Report) -> str:
             ]
         )
     parts = ["<h2>Traced operations</h2>"]
-    headers = ["kind", "configuration", "n", "wall s (min–max)", "phases", "outside", "ranks"]
+    headers = ["kind", "configuration", "n", "to state s (min–max)", "wall s (min–max)"]
+    headers += ["phases", "outside", "ranks"]
     parts.append(_table(headers, rows, 2))
     for group in report.groups:
         parts.append(_skew_part(f"Rank skew, {_group_label(group)}", group.skews))
     return "".join(parts)
+
+
+def _state_cell(b) -> str:
+    """A restore's time to state with its min–max where a first step ran (what the bar of
+    the chart and the text report head it with), else "-"."""
+    if b.state_s is None or b.phase(Phase.FIRST_STEP) is None:
+        return "-"
+    median, low, high = b.state_s
+    return f"{fmt_s(median)} ({fmt_s(low)}–{fmt_s(high)})"
 
 
 def _skew_part(heading: str, skews) -> str:
@@ -329,8 +341,10 @@ def render_html(
     parts.append(
         _figure(
             plot.bars_figure(report),
-            "median seconds per phase; hatched phases are emulated; the line is the "
-            "repeats' min–max",
+            "median seconds per phase; hatched phases are emulated; the black tick, its line "
+            "(the repeats' min–max) and the first figure beside each bar: the time to state "
+            "(list -> reshard) where a first step ran, else the wall time; the diamond and "
+            "the second figure: the RTO, first step included",
             "phases",
         )
     )

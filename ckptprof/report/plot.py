@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from ckptprof.atomic import atomic_open
 from ckptprof.errors import CkptprofError
+from ckptprof.phases import Phase
 from ckptprof.report.breakdown import Breakdown, Report
 from ckptprof.report.labels import source_labels
 from ckptprof.report.medians import phase_order
 from ckptprof.report.timeline import Timeline
+from ckptprof.units import fmt_s
 
 #: one colour per phase across save and restore (and the interruption's), none twice
 PHASE_COLORS = {
@@ -36,6 +39,13 @@ PHASE_COLORS = {
 }
 #: for an adapter's own phases (``rotate``), in order of first use: none a phase's colour
 _SPARE_COLORS = ("#637939", "#e7969c", "#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194")
+#: what heads a restore whose first step ran, as the text report's column says it
+TO_STATE = "to state"
+_AXIS = "median seconds (black tick: wall time = critical path; line: min–max)"
+_AXIS_BESIDE = (
+    "median seconds (black tick and line: the time to state, list → reshard, where a first step\n"
+    "ran, else the wall time: median and min–max; diamond: the RTO, first step included)"
+)
 
 
 def phase_color(name: str) -> str:
@@ -53,53 +63,85 @@ def _prefixes(report: Report) -> list[str]:
     return [f"{label}: " for label in source_labels([s.path for s in report.sweeps])]
 
 
-def _bars(report: Report) -> list[tuple[str, Breakdown]]:
-    bars: list[tuple[str, Breakdown]] = []
+@dataclass(frozen=True)
+class Bar:
+    """One bar of a phase chart: its phases stacked, and the figure it is ranked by, drawn
+    (black tick, min–max line) and labelled with: ``word`` ("to state", "RTO", "save"),
+    ``spread`` (median, min, max over the repeats); ``rto_s``, the median RTO (first
+    step included), shown beside a time to state as a diamond and a second line."""
+
+    label: str
+    breakdown: Breakdown
+    word: str
+    spread: tuple[float, float, float]
+    rto_s: float | None = None
+
+
+def headline_bar(label: str, b: Breakdown) -> Bar:
+    """A report's bar, headed as the text report heads it: a restore whose first step ran
+    by its time to state (list -> reshard), the RTO beside it; any other by its wall time."""
+    if b.kind == "restore" and b.state_s is not None and b.phase(Phase.FIRST_STEP):
+        return Bar(label, b, TO_STATE, b.state_s, b.wall_median_s)
+    word = "RTO" if b.kind == "restore" else "save"
+    return Bar(label, b, word, (b.wall_median_s, b.wall_min_s, b.wall_max_s))
+
+
+def _bars(report: Report) -> list[Bar]:
+    bars: list[Bar] = []
     for prefix, sweep in zip(_prefixes(report), report.sweeps, strict=True):
-        bars += [(prefix + row.breakdown.label, row.breakdown) for row in sweep.rows]
+        bars += [headline_bar(prefix + row.breakdown.label, row.breakdown) for row in sweep.rows]
     for group in report.groups:
         if group.breakdown is not None:
-            bars.append((f"{group.kind} {group.breakdown.label}", group.breakdown))
+            bars.append(headline_bar(f"{group.kind} {group.breakdown.label}", group.breakdown))
     return bars
 
 
-def _draw_bars(ax, bars: list[tuple[str, Breakdown]]) -> None:
-    names = phase_order("restore", {r.phase for _, b in bars for r in b.phases})
+def _note(bar: Bar) -> str:
+    """A bar's label: its figure with the repeats' min–max, then the RTO beside it."""
+    median, low, high = bar.spread
+    note = f"{bar.word} {fmt_s(median)} s"
+    if bar.breakdown.repeats > 1 and high > low:
+        note += f" ({fmt_s(low)}–{fmt_s(high)})"
+    return note + (f"\nRTO {fmt_s(bar.rto_s)} s" if bar.rto_s is not None else "")
+
+
+def _draw_bars(ax, bars: list[Bar]) -> None:
+    breakdowns = [bar.breakdown for bar in bars]
+    names = phase_order("restore", {r.phase for b in breakdowns for r in b.phases})
     names += [
         n
-        for n in phase_order("save", {r.phase for _, b in bars for r in b.phases})
+        for n in phase_order("save", {r.phase for b in breakdowns for r in b.phases})
         if n not in names
     ]
     y = list(range(len(bars)))
     left = [0.0] * len(bars)
     for name in names:
-        widths = [(b.phase(name).busy_s if b.phase(name) else 0.0) for _, b in bars]
+        widths = [(b.phase(name).busy_s if b.phase(name) else 0.0) for b in breakdowns]
         if not any(widths):
             continue
         ax.barh(y, widths, left=left, color=phase_color(name), label=name, edgecolor="white")
-        for i, (_, b) in enumerate(bars):
+        for i, b in enumerate(breakdowns):
             row = b.phase(name)
             if row is not None and row.emulated and widths[i]:
                 ax.barh(i, widths[i], left=left[i], fill=False, hatch="//", edgecolor="white")
         left = [a + w for a, w in zip(left, widths, strict=True)]
-    for i, (_, b) in enumerate(bars):
-        word = "RTO" if b.kind == "restore" else "save"
-        ax.plot([b.wall_median_s] * 2, [i - 0.45, i + 0.45], color="black", linewidth=1.5)
-        if b.repeats > 1 and b.wall_max_s > b.wall_min_s:  # the repeats' spread, min to max
-            ax.plot([b.wall_min_s, b.wall_max_s], [i, i], color="black", linewidth=0.8)
-        ax.annotate(
-            f"{word} {b.wall_median_s:.3g} s",
-            (max(b.wall_median_s, b.wall_max_s, left[i]), i),
-            xytext=(4, 0),
-            textcoords="offset points",
-            va="center",
-            fontsize=8,
-        )
-    ax.set_yticks(y, [label for label, _ in bars], fontsize=8)
+    for i, bar in enumerate(bars):
+        median, low, high = bar.spread
+        ax.plot([median] * 2, [i - 0.45, i + 0.45], color="black", linewidth=1.5, gid=f"ranked-{i}")
+        if bar.breakdown.repeats > 1 and high > low:  # the repeats' spread, min to max
+            ax.plot([low, high], [i, i], color="black", linewidth=0.8, gid=f"spread-{i}")
+        if bar.rto_s is not None:
+            ax.plot([bar.rto_s], [i], marker="D", markersize=5, markerfacecolor="white",
+                    markeredgecolor="black", linestyle="none", gid=f"rto-{i}")  # fmt: skip
+        ax.annotate(_note(bar), (max(high, left[i], bar.rto_s or 0.0), i), xytext=(6, 0),
+                    textcoords="offset points", va="center", fontsize=8)  # fmt: skip
+    ax.set_yticks(y, [bar.label for bar in bars], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("median seconds (black tick: wall time = critical path; line: min–max)")
     ax.set_title("Where the time goes, per configuration")
-    ax.set_xlim(0, max(max(left), max(b.wall_max_s for _, b in bars)) * 1.22 or 1.0)
+    beside = any(bar.rto_s is not None for bar in bars)
+    ax.set_xlabel(_AXIS_BESIDE if beside else _AXIS)
+    ends = [max(left[i], bar.spread[2], bar.rto_s or 0.0) for i, bar in enumerate(bars)]
+    ax.set_xlim(0, max(ends) * 1.5 or 1.0)  # room for the labels
     ax.legend(
         fontsize=8,
         loc="upper left",
@@ -348,11 +390,14 @@ def goodput_figure(goodput) -> object:
 
 
 def compare_figure(comparison) -> object | None:
-    """``ckptprof compare --plot``: per setting, one bar per source (fastest first, the
-    base marked), phases stacked, the repeats' min–max drawn."""
+    """``ckptprof compare --plot``: per setting, one bar per source, fastest first by what
+    ranks it (compare's metric: a synthetic restore's time to state, a real resume's RTO, a
+    save's time), that figure drawn and labelled with its min–max, the RTO beside a time to
+    state, the base marked; phases stacked."""
     from ckptprof.report.breakdown import PhaseRow
+    from ckptprof.report.comparison import RTO, TTS
 
-    bars: list[tuple[str, Breakdown]] = []
+    bars: list[Bar] = []
     base = comparison.sources[0]
     for setting, entries in sorted(comparison.entries.items()):
         for entry in sorted(entries, key=lambda e: e.median):
@@ -361,26 +406,18 @@ def compare_figure(comparison) -> object | None:
                 for name in phase_order(entry.kind, set(entry.phases))
             ]
             label = f"{setting}: {entry.source}" + (" (base)" if entry.source == base else "")
-            bars.append(
-                (
-                    label,
-                    Breakdown(
-                        label,
-                        entry.kind,
-                        len(entry.walls),
-                        entry.rto_median,
-                        min(entry.walls),
-                        max(entry.walls),
-                        rows,
-                    ),  # fmt: skip
-                )
-            )
+            walls = (entry.rto_median, min(entry.walls), max(entry.walls))
+            b = Breakdown(label, entry.kind, len(entry.values), *walls, rows)
+            ranked = (entry.median, min(entry.values), max(entry.values))
+            word = {TTS: TO_STATE, RTO: "RTO"}.get(entry.metric, "save")
+            bars.append(Bar(label, b, word, ranked, entry.rto_median if word == TO_STATE else None))
     if not bars:
         return None
     fig = _figure(1.2 + 0.45 * len(bars))
     ax = fig.subplots()
     _draw_bars(ax, bars)
-    ax.set_title("Compared: median seconds per phase, fastest first within each setting")
+    by = ", ".join(comparison.metrics())
+    ax.set_title(f"Compared: median seconds per phase, fastest first within each setting by {by}")
     return fig
 
 
