@@ -136,12 +136,17 @@ class GoodputSoFar:
     work it redoes from ``restored_step``. Skipped when the folder holds more than
     :data:`GOODPUT_READ_LIMIT` bytes."""
 
-    def __init__(self, session, restored_step: int | None) -> None:
+    def __init__(self, session, restored_step: int | None, restore_attributes: dict) -> None:
+        from ckptprof.report.goodput import interruption_record
+
         telemetry = session.telemetry
         self.trace = telemetry.trace_file if telemetry is not None else None
         self.resuming = (
             (session.lifetime.started_ns, int(restored_step)) if restored_step is not None else None
         )
+        # the interruption record the restore read: a process killed before its last
+        # ckpt.run ended where the record saw it, as the report has it
+        self.record = interruption_record(restore_attributes)
         # the earlier processes of this job, not another's (the report's job for a
         # process that knew no identity: its trace folder)
         self.job = session.job() or (os.path.abspath(self.trace.parent) if self.trace else None)
@@ -171,7 +176,7 @@ class GoodputSoFar:
         from ckptprof.report.goodput import build_goodput, read_job_spans
 
         spans = read_job_spans([str(f) for f in files])
-        goodput = build_goodput(spans, resuming=self.resuming, job=self.job)
+        goodput = build_goodput(spans, resuming=self.resuming, job=self.job, record=self.record)
         if goodput is None:
             return {}
         return {

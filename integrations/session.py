@@ -333,7 +333,7 @@ class TracingSession:
             self.warn_once("log_metrics", exc)
         if summary.kind == "restore" and self._goodput is None:
             restored = summary.attributes.get(Attr.RESTORED_STEP)
-            self._goodput = GoodputSoFar(self, restored).start()
+            self._goodput = GoodputSoFar(self, restored, summary.attributes).start()
 
     def training_ended(self, step: int | None) -> None:
         """Training is over but the loggers are still open: what is still to be logged

@@ -237,3 +237,21 @@ def test_without_the_record_no_part_of_recovery_is_negative():
     text = render_stories([story])
     assert " -" not in text
     assert "= notice → start 5.000 s + start-up 2.000 s + RTO 3.000 s" in text
+
+
+def test_the_resuming_process_logs_the_goodput_the_report_gives_later():
+    """The metrics a resuming process logs (``GoodputSoFar``: the earlier processes'
+    spans, its own restore not written yet) apply the interruption record its restore
+    read, as the report does once that restore is in the traces."""
+    from ckptprof.report.goodput import interruption_record
+
+    spans = _killed_then_resumed()
+    *earlier, _, restore = spans  # the later process's run and restore: not written yet
+    started_ns = (1_800_000_000 + 60) * S  # its start (iso(60))
+    record = interruption_record(restore["attributes"])
+    live = build_goodput(earlier, resuming=(started_ns, 20), record=record)
+    later = build_goodput(spans)
+    assert live.total["lost_work"] == pytest.approx(later.total["lost_work"]) == 4.0
+    assert live.downtimes_s == pytest.approx(later.downtimes_s) == [5.0]
+    unread = build_goodput(earlier, resuming=(started_ns, 20))  # before: its last save's end
+    assert unread.downtimes_s == pytest.approx([10.0])

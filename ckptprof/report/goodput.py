@@ -194,11 +194,13 @@ def build_goodput(
     price_per_hour: float | None = None,
     resuming: tuple[int, int] | None = None,
     job: str | None = None,
+    record: dict[str, Any] | None = None,
 ) -> Goodput | None:
     """The job's goodput from every span read (rank 0's processes; with ``job``, that
     job's alone); None without any ``ckpt.run`` span. ``resuming``: (start ns, restored
     step) of a process resuming now, whose own spans are not written yet: the downtime
-    and lost work before it count.
+    and lost work before it count, with the interruption ``record`` its restore read
+    (:func:`interruption_record`), as the report reads it from that restore's span.
 
     Raises:
         CkptprofError: a span's clocks are impossible (named with its file).
@@ -211,6 +213,7 @@ def build_goodput(
         _past_last_run(before, after.record, after.start_ns)
     nexts: list[tuple[int, int | None]] = [(lt.start_ns, lt.resumed_from) for lt in lifetimes[1:]]
     if resuming is not None:
+        _past_last_run(lifetimes[-1], record, resuming[0])
         nexts.append(resuming)
     downtimes = []
     for index, (before, (start_ns, resumed)) in enumerate(zip(lifetimes, nexts, strict=False)):
@@ -386,14 +389,22 @@ def _restores(restores: list[dict], spans: Sequence[dict]) -> tuple:
                 phases[phase.value] = phases.get(phase.value, 0.0) + _num(kid, Attr.BUSY_S)
         if integer(_attr(r, Attr.RESTORED_STEP)) is not None:
             resumed_from = integer(_attr(r, Attr.RESTORED_STEP))
-        notice_ns = span_ns(_attr(r, Attr.INTERRUPTION_NOTICE_AT))
-        if notice_ns is not None:
-            record = {
-                "notice_ns": notice_ns,
-                "last_step": integer(_attr(r, Attr.INTERRUPTION_LAST_STEP)),
-                "last_step_ns": span_ns(_attr(r, Attr.INTERRUPTION_LAST_STEP_AT)),
-            }
+        record = interruption_record(r.get("attributes")) or record
     return restore, first_step, phases, resumed_from, record
+
+
+def interruption_record(attributes: Any) -> dict[str, Any] | None:
+    """What a resumed restore's attributes say of the interruption before it (the
+    notice, the last step trained and when), or None where it read no record."""
+    attrs = attributes if isinstance(attributes, dict) else {}
+    notice_ns = span_ns(attrs.get(Attr.INTERRUPTION_NOTICE_AT))
+    if notice_ns is None:
+        return None
+    return {
+        "notice_ns": notice_ns,
+        "last_step": integer(attrs.get(Attr.INTERRUPTION_LAST_STEP)),
+        "last_step_ns": span_ns(attrs.get(Attr.INTERRUPTION_LAST_STEP_AT)),
+    }
 
 
 __all__ = [
@@ -402,6 +413,7 @@ __all__ = [
     "Lifetime",
     "build_goodput",
     "build_goodputs",
+    "interruption_record",
     "jobs_of",
     "read_job_spans",
 ]
