@@ -17,6 +17,8 @@ RESULTS_NAME = "results.json"
 #: bumped when a field changes meaning; a reader refuses a newer one it cannot read (a file
 #: without it is from before it was written: version 1)
 RESULTS_SCHEMA_VERSION = 1
+#: a run's ``first_step``: where the first step's time came from
+STEP_REAL, STEP_ESTIMATE, STEP_USER, STEP_SKIPPED = "measured", "estimated", "user", "skipped"
 
 _COUNT = schema.integer(0)
 _SECONDS = schema.number(minimum=0)
@@ -226,6 +228,10 @@ __all__ = [
     "RESULTS_NAME",
     "RESULTS_SCHEMA",
     "RESULTS_SCHEMA_VERSION",
+    "STEP_ESTIMATE",
+    "STEP_REAL",
+    "STEP_SKIPPED",
+    "STEP_USER",
     "fetch_unbounded",
     "fraction_of_ceiling",
     "spread",

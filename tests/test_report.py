@@ -961,6 +961,13 @@ def test_a_synthetic_first_step_is_this_machines_compute_never_a_data_fast_forwa
     b = sweep.rows[0].breakdown
     b.synthetic = False
     assert "ignore_data_skip" in H.first_step_dominates(b).message
+    # the step's time given with --first-step-s: no step ran here, and the hint says so
+    for run in doc["runs"]:
+        run["first_step"] = "user"
+    given = aggregate(load([write_results(tmp_path / "given", doc)]))
+    (hint,) = [h for h in given.sweeps[0].hints if "first_step" in h.message]
+    assert "the step time given with --first-step-s" in hint.message
+    assert "this machine's CPU" not in hint.message
 
 
 @pytest.mark.slow

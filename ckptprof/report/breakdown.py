@@ -82,6 +82,8 @@ class Breakdown:
     first_step_tokens: int | None = None
     #: a synthetic run: its first step is this machine's compute, not a job's
     synthetic: bool = False
+    #: its first step is the time the user gave (--first-step-s), not a step run here
+    first_step_given: bool = False
     #: time to state (list -> reshard: the RTO less the first step), median, min, max
     state_s: tuple[float, float, float] | None = None
     #: the functions the time outside every phase was spent in (traced operations whose

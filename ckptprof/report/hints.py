@@ -217,7 +217,7 @@ def first_step_dominates(b: Breakdown) -> Hint | None:
     advice is for the part that dominates."""
     row = b.phase(Phase.FIRST_STEP)
     if b.synthetic and row is not None:
-        return _synthetic_first_step(b, row.emulated)
+        return _synthetic_first_step(b, b.first_step_given)
     details = row.details if row is not None else {}
     batch, compute = details.get("batch_s"), details.get("compute_s")
     skipped = int(details.get("skipped_batches") or 0)

@@ -22,7 +22,7 @@ from ckptprof.report.medians import (
 )
 from ckptprof.report.records import ResultsFile, ResultsRun
 from ckptprof.report.skew import results_skews
-from ckptprof.results_schema import fetch_unbounded, fraction_of_ceiling
+from ckptprof.results_schema import STEP_ESTIMATE, STEP_USER, fetch_unbounded, fraction_of_ceiling
 
 _CACHE_ORDER = {"cold": 0, "hot": 1}
 
@@ -170,9 +170,10 @@ def _cell_breakdown(
     b.peak_rss_bytes = max((r.peak_rss_bytes or 0 for r in runs), default=0) or None
     b.read_bytes = median_int(r.read_bytes for r in runs)
     b.first_step_estimate_s = median_of(
-        r.first_step_estimate_s for r in runs if r.first_step == "estimated"
+        r.first_step_estimate_s for r in runs if r.first_step == STEP_ESTIMATE
     )
     b.first_step_tokens = next((r.first_step_tokens for r in runs if r.first_step_tokens), None)
+    b.first_step_given = bool(runs) and all(r.first_step == STEP_USER for r in runs)
     return b
 
 

@@ -19,8 +19,8 @@ import psutil
 
 from ckptprof.errors import CkptprofError
 from ckptprof.phases import Attr, Phase
+from ckptprof.results_schema import STEP_ESTIMATE, STEP_REAL, STEP_SKIPPED, STEP_USER
 from ckptprof.synth.plan import GROUP_EXP_AVG, GROUP_EXP_AVG_SQ, GROUP_MODEL
-from ckptprof.synth.results import STEP_ESTIMATE, STEP_REAL, STEP_SKIPPED, STEP_USER
 from ckptprof.synth.subject import RestoreSubject
 from ckptprof.units import fmt_bytes
 

@@ -21,14 +21,13 @@ from ckptprof.atomic import atomic_write
 from ckptprof.phases import RESTORE_PHASES, Attr
 from ckptprof.results_schema import (
     RESULTS_SCHEMA_VERSION,
+    STEP_ESTIMATE,
+    STEP_SKIPPED,
     fraction_of_ceiling,
     stalled,
     summarize,
     time_to_state_s,
 )
-
-#: where the first step's time came from
-STEP_REAL, STEP_ESTIMATE, STEP_USER, STEP_SKIPPED = "measured", "estimated", "user", "skipped"
 
 
 @dataclass

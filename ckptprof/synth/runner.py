@@ -14,6 +14,7 @@ from ckptprof.io.buffers import BufferPool
 from ckptprof.manifest import GENERATING_NAME, MANIFEST_NAME, Manifest
 from ckptprof.phases import RESTORE_PHASES
 from ckptprof.preflight import check_output_dir
+from ckptprof.results_schema import STEP_ESTIMATE
 from ckptprof.storage import open_storage
 from ckptprof.storage.base import ObjectInfo, Storage
 from ckptprof.synth import ceiling as ceiling_mod
@@ -23,7 +24,7 @@ from ckptprof.synth.first_step import FirstStep
 from ckptprof.synth.layouts import get_layout
 from ckptprof.synth.options import RestoreOptions
 from ckptprof.synth.plan import SynthSpec
-from ckptprof.synth.results import STEP_ESTIMATE, RunRecord
+from ckptprof.synth.results import RunRecord
 from ckptprof.synth.run import RunSettings, check_listing, restore_once
 from ckptprof.synth.strategies import get_strategy
 from ckptprof.synth.strategies.base import needed_files
