@@ -101,6 +101,7 @@ class Attr:
     OUTSIDE_FUNCTION_S = "ckpt.outside.function_s"  # their seconds, in that order
     OUTSIDE_SAMPLE_EVERY_S = "ckpt.outside.sample_every_s"  # how often the stack was looked at
     RTO_ENDS_AT = "ckpt.rto.ends_at"  # what the RTO ends with where no first step ran
+    RESTORE_CEILING_GBPS = "ckpt.restore.ceiling_gbps"  # synth restore: its read ceiling
     FORMAT = "ckpt.format"
     LAYOUT = "ckpt.layout"
     MODEL = "ckpt.model"

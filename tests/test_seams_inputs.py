@@ -335,3 +335,22 @@ def test_interruptions_of_a_results_folder_are_read_from_its_traces(
     argv = ["report", "--interruptions", str(inputs["restore traces"]), "--html", str(page)]
     code, out, err = run(argv, capsys)
     assert code == 2 and "no interruptions" in err and not page.exists()
+
+
+def test_a_restore_compared_from_its_traces_keeps_its_share_of_the_ceiling(
+    checkpoints, tmp_path, capsys
+):
+    """The same cold runs read from results.json and from their traces: one share of the
+    read ceiling (the traces carry the sweep's ceiling; "of ceil" was "-" from them)."""
+    out = tmp_path / "cold"
+    assert main(["synth", "restore", str(checkpoints("torch")), "--cache", "cold",
+                 "--concurrency", "1", "--repeat", "1", "--verify", "size", "--no-first-step",
+                 "--no-report", "--ceiling-gbps", "1", "--out", str(out)]) == 0  # fmt: skip
+    capsys.readouterr()
+    code, text, err = run(["compare", str(out / "results.json"), str(out / "traces"),
+                           "--format", "json"], capsys)  # fmt: skip
+    assert code == 0, err
+    settings = json.loads(text)["settings"].values()
+    shares = [e["of_ceiling"] for entries in settings for e in entries]
+    assert len(shares) == 2 and shares[0] is not None
+    assert shares[0] == pytest.approx(shares[1], rel=1e-3)

@@ -127,6 +127,8 @@ def _instance_entry(label: str, kind: str, setting: str, instance: list[TraceOpe
         entry.nbytes = sum(written_bytes(o) for o in instance) or None
         return entry
     entry.tts.append(time_to_state(op))
+    ceiling = _number(op.attr(Attr.RESTORE_CEILING_GBPS))
+    entry.ceilings += [ceiling] if ceiling else []
     size = op.attr(Attr.CHECKPOINT_BYTES)
     fetch = op.phases.get(Phase.FETCH.value)
     if not isinstance(size, int) and fetch is not None:

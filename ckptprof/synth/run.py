@@ -30,6 +30,7 @@ class RunSettings:
     cache: str
     concurrency: int
     repeat: int
+    ceiling_gbps: float | None = None  # the sweep's read ceiling (probed or given)
 
 
 def restore_once(
@@ -125,6 +126,8 @@ def run_attributes(subject: RestoreSubject, options, run: RunSettings, cache_sta
         Attr.FETCH_DIRECT_IO: bool(getattr(storage, "direct_io", False)),
         **device_attributes(subject.device),
     }
+    if run.ceiling_gbps:  # what compare's share of the ceiling reads from traces too
+        attrs[Attr.RESTORE_CEILING_GBPS] = round(run.ceiling_gbps, 4)
     if len(subject.ranks) == 1:
         attrs[Attr.RANK] = subject.ranks[0]
     return attrs

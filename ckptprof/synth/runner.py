@@ -124,6 +124,7 @@ class RestoreRunner:
         self.runs: list[RunRecord] = []
         self.failures: list[dict] = []
         self.interruption = None  # an InterruptionGuard: the next restore links to it
+        self.found_ceiling: ceiling_mod.Ceiling | None = None  # once found: on every run
         # without a local cache a "hot" run is a cold run under another name
         self.caches = tuple(
             c for c in options.caches if c == "cold" or self.storage.has_local_cache
@@ -277,8 +278,10 @@ class RestoreRunner:
         """The path's bandwidth: probed once (rank 0 of a job, the others wait), or given."""
         if self.job is not None:
             found = self._ceiling() if self.job.rank == 0 else None
-            return self.job.broadcast(found)
-        return self._ceiling()
+            self.found_ceiling = self.job.broadcast(found)
+        else:
+            self.found_ceiling = self._ceiling()
+        return self.found_ceiling
 
     def _ceiling(self) -> ceiling_mod.Ceiling:
         infos = [ObjectInfo(p, e.size) for p, e in self.manifest.files.items()]
@@ -352,7 +355,8 @@ class RestoreRunner:
         self.prepare()
         cache_state = self.prepare_cache(cache) if self.job is None else self.job_cache(cache)
         guard, self.interruption = self.interruption, None
-        run = RunSettings(strategy, cache, concurrency, repeat)
+        found = self.found_ceiling
+        run = RunSettings(strategy, cache, concurrency, repeat, found and found.read_gbps)
         return restore_once(
             self.subject, self.options, self.tracer, self.first_step, run, cache_state,
             self.job, guard,
