@@ -1,8 +1,8 @@
 """One traced ``Trainer._save_checkpoint``, group by group: the model, the optimizer and
 scheduler, the scaler, the RNG state and the trainer state are each timed as ``write``
 (less the ``state_dict()`` calls: ``serialize``), the files each group wrote are noted
-(this rank's, by name or as the saving rank), and the rotation that follows
-(``save_total_limit``) is ``rotate``.
+(this rank's, by name or as the saving rank), a push to the Hub (``push_to_hub``) is
+``push``, and the rotation that follows (``save_total_limit``) is ``rotate``.
 
 Why apart from the instrumentor: the Trainer writes its files in methods of its own, one
 per group, so the bookkeeping of one save is a piece of its own (:class:`SaveGroups`),
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ckptprof.integrations.instrumentor import Instrumentor
 
 ROTATE = "rotate"
+PUSH = "push"  # Trainer._push_from_checkpoint: the checkpoint's upload to the Hub
 _RANK_IN_NAME = re.compile(r"(?:rng_state_|rank)(\d+)")
 
 
@@ -74,6 +75,16 @@ class SaveGroups:
             stack.enter_context(
                 patcher.scoped(trainer, method, timed, label=method, phase=f"{group} write")
             )
+        if callable(getattr(trainer, "_push_from_checkpoint", None)):
+            stack.enter_context(
+                patcher.scoped(
+                    trainer,
+                    "_push_from_checkpoint",
+                    self._pushed,
+                    label="_push_from_checkpoint",
+                    phase=PUSH,
+                )  # fmt: skip
+            )
         state = getattr(trainer, "state", None)
         if state is not None:
             timed = self._timed("state", [], [])
@@ -112,6 +123,23 @@ class SaveGroups:
             return run
 
         return make
+
+    def _pushed(self, original):
+        """``push``: the Hub upload between the last group and the rotation (timed as
+        the rotation before), its own interval."""
+
+        def run(*args, **kwargs):
+            start = time.time_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                end = self.last_end_ns = time.time_ns()
+                try:
+                    self.op.add_interval(PUSH, start, end)
+                except Exception as exc:  # noqa: BLE001 - bookkeeping, not the save
+                    self.owner.session.warn_once("push", exc)
+
+        return run
 
     def _snapshot(self) -> dict[str, tuple]:
         """Every file's identity and times (what a write changes), by name."""
@@ -166,4 +194,4 @@ def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
     return stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size
 
 
-__all__ = ["ROTATE", "SaveGroups"]
+__all__ = ["PUSH", "ROTATE", "SaveGroups"]

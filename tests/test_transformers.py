@@ -505,6 +505,26 @@ def test_rotation_is_its_own_span(tmp_path):
     assert rotate.attributes["ckpt.rotate.limit"] == 1
 
 
+def test_a_push_to_the_hub_is_its_own_interval_not_the_rotations(tmp_path):
+    """``push_to_hub``: the upload between the last file group and the rotation is
+    ``push`` (it was timed as ``rotate``). The Hub is not reached from a test: the
+    Trainer's own upload call is given 0.3 s of work in its place."""
+    trainer, callback = traced(tmp_path, 5, save_total_limit=1)
+    pushed = []
+
+    def upload(output_dir):  # where Trainer._push_from_checkpoint uploads the folder
+        time.sleep(0.3)
+        pushed.append(output_dir)
+
+    trainer._push_from_checkpoint = upload
+    trainer.args.push_to_hub = True  # after __init__: no Hub repository is made
+    trainer.train()
+    assert pushed == [str(tmp_path / "checkpoints" / "checkpoint-5")]
+    phases = callback.last_save.phases
+    assert phases["push"].busy_s >= 0.3
+    assert phases["rotate"].busy_s < 0.3
+
+
 def test_only_this_trainer_is_touched_and_everything_is_undone(tmp_path):
     before = dict(vars(Trainer))
     trainer, callback = traced(tmp_path, 5)
