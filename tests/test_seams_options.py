@@ -237,6 +237,7 @@ def _moot_cases() -> list[tuple[tuple[str, ...], str, list[str], list[str]]]:
         (generate, "bandwidth_gbps", ["ck"], ["--bandwidth-gbps", "5"]),
         (generate, "force", ["ck", "--dry-run"], ["--force"]),
         (("demo",), "scale", ["--full"], ["--scale", "0.1"]),
+        (("export",), "output", ["--otlp", "results.json"], ["-o", "spans.jsonl"]),
         *[(("predict",), dest, check, PREDICT_VALUES[dest]) for dest in PREDICTION_ONLY],
         *[(("predict",), dest, [], PREDICT_VALUES[dest]) for dest in CHECK_ONLY],
     ]  # fmt: skip

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ckptprof.cli.options import HelpFormatter, input_path, output_file
+from ckptprof.cli.options import HelpFormatter, Moot, input_path, output_file, refuse_moot
 from ckptprof.errors import CkptprofError
 
 DESCRIPTION = """\
@@ -64,6 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="send the spans to the OTLP/HTTP endpoint of the OTEL_* variables instead",
     )
     parser.set_defaults(func=run)
+    refuse_moot(
+        parser,
+        Moot(("output",), lambda args: args.otlp, "--otlp sends the spans, it writes no file",
+             "drop -o, or --otlp for --format"),
+    )  # fmt: skip
     return parser
 
 
