@@ -251,7 +251,7 @@ def test_every_moot_rule_refuses_each_option(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "results.json").write_text("{}")
     commands = dict(_commands(build_parser()))
-    exercised = set()
+    exercised, defaults_named = set(), set()
     for words, dest, base, given in _moot_cases():
         command = commands[words]
         try:
@@ -269,6 +269,14 @@ def test_every_moot_rule_refuses_each_option(tmp_path, capsys, monkeypatch):
         name = flag.option_strings[-1] if flag.option_strings else flag.metavar
         assert exc.value.code == 2 and len(lines) == 1, (words, given, lines)
         assert f"{name} would do nothing" in lines[0] and "--help" in lines[0], lines[0]
+        if flag.option_strings and flag.nargs is None and flag.default not in (None, False):
+            text = flag.default  # as --help shows it
+            text = ",".join(map(str, text)) if isinstance(text, (list, tuple)) else str(text)
+            at_default = [name, text]  # naming the default is giving it too
+            with pytest.raises(SystemExit):
+                build_parser().parse_args([*words, *base, *at_default])
+            assert f"{name} would do nothing" in capsys.readouterr().err, at_default
+            defaults_named.add((words, dest))
     for words, command in commands.items():
         flags = {f for a in command._actions for f in a.option_strings}
         for i, rule in enumerate(getattr(command, "moot_rules", ())):
@@ -277,3 +285,4 @@ def test_every_moot_rule_refuses_each_option(tmp_path, capsys, monkeypatch):
             text = f"{rule.fix} {rule.why if isinstance(rule.why, str) else ''}"
             named = set(re.findall(r"--[a-z][a-z-]*[a-z]", text))
             assert named <= flags, (words, named - flags)
+    assert defaults_named, "no case names an option's default value"

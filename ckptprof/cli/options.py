@@ -8,7 +8,6 @@ one line every ckptprof error is (``ckptprof: error: --ranks: expected …``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +70,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"ckptprof: error: {text} (see `{self.prog} --help`)\n")
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._given: set[str] = set()
         namespace, extras = super().parse_known_args(args, namespace)
         self._refuse_moot(namespace)
         self._refuse_writing_what_is_read(namespace)
@@ -83,11 +83,19 @@ class Parser(argparse.ArgumentParser):
             given = [
                 _option_name(action)
                 for action in self._actions
-                if action.dest in rule.dests and _given(action, getattr(namespace, action.dest))
+                if action.dest in rule.dests and action.dest in self._given
             ]
             if given and rule.when(namespace):
                 reason = rule.reason(namespace)
                 self.error(f"{', '.join(given)} would do nothing: {reason}; {rule.fix}.")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        """argparse's one call per argument on the command line: it records which were
+        given, so that naming an option's default value (``--part-size 16M``) still counts
+        as giving it (a ``nargs="*"`` positional with no words is not given)."""
+        if action.option_strings or arg_strings:
+            self._given.add(action.dest)
+        return super()._get_values(action, arg_strings)
 
     def _refuse_writing_what_is_read(self, namespace: argparse.Namespace) -> None:
         """An output file that is one of the files the command's inputs name (``report
@@ -137,16 +145,6 @@ def refuse_moot(parser: argparse.ArgumentParser, *rules: Moot) -> None:
     """Declare a command's :class:`Moot` rules: its :class:`Parser` checks them after each
     parse, so that every command refuses a moot option the one way."""
     parser.moot_rules = (*getattr(parser, "moot_rules", ()), *rules)
-
-
-def _given(action: argparse.Action, value: Any) -> bool:
-    """Whether ``value`` came from the command line: argparse converts a text default with
-    the option's type (``"16M"``, a folder's text) and leaves ``nargs="*"`` an empty list."""
-    default = action.default
-    if isinstance(default, str) and callable(action.type):
-        with contextlib.suppress(Exception):  # as argparse would have it, where it can
-            default = action.type(default)
-    return value != default and not (default is None and value == [])
 
 
 def _option_name(action: argparse.Action) -> str:
