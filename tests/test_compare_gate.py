@@ -173,6 +173,34 @@ def test_runs_of_different_checkpoints_are_never_pooled(sweeps, tmp_path, capsys
     assert [len(e.values) for e in pooled.entries[C2]] == [3, 6]
 
 
+def test_runs_of_one_checkpoint_at_two_places_are_never_pooled(sweeps, tmp_path, capsys):
+    """Two storages are what compare tells apart: a label (or a folder) holding runs of one
+    checkpoint read at two places would make one sample of both."""
+    tue = sweeps["tue"]
+    doc = results(tue)
+    here = doc["environment"]["storage.uri"]
+    doc["environment"]["storage.uri"] = "s3://bucket/ck"
+    for run in doc["runs"]:
+        run.pop("trace_id")  # other runs than tue's own
+    moved = write(tmp_path / "moved", doc)
+    argv = ["compare", str(sweeps["mon"]), str(tue), str(moved), "--label", "base", "--label",
+            "new", "--label", "new"]  # fmt: skip
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"but they were stored in different places ({here}; s3://bucket/ck)" in line, line
+    # their traces alike: the place each restore's spans name
+    traces = tmp_path / "traces"
+    shutil.copytree(tue / "traces", traces / "here")
+    shutil.copytree(sweeps["mon"] / "traces", traces / "there")
+    for f in (traces / "there").rglob("*.jsonl"):
+        f.write_text(f.read_text().replace(json.dumps(here)[1:-1], "s3://bucket/ck"))
+    with pytest.raises(CkptprofError, match="stored in different places"):
+        compare([str(sweeps["mon"]), str(traces)])
+    # the same place: pooled as before
+    pooled = compare([str(sweeps["mon"]), str(tue), str(tue / "traces")], ["base", "new", "new"])
+    assert [len(e.values) for e in pooled.entries[C2]] == [3, 3]
+
+
 def test_the_storage_tables_verdict_names_the_seconds_it_is_judged_on(sweeps, capsys):
     """Once, "read: overlaps" sat beside read GB/s of 0.244 and 0.498: judged on the time
     to state of two different checkpoints, and saying neither."""

@@ -56,13 +56,14 @@ def _results_entries(data: ReportData, label: str) -> list[Entry]:
         spec = results.spec
         what = _checkpoint(spec.get("model"), spec.get("layout"), spec.get("scale"))
         ceiling = results.ceiling.read_gbps if results.ceiling else None
+        where = results.environment.get("storage.uri")
         by_setting: dict[str, Entry] = {}
         for run in results.runs:
             setting = _restore_setting(run.strategy, run.cache, run.concurrency)
             entry = by_setting.setdefault(
                 setting,
                 Entry(label, setting, [], checkpoint=what, synthetic=True, nbytes=bytes_read(run),
-                      cache=run.cache, origins=[results.path]),
+                      cache=run.cache, origins=[results.path], location=where),
             )  # fmt: skip
             entry.walls.append(run.wall_s)
             entry.tts.append(time_to_state(run))
@@ -116,6 +117,7 @@ def _instance_entry(label: str, kind: str, setting: str, instance: list[TraceOpe
         synthetic=op.attr(Attr.FRAMEWORK) == SYNTHETIC,
         writer=op.attr(Attr.STRATEGY) if kind == SAVE else None,
         cache=op.attr(Attr.CACHE),
+        location=op.attr(Attr.STORAGE_URI),
         origins=[op.source] if op.source else [],
         run_ids=[op.trace_id.removeprefix("0x")] if op.trace_id else [],
     )

@@ -41,6 +41,8 @@ class Entry:
     nbytes: int | None = None  # the checkpoint's bytes (restore), or what a save wrote
     writer: str | None = None  # a save's strategy
     cache: str | None = None
+    #: where its runs read or wrote ("/mnt/fsx/ck", "s3://bucket/ck"; None: not recorded)
+    location: str | None = None
     #: each run's probed ceiling, where it recorded one: read GB/s (restore), write (save)
     ceilings: list[float] = field(default_factory=list)
     fetch_gbps: list[float] = field(default_factory=list)
@@ -81,6 +83,7 @@ class Entry:
         self.checkpoint = tuple(a or b for a, b in zip(self.checkpoint, other.checkpoint,
                                                        strict=True))  # fmt: skip
         self.nbytes = self.nbytes or other.nbytes
+        self.location = self.location or other.location
 
     @property
     def values(self) -> list[float]:
@@ -147,12 +150,15 @@ def same_work(a: Entry, b: Entry) -> bool:
 def why_apart(a: Entry, b: Entry) -> str | None:
     """Why the runs of ``a`` and ``b`` (one source's, one setting's) are not one sample to
     pool, or None: they did different work (another checkpoint, another share of one),
-    or saves by different writers, or from different cache states."""
+    or at different places (two storages compared are never one sample), or saves by
+    different writers, or from different cache states."""
     if (a.kind, a.synthetic) != (b.kind, b.synthetic):
         return "one is a synthetic run, the other a traced job's"
     if not same_work(a, b):
         what = "wrote" if a.kind == SAVE else "restored"
         return f"they {what} different checkpoints ({a.work}; {b.work})"
+    if a.location and b.location and a.location != b.location:
+        return f"they were stored in different places ({a.location}; {b.location})"
     if a.writer != b.writer:
         return f"different writers wrote them ({a.writer}; {b.writer})"
     if a.cache != b.cache:
