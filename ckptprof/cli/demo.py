@@ -15,6 +15,7 @@ from ckptprof.cli.synth_options import (
     add_spec_arguments,
     add_strategy_option,
     add_world_size_option,
+    memory_budget_moot,
 )
 
 DEMO_EXAMPLES = """examples:
@@ -93,7 +94,9 @@ def add_parser(commands) -> None:
         add_option(restore)
     demo.set_defaults(func=run, **DEMO_DEFAULTS)
     refuse_moot(
-        demo, Moot(("scale",), lambda args: args.full, "--full is --scale 1", "drop one of them")
+        demo,
+        Moot(("scale",), lambda args: args.full, "--full is --scale 1", "drop one of them"),
+        memory_budget_moot(lambda args: _BySize.chosen(args.strategy, args.full)),
     )
 
 

@@ -4,8 +4,9 @@ declared once, and how the commands read them."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 
-from ckptprof.cli.options import choice_list, int_list, real, seconds_or_off, size, whole
+from ckptprof.cli.options import Moot, choice_list, int_list, real, seconds_or_off, size, whole
 from ckptprof.synth import ranges
 from ckptprof.synth.layouts import LAYOUT_NAMES
 from ckptprof.synth.options import RestoreOptions
@@ -125,6 +126,26 @@ def add_memory_budget_option(parser) -> None:
         metavar="SIZE",
         help="bytes the pipelined strategy may hold in flight, e.g. 1G (default: a quarter "
         "of free memory, at most 2G)",
+    )
+
+
+def memory_budget_moot(chosen: Callable[[argparse.Namespace], Sequence[str]]) -> Moot:
+    """--memory-budget bounds only a strategy that holds a window of reads (its
+    ``bounded_by_budget``): with none of them among the ``chosen`` strategies of the parsed
+    arguments, it does nothing."""
+
+    def windowed() -> list[str]:
+        get = strategy_registry.get_strategy
+        return [n for n in strategy_registry.NAMES if get(n).bounded_by_budget]
+
+    return Moot(
+        ("memory_budget",),
+        lambda args: not set(chosen(args)) & set(windowed()),
+        lambda args: (
+            f"it bounds the reads {' and '.join(windowed())} holds, and --strategy "
+            f"is {','.join(chosen(args))}"
+        ),
+        "add pipelined to --strategy, or drop --memory-budget",
     )
 
 

@@ -28,6 +28,7 @@ from ckptprof.cli.synth_options import (
     add_stall_option,
     add_strategy_option,
     add_world_size_option,
+    memory_budget_moot,
     stall_after_s,
     stall_option,
     without_nproc,
@@ -86,6 +87,7 @@ MOOT = (
     Moot(("stage",), lambda args: "staged" not in args.strategy,
          lambda args: f"it is where --strategy staged downloads to, and --strategy is "
          f"{','.join(args.strategy)}", "add staged to --strategy, or drop --stage"),
+    memory_budget_moot(lambda args: args.strategy),
 )  # fmt: skip
 
 
