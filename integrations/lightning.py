@@ -33,17 +33,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections import defaultdict, deque
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from ckptprof import activity
 from ckptprof.atomic import move_into_place
 from ckptprof.errors import VerifyError
 from ckptprof.integrations.dcp import routed
 from ckptprof.integrations.instrumentor import GuestCallback, Instrumentor
+from ckptprof.integrations.lightning_async import WRITES_WAIT_S, AsyncWrites
 from ckptprof.integrations.patching import Target, argument
 from ckptprof.integrations.session import timed
 from ckptprof.phases import Attr, Phase, fused_value
@@ -84,9 +83,7 @@ class LightningInstrumentor(Instrumentor):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self._save_start_ns: int | None = None
-        # async saves: path -> the span contexts of its saves not yet written, in order
-        # (one path, e.g. last.ckpt, is queued again before a busy writer reaches it)
-        self._queued: dict[str, deque] = defaultdict(deque)
+        self._async = AsyncWrites(self)  # an AsyncCheckpointIO's background writes
         self._first_batch: tuple[int, int] | None = None  # after a resume: up to its fetch
         self._step_at_batch_start: int | None = None  # trainer.global_step as a batch began
 
@@ -254,10 +251,10 @@ class LightningInstrumentor(Instrumentor):
             path = str(argument(args, kwargs, "filepath", 1))
             if started is not None:  # building the dict, until the strategy writes
                 op.add_interval(Phase.SERIALIZE, started, time.time_ns())
-            queued = self._background_layer()
+            queued = self._async.layer()
             if queued:
                 op.set_phase_attributes(Phase.WRITE, **{Attr.WRITE_ASYNC: True})
-                self._queued[path].append(op.span_context)
+                self._async.queued(path, op.span_context)
             start = time.time_ns()
             try:
                 with routed(self.session, self.patcher):  # a sharded (DCP) save's phases
@@ -267,46 +264,6 @@ class LightningInstrumentor(Instrumentor):
             if not queued and self.trainer.strategy.is_global_zero and os.path.isfile(path):
                 op.add_bytes(Phase.WRITE, os.path.getsize(path))
                 self.files.commit_file(path, op, self.trainer.global_step)
-            return result
-
-        return save_checkpoint
-
-    def _background_layer(self) -> bool:
-        """With an ``AsyncCheckpointIO``: wrap its base IO, which writes on a worker thread
-        (once; the strategy's ``checkpoint_io`` makes the base IO when first used, as the
-        write that follows would); True while saves are asynchronous."""
-        from lightning.pytorch.plugins.io import AsyncCheckpointIO
-
-        strategy = self.trainer.strategy
-        io = vars(strategy).get("_checkpoint_io")
-        if not isinstance(io, AsyncCheckpointIO) or not strategy.is_global_zero:
-            return False
-        base = strategy.checkpoint_io.checkpoint_io
-        self.patcher.wrap(
-            base, "save_checkpoint", self._traced_background_write, phase="the background write"
-        )
-        return True
-
-    def _traced_background_write(self, original):
-        def save_checkpoint(*args, **kwargs):
-            path = str(argument(args, kwargs, "path", 1))
-            # the writer thread takes the saves in the order they were queued
-            waiting = self._queued.get(path)
-            queued_by = waiting.popleft() if waiting else None
-            attrs = {Attr.FORMAT: "torch", Attr.PATH: path}
-            op = self.session.begin_background_save(attrs, queued_by)
-            try:
-                with activity.growing(path):  # the write's bytes reaching the file: progress
-                    result = timed(op, Phase.WRITE, original, *args, **kwargs)
-            except BaseException as exc:
-                if op is not None:
-                    op.finish(exc)
-                raise
-            if op is not None:
-                if os.path.isfile(path):
-                    op.add_bytes(Phase.WRITE, os.path.getsize(path))
-                self.files.commit_file(path, op)
-                op.finish()
             return result
 
         return save_checkpoint
@@ -329,10 +286,17 @@ class LightningInstrumentor(Instrumentor):
         final = os.path.join(_checkpoint_dir(trainer), "last.ckpt")
         partial = final + ".partial"
         trainer.save_checkpoint(partial)
+        notice = self.interruptions.watcher.notice if self.interruptions is not None else None
+        left = notice.seconds_left if notice is not None else None
+        self._async.wait(partial, WRITES_WAIT_S if left is None else max(left, 0.0))
         if trainer.is_global_zero:
             move_into_place(partial, final)  # a sharded save is a folder
             self.files.move_file_record(partial, final)
         return final
+
+    def uninstrument(self) -> None:
+        self._async.drain()  # before the patches go: Lightning waits for them after this
+        super().uninstrument()
 
     def instrument(self, root) -> LightningInstrumentor:
         self.session.rank = root.global_rank

@@ -630,3 +630,79 @@ def test_an_evaluation_from_a_checkpoint_ends_its_restore_at_the_state(stage, tm
     [restore] = [s for s in spans_in(tmp_path / "t") if s["name"] == "ckpt.restore"]
     phases = set(children(spans_in(tmp_path / "t"), restore))
     assert "ckpt.deserialize" in phases and "ckpt.first_step" not in phases
+
+
+def test_an_emergency_save_through_async_io_is_written_before_it_is_moved_and_traced(tmp_path):
+    """With ``AsyncCheckpointIO`` the save only queues the write: the emergency save moved
+    a ``last.ckpt.partial`` not written yet (recording a failure, or a save that was not
+    there), and the write still queued when the run ended lost its span (ckptprof closed
+    before Lightning's teardown waits for it)."""
+    import json
+
+    from lightning.fabric.plugins.io import TorchCheckpointIO
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+    from ckptprof.interrupt.notice import Notice
+
+    class SlowIO(TorchCheckpointIO):
+        def save_checkpoint(self, *args, **kwargs):
+            time.sleep(0.5)
+            return super().save_checkpoint(*args, **kwargs)
+
+    callback = CkptProf(trace_dir=tmp_path / "t", interruptions=True)
+
+    class Notify(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 3:
+                now = time.time_ns()
+                guard = callback._instrumentor.interruptions
+                guard.watcher.inject(Notice("simulated", now, now + 30 * 10**9))
+
+    trainer = make_trainer(tmp_path, 10, callback, plugins=[AsyncCheckpointIO(SlowIO())])
+    trainer.callbacks.insert(0, Notify())
+    trainer.fit(TinyModel(), data())
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert torch.load(last, weights_only=False)["global_step"] == 3
+    assert not list((tmp_path / "ckpt").glob("*.partial"))
+    record = json.loads(interruption_record_path(tmp_path / "ckpt").read_text())
+    assert record["outcome"] == "saved", record
+    spans = spans_in(tmp_path / "t")
+    saves = [s for s in spans if s["name"] == "ckpt.save"]
+    background = [s for s in saves if s["attributes"].get("ckpt.save.background")]
+    assert len(background) == len(saves) - len(background) > 0
+    assert all(s["status"]["status_code"] != "ERROR" for s in background)
+
+
+def test_a_write_queued_when_training_fails_is_traced_before_ckptprof_closes(tmp_path, caplog):
+    """Lightning waits for AsyncCheckpointIO's writes in its teardown, after on_exception,
+    where ckptprof closed: a write queued just before the error had no span."""
+    from lightning.fabric.plugins.io import TorchCheckpointIO
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+    class SlowIO(TorchCheckpointIO):
+        def save_checkpoint(self, *args, **kwargs):
+            time.sleep(0.5)
+            return super().save_checkpoint(*args, **kwargs)
+
+    class Fail(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 2:
+                trainer.save_checkpoint(tmp_path / "ckpt" / "before-error.ckpt")
+                raise RuntimeError("the job's own error")
+
+    callback = CkptProf(trace_dir=tmp_path / "t")
+    trainer = make_trainer(tmp_path, 10, callback, plugins=[AsyncCheckpointIO(SlowIO())])
+    trainer.callbacks.append(Fail())
+    with caplog.at_level(logging.INFO, logger="ckptprof"), pytest.raises(RuntimeError, match="own"):
+        trainer.fit(TinyModel(), data())
+    assert (tmp_path / "ckpt" / "before-error.ckpt").is_file()
+    spans = spans_in(tmp_path / "t")
+    [written] = [
+        s
+        for s in spans
+        if s["name"] == "ckpt.save"
+        and s["attributes"].get("ckpt.save.background")
+        and s["attributes"]["ckpt.path"].endswith("before-error.ckpt")
+    ]
+    assert written["status"]["status_code"] != "ERROR"
+    assert "waiting up to 120 s for 1 background checkpoint write(s)" in caplog.text
