@@ -286,11 +286,13 @@ def _traced_entry(
 
     def call(state_dict, *args, **kwargs):
         storage = kwargs.get(option)
-        if isinstance(storage, (TracedStorageReader, TracedStorageWriter)):
-            return original(state_dict, *args, **kwargs)
         if _process_based(kwargs.get("async_checkpointer_type")):
             # A process-based async_save is DCP's own, untraced: its save runs in DCP's
             # checkpoint process, which a writer reaches only pickled (without a session).
+            return original(state_dict, *args, **kwargs)
+        if isinstance(storage, (TracedStorageReader, TracedStorageWriter)):
+            if asynchronous:  # a writer traced by its caller: still two saves, not one
+                return traced_async_save(original, storage, state_dict, args, kwargs)
             return original(state_dict, *args, **kwargs)
         try:
             if storage is None:  # DCP's default storage, never its stager (DefaultStager)

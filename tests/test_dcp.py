@@ -491,7 +491,7 @@ class FullDiskWriter(FileSystemWriter):
         raise OSError(28, "No space left on device (injected)")
 
 
-@pytest.mark.parametrize("storage", ["checkpoint_id", "writer"])
+@pytest.mark.parametrize("storage", ["checkpoint_id", "writer", "traced writer"])
 def test_an_async_save_is_what_blocks_and_a_linked_background_save(storage, tmp_path):
     """As every async save is recorded: a ``ckpt.save`` that ends when ``async_save``
     returns (``stage``: the state copied by the stager, its bytes), and a background
@@ -500,9 +500,11 @@ def test_an_async_save_is_what_blocks_and_a_linked_background_save(storage, tmp_
     state = model_state()
     folder = tmp_path / "ckpt"
     where = {"checkpoint_id": folder} if storage == "checkpoint_id" else {}
-    if storage == "writer":
+    if storage != "checkpoint_id":
         where["storage_writer"] = SlowWriter(folder)
     traced_dcp.instrument(trace_dir=tmp_path / "traces")
+    if storage == "traced writer":  # wrapped by the caller (it was one save, not two)
+        where["storage_writer"] = traced_dcp.TracedStorageWriter(where["storage_writer"])
     try:
         called = time.time()
         future = dcp.async_save(state, no_dist=True, **where)
@@ -535,7 +537,7 @@ def test_an_async_save_is_what_blocks_and_a_linked_background_save(storage, tmp_
     assert seconds(phases["ckpt.stage"]["end_time"]) <= seconds(blocking["end_time"])
     assert seconds(blocking["start_time"]) <= seconds(background["start_time"])
     assert seconds(blocking["end_time"]) <= seconds(background["end_time"])
-    if storage == "writer":  # a write slower than the call: under way after it returned
+    if storage != "checkpoint_id":  # a write slower than the call: under way after it returned
         assert seconds(bg_phases["ckpt.write"]["end_time"]) > returned
     for span in (blocking, background):
         assert span["status"]["status_code"] != "ERROR"
