@@ -288,7 +288,7 @@ class LightningInstrumentor(Instrumentor):
         trainer.save_checkpoint(partial)
         notice = self.interruptions.watcher.notice if self.interruptions is not None else None
         left = notice.seconds_left if notice is not None else None
-        self._async.wait(partial, WRITES_WAIT_S if left is None else max(left, 0.0))
+        self._async.written(partial, WRITES_WAIT_S if left is None else max(left, 0.0))
         if trainer.is_global_zero:
             move_into_place(partial, final)  # a sharded save is a folder
             self.files.move_file_record(partial, final)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from collections import Counter, defaultdict, deque
@@ -40,6 +41,23 @@ class AsyncWrites:
         self._pending: Counter[str] = Counter()  # path -> its writes queued or running
         self._running: set = set()  # background operations begun, not ended
         self._changed = threading.Condition()
+        self.errors: dict[str, BaseException] = {}  # path -> its last write's error
+        self._abandoned: set[str] = set()  # written for a move that was given up
+
+    def written(self, path: str, timeout_s: float) -> None:
+        """Return once the writes queued for ``path`` have ended well, within
+        ``timeout_s``; else raise (the write's own error, or one saying it goes on): a
+        file still being written is never moved into place."""
+        if not self.wait(path, timeout_s):
+            with self._changed:
+                self._abandoned.add(path)  # removed once written: it will not be moved
+            raise CkptprofError(
+                f"{path}: its background write had not ended {timeout_s:.1f} s later "
+                "(removed once it ends)"
+            )
+        error = self.errors.pop(path, None)
+        if error is not None:
+            raise error
 
     def layer(self) -> bool:
         """With an ``AsyncCheckpointIO``: wrap its base IO, which writes on a worker thread
@@ -62,6 +80,7 @@ class AsyncWrites:
         with self._changed:
             self._queued[path].append(span_context)
             self._pending[path] += 1
+            self.errors.pop(path, None)  # an earlier write's, not this one's
 
     def _traced_write(self, original):
         def save_checkpoint(*args, **kwargs):
@@ -77,6 +96,7 @@ class AsyncWrites:
                 with activity.growing(path):  # the write's bytes reaching the file: progress
                     result = timed(op, Phase.WRITE, original, *args, **kwargs)
             except BaseException as exc:
+                self.errors[path] = exc
                 if op is not None:
                     op.finish(exc)
                 raise
@@ -100,6 +120,9 @@ class AsyncWrites:
                 self._pending[path] -= 1
                 if not self._pending[path]:
                     del self._pending[path]
+                    if path in self._abandoned:
+                        self._abandoned.discard(path)
+                        _remove(path)
             self._changed.notify_all()
 
     def wait(self, path: str | None, timeout_s: float) -> bool:
@@ -137,3 +160,11 @@ class AsyncWrites:
         log.warning("ckptprof: %s", gone)
         for op in running:
             op.finish(gone)
+
+
+def _remove(path: str) -> None:
+    """A file (or a sharded save's folder) ckptprof had written for nothing."""
+    try:
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    except OSError as exc:
+        log.warning("ckptprof: could not remove %s: %s", path, exc)
