@@ -161,6 +161,13 @@ def test_runs_of_different_checkpoints_are_never_pooled(sweeps, tmp_path, capsys
     shutil.copytree(big, both / "big")
     with pytest.raises(CkptprofError, match=r"pass each as its own PATH \(both are under"):
         compare([str(mon), str(both)])
+    # the HTML report of the same PATHs says why its storages are not side by side
+    # (the section was dropped without a word)
+    page = tmp_path / "report.html"
+    assert main(["report", str(mon), str(both), "--html", str(page)]) == 0
+    html = page.read_text()
+    assert "<h2>Storages side by side</h2>" in html and "not shown: " in html
+    assert "pass each as its own PATH" in html
     # their traces alone (no scale recorded): told apart by the bytes each restore read
     traces = tmp_path / "traces"
     for name in ("tue", "big"):
@@ -199,6 +206,31 @@ def test_runs_of_one_checkpoint_at_two_places_are_never_pooled(sweeps, tmp_path,
     # the same place: pooled as before
     pooled = compare([str(sweeps["mon"]), str(tue), str(tue / "traces")], ["base", "new", "new"])
     assert [len(e.values) for e in pooled.entries[C2]] == [3, 3]
+
+
+def scaled(doc: dict, concurrency: int, factor: float) -> dict:
+    """``doc`` with its runs at ``concurrency`` ``factor`` times as long, as other runs."""
+    out = json.loads(json.dumps(doc))
+    out["summary"] = []
+    for run in out["runs"]:
+        run.pop("trace_id", None)
+        if run["concurrency"] == concurrency:
+            for key in ("wall_s", "time_to_state_s"):
+                if run.get(key) is not None:
+                    run[key] *= factor
+    return out
+
+
+def test_the_storage_table_shows_one_setting_whichever_path_comes_first(sweeps, tmp_path):
+    """The setting the storage table reads GB/s at was the base's fastest: `compare a b`
+    showed one, `compare b a` another, each the first source's best case."""
+    from ckptprof.report.compare_storage import storage_rows
+
+    doc = results(sweeps["mon"])
+    a = write(tmp_path / "a", scaled(doc, 1, 0.5))  # c=1 its best
+    b = write(tmp_path / "b", scaled(doc, 1, 10.0))  # c=1 its worst by far
+    heads = {storage_rows(compare([str(x), str(y)]))[0] for x, y in ((a, b), (b, a))}
+    assert heads == {f"storage: read GB/s by time to state: {C2}"}
 
 
 def test_the_storage_tables_verdict_names_the_seconds_it_is_judged_on(sweeps, capsys):

@@ -5,6 +5,8 @@ report both show it."""
 
 from __future__ import annotations
 
+import statistics
+
 from ckptprof.phases import RESTORE_PHASES, SAVE_PHASES
 from ckptprof.report.comparison import SAVE, Comparison, Entry, same_work
 
@@ -92,8 +94,9 @@ def _entry(c: Comparison, setting: str | None, source: str) -> Entry | None:
 
 
 def _table_setting(c: Comparison, kind: str) -> str | None:
-    """The setting of ``kind`` the table shows: one every source ran (cold first, then
-    the base's fastest), else the one most sources ran."""
+    """The setting of ``kind`` the table shows: one every source ran (else one most ran),
+    cold first, then the fastest across the sources (the geometric mean of their medians,
+    so that each source weighs alike): the same setting whichever PATH comes first."""
     settings = {s: es for s, es in c.entries.items() if es[0].kind == kind}
     if not settings:
         return None
@@ -101,12 +104,11 @@ def _table_setting(c: Comparison, kind: str) -> str | None:
     shared = {s: es for s, es in settings.items() if len({e.source for e in es}) == most}
     cold = {s: es for s, es in shared.items() if es[0].cache == "cold"} or shared
 
-    def base_median(item):
+    def across_sources(item):
         setting, entries = item
-        base = next((e for e in entries if e.source == c.sources[0]), entries[0])
-        return (base.median, setting)
+        return (statistics.geometric_mean(max(e.median, 1e-9) for e in entries), setting)
 
-    return min(cold.items(), key=base_median)[0]
+    return min(cold.items(), key=across_sources)[0]
 
 
 def _table_verdict(c: Comparison, source: str, read: str | None, write: str | None) -> str:

@@ -116,8 +116,8 @@ def _storage_section(paths: Sequence[str]) -> str:
         return ""
     try:
         c = compare(list(paths), source_labels(paths))
-    except CkptprofError:  # a PATH with no operation of its own (a job's run spans only)
-        return ""
+    except CkptprofError as exc:  # runs that cannot be one source; a PATH of run spans only
+        return f'<h2>Storages side by side</h2><p class="note">not shown: {_e(str(exc))}</p>'
     head, rows = storage_rows(c)
     if not rows:
         return ""
