@@ -143,14 +143,37 @@ class Telemetry:
         if self.file_processor is not None:
             _bounded(self.file_processor.shutdown, FILE_FLUSH_TIMEOUT_S, "the trace file")
         if self.network_processor is not None and self.network_exporter is not None:
-            exporter = self.network_exporter
-            if exporter.failing:  # known down: warned once already
-                _bounded(self.network_processor.shutdown, FAILING_FLUSH_S)
-            else:
-                wait_s = exporter.timeout_s + NETWORK_FLUSH_MARGIN_S
-                _bounded(self.network_processor.shutdown, wait_s, exporter.description)
+            self._shut_network(self.network_processor, self.network_exporter)
         # processors are down: this only marks the provider shut
         _bounded(self.provider.shutdown, PROVIDER_SHUTDOWN_TIMEOUT_S)
+
+    @staticmethod
+    def _shut_network(processor: BatchSpanProcessor, exporter: WarnOnceExporter) -> None:
+        """The last batch goes to the collector: its request timeout and a margin, or
+        :data:`FAILING_FLUSH_S` for a collector known down; an attempt failing meanwhile
+        (a refused connection is known at once) ends the wait, and the SDK's retries are
+        stopped, so that no export thread outlives the fit (warned once already)."""
+        before = exporter.failures
+        patience = FAILING_FLUSH_S if exporter.failing else (
+            exporter.timeout_s + NETWORK_FLUSH_MARGIN_S
+        )  # fmt: skip
+        worker = _start(processor.shutdown)
+        deadline = time.monotonic() + patience
+        while worker.is_alive() and exporter.failures == before:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            worker.join(min(left, 0.05))
+        if not worker.is_alive():
+            return
+        failed = exporter.failures > before or exporter.failing
+        exporter.abort()
+        worker.join(FAILING_FLUSH_S)
+        if worker.is_alive() and not failed:
+            log.warning(
+                "ckptprof: span export to %s did not finish within %.0f s; not waiting "
+                "(spans still in flight are lost).", exporter.description, patience,
+            )  # fmt: skip
 
 
 def exit_flush_budget_s(seconds_left: float | None = None) -> float:
@@ -166,8 +189,7 @@ def exit_flush_budget_s(seconds_left: float | None = None) -> float:
 def _bounded(fn, timeout_s: float, target: str | None = None) -> None:
     """Run ``fn`` on a daemon thread and stop waiting after ``timeout_s``; a wait that
     runs out is a warning naming ``target`` (None: quiet)."""
-    worker = threading.Thread(target=fn, name="ckptprof-export", daemon=True)
-    worker.start()
+    worker = _start(fn)
     if timeout_s <= 0:
         return
     worker.join(timeout_s)
@@ -178,6 +200,12 @@ def _bounded(fn, timeout_s: float, target: str | None = None) -> None:
             target,
             timeout_s,
         )
+
+
+def _start(fn) -> threading.Thread:
+    worker = threading.Thread(target=fn, name="ckptprof-export", daemon=True)
+    worker.start()
+    return worker
 
 
 def _batch(exporter: SpanExporter, **kwargs) -> BatchSpanProcessor:

@@ -38,6 +38,9 @@ class WarnOnceExporter(SpanExporter):
         self.timeout_s = timeout_s
         self._warned = False
         self._backend_said: str | None = None
+        #: failed attempts so far (the SDK's retries count each): a refusal is known at once
+        self.failures = 0
+        self._shut = False
         self._gate_logs()
         self._keep_refusals()
 
@@ -73,7 +76,8 @@ class WarnOnceExporter(SpanExporter):
             client._logger = gate
 
     def _gate(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING:
+        if record.levelno >= logging.WARNING:  # an attempt failed (the SDK may retry)
+            self._failed()
             reason = record.getMessage()
             if self._backend_said:
                 reason += f"; the backend said: {self._backend_said}"
@@ -100,17 +104,29 @@ class WarnOnceExporter(SpanExporter):
         try:
             result = self.inner.export(spans)
         except Exception as exc:  # noqa: BLE001 - the exporter must never raise into the job
-            _FAILING_ENDPOINTS.add(self.description)
+            self._failed()
             self._warn(f"{type(exc).__name__}: {exc}")
             return SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
-            _FAILING_ENDPOINTS.add(self.description)
+            self._failed()
             self._warn("the collector did not accept the batch")
         else:
             _FAILING_ENDPOINTS.discard(self.description)
         return result
 
+    def _failed(self) -> None:
+        self.failures += 1
+        _FAILING_ENDPOINTS.add(self.description)
+
+    def abort(self) -> None:
+        """Stop the SDK's retries now (its backoff waits on this): the spans are in the
+        trace file, and a collector that refused will not take them within a fit's end."""
+        self.shutdown()
+
     def shutdown(self) -> None:
+        if self._shut:  # aborted: the SDK would warn of a second shutdown
+            return
+        self._shut = True
         with contextlib.suppress(Exception):
             self.inner.shutdown()
 
