@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from ckptprof.report.comparison import SAVE, Comparison
+from ckptprof.report.comparison import SAVE, Comparison, setting_order
 
 SCHEMA_VERSION = 1
 
@@ -42,9 +42,9 @@ def render_json(c: Comparison) -> str:
                     "cost": c.cost(e.rto_median),
                     "files": e.origins,
                 }
-                for e in sorted(entries, key=lambda e: e.median)
+                for e in sorted(c.entries[setting], key=lambda e: e.median)
             ]
-            for setting, entries in sorted(c.entries.items())
+            for setting in setting_order(c)  # as the text and the plot list them
         },
         "different_writers": c.writers,
         "findings": [asdict(f) for f in c.findings],

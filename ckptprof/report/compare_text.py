@@ -13,6 +13,7 @@ from ckptprof.report.compare_storage import (
     storage_table,
 )
 from ckptprof.report.comparison import (
+    MIN_REPEATS,
     NO_RUN,
     OTHER_WRITER,
     RTO,
@@ -21,8 +22,10 @@ from ckptprof.report.comparison import (
     TTS,
     Comparison,
     Entry,
+    Finding,
     percent,
     same_checkpoint,
+    setting_order,
 )
 
 _METRIC_WORDS = {
@@ -49,10 +52,10 @@ def render_text(c: Comparison) -> str:
         + ("s" if c.instances != 1 else "")
     ]
     lines += storage_table(c)
-    for setting, entries in sorted(c.entries.items(), key=lambda kv: (_is_save(kv[1]), kv[0])):
+    for setting in setting_order(c):
         lines.append("")
         lines.append(setting)
-        lines += _setting_block(c, setting, entries)
+        lines += _setting_block(c, setting, c.entries[setting])
     lines.append("")
     if any(e.metric == TTS and e.phases.get("first_step") for es in c.entries.values() for e in es):
         lines.append("1st_step of a synthetic restore: the model's (a real step on this "
@@ -67,6 +70,23 @@ def render_text(c: Comparison) -> str:
 
 def _is_save(entries: list[Entry]) -> bool:
     return entries[0].kind == SAVE
+
+
+def _unjudged_why(c: Comparison, entry: Entry) -> str | None:
+    """Why ``entry`` got no verdict against the base though both ran its setting ("1 run vs
+    3"), or None: it was judged, it is the base, or there is no base run (said apart).
+    Such a row is never ranked: the JSON calls its finding ``judged: false``."""
+    found = _finding_of(c, entry)
+    if found is None or found.judged or not found.comparable:
+        return None
+    base = next(e for e in c.entries[entry.setting] if e.source == c.sources[0])
+    runs = len(entry.values)
+    return f"{runs} run{'s' * (runs != 1)} vs {len(base.values)}"
+
+
+def _finding_of(c: Comparison, entry: Entry) -> Finding | None:
+    return next((f for f in c.findings if f.source == entry.source
+                 and f.setting == entry.setting and f.what == entry.metric), None)  # fmt: skip
 
 
 def _setting_block(c: Comparison, setting: str, entries: list[Entry]) -> list[str]:
@@ -84,17 +104,8 @@ def _setting_block(c: Comparison, setting: str, entries: list[Entry]) -> list[st
     head += "".join(f" {short_phase(n):>8}" for n in names)
     head += f" {'of ceil':>8} {'cost $':>8}"
     lines = [head]
-    findings = {f.source: f for f in c.findings if f.setting == setting and f.what == metric}
     ranked = sorted(entries, key=lambda e: e.median)
-    previous: Entry | None = None
-    rank = 0
-    for e in ranked:
-        tie = previous is not None and _overlap(previous.values, e.values)
-        rank = rank if tie else rank + 1
-        shown_rank = f"={rank}" if tie else str(rank)
-        if setting in c.writers:
-            shown_rank = "-"
-        previous = e
+    for e, shown_rank in zip(ranked, _ranks(c, ranked), strict=True):
         name = e.source + (" (base)" if e.source == base else "")
         vs = "-" if base_entry is None or e is base_entry else (
             f"{e.median / base_entry.median - 1:+.0%}" if base_entry.median > 0 else "?"
@@ -109,8 +120,12 @@ def _setting_block(c: Comparison, setting: str, entries: list[Entry]) -> list[st
         cost = c.cost(e.rto_median) if kind != SAVE else c.cost(e.median)
         lines.append(row + f" {cost:>8.4f}")
     for e in ranked:
-        found = findings.get(e.source)
-        if found is not None and found.comparable and not found.beyond_spread:
+        found, why = _finding_of(c, e), _unjudged_why(c, e)
+        if why is not None:
+            lines.append(
+                f"  {e.source}: not judged: {why} (fewer than {MIN_REPEATS} repeats a side)"
+            )
+        elif found is not None and found.comparable and not found.beyond_spread:
             lines.append(f"  {e.source}: {found.verdict} (the repeats overlap the base's)")
     if setting in c.writers:
         named = ", ".join(f"{s}: {w}" for s, w in c.writers[setting].items())
@@ -123,6 +138,22 @@ def _setting_block(c: Comparison, setting: str, entries: list[Entry]) -> list[st
         lines.append(f"  (no {', '.join(lacking)} run of this setting: not judged"
                      + (", the gate fails" if _guarded(c, setting) else "") + ")")  # fmt: skip
     return lines
+
+
+def _ranks(c: Comparison, ranked: list[Entry]) -> list[str]:
+    """Each row's rank, fastest first: "=" where its repeats overlap the row ranked above;
+    "-" where nothing was judged (saves by different writers, too few repeats a side), so
+    no row is placed on figures that cannot separate it."""
+    shown, previous, rank = [], None, 0
+    for e in ranked:
+        if e.setting in c.writers or _unjudged_why(c, e) is not None:
+            shown.append("-")
+            continue
+        tie = previous is not None and _overlap(previous.values, e.values)
+        rank = rank if tie else rank + 1
+        shown.append(f"={rank}" if tie else str(rank))
+        previous = e
+    return shown
 
 
 def _guarded(c: Comparison, setting: str) -> bool:
@@ -163,23 +194,44 @@ def _pooled_lines(c: Comparison) -> list[str]:
 
 
 def _verdict_lines(c: Comparison) -> list[str]:
-    if c.limit is None:
-        moved = [f for f in c.findings
-                 if f.beyond_spread and f.judged and f.what in (TTS, RTO, SAVE_TIME)]  # fmt: skip
-        return [f"moved beyond the spread: {f.line(None)}" for f in moved] or [
-            "no setting moved beyond its repeats' spread"
-        ]
+    """The gate's SLOWER lines, every other judged move beyond the spread, what was not
+    judged and why, and the gate's word: each finding the JSON lists as judged and beyond
+    the spread is said here, so the text never reads calmer than the JSON."""
     lines = [f"SLOWER: {f.line(c.limit)}" for f in c.regressions]
+    lines += _moved_lines(c)
     unjudged = [u for u in c.not_judged() if u.why != OTHER_WRITER]  # "not ranked" above
+    if not lines and c.limit is None:
+        lines.append("no judged setting moved beyond its repeats' spread")
     for why in dict.fromkeys(u.why for u in unjudged):
         named = "; ".join(f"{u.source}: {u.setting}" for u in unjudged if u.why == why)
         words = "no run of the base's setting" if why == NO_RUN else why
         lines.append(f"not judged ({words}): {named}")
+    if c.limit is None:
+        return lines
     if c.gate_failure():
         lines.append("gate: FAILED: it could not judge what the base measured (the error "
                      "line says why)")  # fmt: skip
     elif not c.regressions:
         lines.append(f"gate: nothing slower than the base by more than {percent(c.limit)}")
+    return lines
+
+
+def _moved_lines(c: Comparison) -> list[str]:
+    """Judged moves beyond the spread the gate did not fail on, setting by setting: what
+    ranks the setting as "moved", each phase as "phase moved" (beneath its setting's line
+    where that moved too)."""
+    order = {s: n for n, s in enumerate(setting_order(c))}
+    moved = sorted((f for f in c.findings if f.beyond_spread and f.judged and not f.slower),
+                   key=lambda f: order[f.setting])  # fmt: skip
+    headlines = {(f.source, f.setting) for f in moved if f.what in (TTS, RTO, SAVE_TIME)}
+    lines = []
+    for f in moved:
+        if (f.source, f.setting) not in headlines:
+            lines.append(f"phase moved: {f.line(c.limit)}")
+        elif f.what in (TTS, RTO, SAVE_TIME):
+            lines.append(f"moved beyond the spread: {f.line(c.limit)}")
+        else:
+            lines.append(f"  phase moved: {f.line(c.limit)}")
     return lines
 
 

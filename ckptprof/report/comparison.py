@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from ckptprof.report.medians import sort_value
 from ckptprof.results_schema import fraction_of_ceiling
 from ckptprof.units import fmt_bytes
 
@@ -328,6 +329,25 @@ def percent(share: float) -> str:
     return f"{share * 100:.4g}%"
 
 
+def setting_order(c: Comparison) -> list[str]:
+    """The settings in the order every view of compare lists them: restores before saves,
+    then word by word by the report's own key (:func:`sort_value`), so "c=8" comes before
+    "c=16" as in ``report``'s table, HTML and plot."""
+    return sorted(
+        c.entries, key=lambda s: (c.entries[s][0].kind == SAVE, [_word_key(w) for w in s.split()])
+    )
+
+
+def _word_key(word: str) -> tuple:
+    """One word of a setting's name ("hot", "c=16") for :func:`sort_value`: its number
+    compared as a number, not as text."""
+    prefix, _, value = word.rpartition("=")
+    try:
+        return (prefix, sort_value(float(value)))
+    except ValueError:
+        return (prefix, sort_value(value))
+
+
 __all__ = [
     "MIN_REPEATS",
     "NO_RUN",
@@ -343,6 +363,7 @@ __all__ = [
     "Unjudged",
     "percent",
     "same_checkpoint",
+    "setting_order",
     "same_size",
     "same_work",
     "why_apart",

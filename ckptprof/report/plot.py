@@ -393,14 +393,14 @@ def compare_figure(comparison) -> object | None:
     """``ckptprof compare --plot``: per setting, one bar per source, fastest first by what
     ranks it (compare's metric: a synthetic restore's time to state, a real resume's RTO, a
     save's time), that figure drawn and labelled with its min–max, the RTO beside a time to
-    state, the base marked; phases stacked."""
+    state, the base marked; phases stacked; settings in the text's order (the report's)."""
     from ckptprof.report.breakdown import PhaseRow
-    from ckptprof.report.comparison import RTO, TTS
+    from ckptprof.report.comparison import RTO, TTS, setting_order
 
     bars: list[Bar] = []
     base = comparison.sources[0]
-    for setting, entries in sorted(comparison.entries.items()):
-        for entry in sorted(entries, key=lambda e: e.median):
+    for setting in setting_order(comparison):
+        for entry in sorted(comparison.entries[setting], key=lambda e: e.median):
             rows = [
                 PhaseRow(name, entry.phase_median(name) or 0.0, None, None, None, None)
                 for name in phase_order(entry.kind, set(entry.phases))
