@@ -358,7 +358,7 @@ def test_results_sweep_table(results_dir):
     assert cells == [("cold", 1, 3), ("cold", 16, 2), ("hot", 16, 1)]
     cold1, cold16, hot16 = sweep.rows
     assert cold1.breakdown.wall_median_s == 4.2
-    assert cold1.fraction_of_ceiling == 0.25  # the runner's own figure
+    assert cold1.fraction_of_ceiling == pytest.approx(0.25)  # from its runs
     assert cold16.breakdown.wall_median_s == pytest.approx(1.6)
     assert cold16.fetch_gbps == pytest.approx((1.2 + 1.0) / 2)  # median of 1.2 and 1.0 GB/s
     assert cold16.fraction_of_ceiling == pytest.approx(1.1 / 1.5)
@@ -954,7 +954,8 @@ def test_a_synthetic_first_step_is_this_machines_compute_never_a_data_fast_forwa
     (hint,) = [h for h in sweep.hints if "first_step" in h.message]
     assert hint.code == "first-step-synthetic"
     assert "a real step on this machine's CPU" in hint.message
-    assert "time to state (4.1 s)" in hint.message  # cold c=1: its RTO less its first step
+    assert hint.message.startswith("hot c=16: ")  # the row its figures are from
+    assert "time to state (0.5 s)" in hint.message  # hot c=16: its RTO less its first step
     text = render_text(report)
     assert "ignore_data_skip" not in text and "HF Trainer" not in text
     # the same numbers from a callback's real resume keep the advice about the job
@@ -1260,7 +1261,7 @@ def test_a_lazy_fetch_has_no_fraction_of_the_ceiling_and_one_above_it_is_capped(
     assert hot16.breakdown.phase("deserialize").fused_phases == ("fetch", "deserialize")
     assert hot16.fraction_of_ceiling is None and hot16.ceiling_mark is None  # hot: no ceiling
     text = render_text(report)
-    assert re.search(r"^  cold\s+1\s.*\s0\.38\s+lazy$", text, flags=re.M)
+    assert re.search(r"^  cold\s+1\s.*\s0\.37\s+lazy$", text, flags=re.M)  # 0.37499… from runs
     assert re.search(r"^  cold\s+16\s.*\s1\.10\s+100%\+$", text, flags=re.M)
     assert "122%" not in text.replace("cold c=16 122%", "")  # only in the note
     flat = " ".join(text.split())

@@ -43,8 +43,10 @@ def low_concurrency(rows: Sequence[SweepRow], ceiling: RecordedCeiling | None) -
     ]
     if not low:
         return None
+    several = len({r.breakdown.strategy for r in rows}) > 1  # else the strategy goes unsaid
     cells = ", ".join(
-        f"c={r.breakdown.concurrency}"
+        (f"{r.breakdown.strategy} " if several else "")
+        + f"c={r.breakdown.concurrency}"
         + (f" {r.breakdown.cache}" if r.breakdown.cache else "")
         + f": {r.fraction_of_ceiling:.0%}"
         for r in low
@@ -82,20 +84,23 @@ def fetch_below_ceiling(rows: Sequence[SweepRow], ceiling: RecordedCeiling | Non
         return None
     worst = min(far, key=lambda r: r.fraction_of_ceiling or 0.0)
     conc = worst.breakdown.concurrency
+    others = [r.breakdown.label for r in far if r is not worst]
     return Hint(
         "fetch-below-ceiling",
-        f"fetch reached only {worst.fraction_of_ceiling:.0%} of the {ceiling.read_gbps:.2f} GB/s "
-        f"ceiling"
+        f"{worst.breakdown.label}: fetch reached only {worst.fraction_of_ceiling:.0%} of the "
+        f"{ceiling.read_gbps:.2f} GB/s ceiling"
         + (f" at concurrency {conc}" if conc is not None else "")
         + " although that is enough requests in flight: the limit is elsewhere (per-request "
-        "latency spikes, retries, small files, or client CPU).",
+        "latency spikes, retries, small files, or client CPU)."
+        + (f" (also {', '.join(others)})" if others else ""),
         1.0 - (worst.fraction_of_ceiling or 0.0),
         ", ".join(r.breakdown.label for r in far),
     )
 
 
 def merge(hints: Sequence[Hint], total: int) -> list[Hint]:
-    """One hint per code, worded for its most severe cell, naming the other cells.
+    """One hint per code, worded for its most severe cell and naming it (its figures are
+    that row's), then the other cells or "every row".
 
     Args:
         hints: per-cell hints (``where`` names the cell).
@@ -108,14 +113,11 @@ def merge(hints: Sequence[Hint], total: int) -> list[Hint]:
     for same in by_code.values():
         worst = max(same, key=lambda h: h.severity)
         cells = list(dict.fromkeys(h.where for h in same if h.where))
-        message = worst.message
+        message = f"{worst.where}: {worst.message}" if worst.where else worst.message
         if len(same) > 1 and len(same) == total:
             message = f"{message} (every row)"
         elif len(same) > 1:
-            others = ", ".join(c for c in cells if c != worst.where)
-            message = f"{worst.where}: {message} (also {others})"
-        elif total > 1 and worst.where:
-            message = f"{worst.where}: {message}"
+            message += f" (also {', '.join(c for c in cells if c != worst.where)})"
         merged.append(Hint(worst.code, message, worst.severity, ", ".join(cells)))
     return merged
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -65,9 +66,36 @@ def _refuse_newer(doc: Any, path: str, name: str, readable: int) -> None:
         )
 
 
-def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFile:
+def _summary_agrees(written: Any, summary: list[dict]) -> bool:
+    """Whether a written ``summary`` holds the figures :func:`summarize` gives its runs:
+    absent agrees (an older or hand-made file); a field one side lacks is not held
+    against it, a cell or figure that differs is."""
+    if not written:
+        return True
+    fresh = {(s["strategy"], s["cache"], s["concurrency"]): s for s in summary}
+    cells = {(e.get("strategy"), e.get("cache"), e.get("concurrency")): e for e in written}
+    return cells.keys() == fresh.keys() and all(
+        _same(cells[key], entry) for key, entry in fresh.items()
+    )
+
+
+def _same(written: Any, fresh: Any) -> bool:
+    """``written`` holds ``fresh``'s figures, to float rounding (a hand-made file's
+    medians); a key only one of them has is not a disagreement."""
+    if isinstance(written, dict) and isinstance(fresh, dict):
+        return all(_same(written[k], v) for k, v in fresh.items() if k in written)
+    if isinstance(written, (int, float)) and isinstance(fresh, (int, float)):
+        return math.isclose(written, fresh, rel_tol=1e-9, abs_tol=1e-12)
+    return written == fresh
+
+
+def parse_results(
+    doc: Mapping[str, Any], path: str = RESULTS_NAME, warnings: list[str] | None = None
+) -> ResultsFile:
     """Turn a decoded ``results.json`` into records, after checking it against
-    :data:`RESULTS_SCHEMA` (a wrong type names the field); unknown keys are ignored."""
+    :data:`RESULTS_SCHEMA` (a wrong type names the field); unknown keys are ignored.
+    Every figure comes from ``runs``; a written ``summary`` that disagrees with them is
+    one line in ``warnings``."""
     if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
         raise CkptprofError(
             f"{path}: not a ckptprof results file (no 'runs' list) — pass the {RESULTS_NAME} "
@@ -93,9 +121,13 @@ def parse_results(doc: Mapping[str, Any], path: str = RESULTS_NAME) -> ResultsFi
             lower_bound_fetch_s=number(raw_ceiling.get("lower_bound_fetch_s")),
             nbytes=integer(raw_ceiling.get("bytes")),
         )
-    summary = [s for s in doc.get("summary") or [] if isinstance(s, dict)]
-    if not summary:  # an older or hand-made file: the same medians the runner writes
-        summary = summarize(doc["runs"], ceiling.read_gbps if ceiling else None)
+    # one source of truth: the runs, summarized as the runner does, whatever summary is written
+    summary = summarize(doc["runs"], ceiling.read_gbps if ceiling else None)
+    if warnings is not None and not _summary_agrees(doc.get("summary"), summary):
+        warnings.append(
+            f"{path}: its summary disagrees with its runs (edited, or written by another "
+            "ckptprof); every figure shown is from the runs"
+        )
     return ResultsFile(
         path=path,
         version=doc.get("ckptprof_version"),
@@ -144,7 +176,8 @@ def _results_runs(entries: Iterable[Any]) -> list[ResultsRun]:
     return runs
 
 
-def read_results(path: Path) -> ResultsFile:
+def read_results(path: Path, warnings: list[str] | None = None) -> ResultsFile:
+    """A ``results.json`` read and parsed (:func:`parse_results`)."""
     try:
         with open(path, encoding="utf-8") as handle:
             doc = json.load(handle)
@@ -153,7 +186,7 @@ def read_results(path: Path) -> ResultsFile:
             f"{path}: not valid JSON ({exc}) — the file may be truncated; re-run the sweep or "
             "report on its trace *.jsonl files instead"
         ) from None
-    return parse_results(doc, str(path))
+    return parse_results(doc, str(path), warnings)
 
 
 # --------------------------------------------------------------------- save.json

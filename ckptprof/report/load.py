@@ -193,7 +193,7 @@ def load(paths: Iterable[str | os.PathLike]) -> ReportData:
     data = ReportData()
     results_paths, save_paths, trace_paths = _discover(paths, data.warnings)
     for path in results_paths:
-        data.results.append(read_results(path))
+        data.results.append(read_results(path, data.warnings))
         data.sources.append(str(path))
     seen: set[tuple[str, str]] = set()
     reads = []

@@ -1,5 +1,6 @@
-"""A results file's sweep table: one row per strategy × cache state × concurrency, from
-the runner's runs, its own medians preferred where it wrote them.
+"""A results file's sweep table: one row per strategy × cache state × concurrency, every
+figure from the runs (their medians as ``summarize`` gives them: the file's ``summary``
+was recomputed when read, so the table, the hints and ``compare`` agree).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _summary_for(results: ResultsFile, key: tuple) -> dict[str, Any] | None:
 
 
 def _apply_summary(b: Breakdown, entry: dict[str, Any]) -> None:
-    """Prefer the runner's own medians where it wrote them."""
+    """The medians ``summarize`` gives the cell's runs, the ones the runner writes."""
     rto = entry.get("rto_s") or {}
     for attr, key in (("wall_median_s", "median"), ("wall_min_s", "min"), ("wall_max_s", "max")):
         if isinstance(rto.get(key), (int, float)):
@@ -88,9 +89,7 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
     strategies = [s for s in dict.fromkeys(k[0] for k in cells) if s]
     rows = []
     for key in sorted(cells, key=lambda k: _cell_order(k, strategies)):
-        runs, entry = cells[key], _summary_for(results, key)
-        if runs or entry is not None:
-            rows.append(_cell_row(results, key, runs, entry, strategies))
+        rows.append(_cell_row(results, key, cells[key], _summary_for(results, key), strategies))
     sweep = Sweep(
         path=results.path,
         version=results.version,
@@ -113,13 +112,10 @@ def sweep_from_results(results: ResultsFile) -> Sweep:
 
 
 def _cells(results: ResultsFile) -> dict[tuple[Any, Any, Any], list[ResultsRun]]:
-    """The runs of each strategy × cache state × concurrency, with the cells only the
-    summary names (their runs not kept) given none."""
+    """The runs of each strategy × cache state × concurrency."""
     cells: dict[tuple[Any, Any, Any], list[ResultsRun]] = defaultdict(list)
     for run in results.runs:
         cells[(run.strategy, run.cache, run.concurrency)].append(run)
-    for entry in results.summary:
-        cells.setdefault((entry.get("strategy"), entry.get("cache"), entry.get("concurrency")), [])
     return cells
 
 
@@ -148,32 +144,31 @@ def _cell_label(key: tuple[Any, Any, Any], strategies: list[Any]) -> str:
 def _cell_breakdown(
     key: tuple[Any, Any, Any], runs: list[ResultsRun], entry: dict[str, Any] | None, label: str
 ) -> Breakdown:
-    """The medians of one cell's runs, the runner's summary preferred where it has one."""
+    """The medians of one cell's runs (``entry``: their summary, where ``summarize`` made
+    one)."""
     strategy, cache, conc = key
     b = build_breakdown(
         label=label,
         kind="restore",
-        walls=[r.wall_s for r in runs] or [0.0],
+        walls=[r.wall_s for r in runs],
         samples=[r.phases for r in runs],
         cache=cache,
         concurrency=conc,
         residency=(r.resident_fraction for r in runs),
         cache_method=next((r.cache_method for r in runs if r.cache_method), None),
     )
-    if not runs:
-        b.repeats = 0
     if entry is not None:
         _apply_summary(b, entry)
     b.strategy = strategy
     b.synthetic = True
-    b.state_s = spread(time_to_state(r) for r in runs) if runs else None
+    b.state_s = spread(time_to_state(r) for r in runs)
     b.peak_rss_bytes = max((r.peak_rss_bytes or 0 for r in runs), default=0) or None
     b.read_bytes = median_int(r.read_bytes for r in runs)
     b.first_step_estimate_s = median_of(
         r.first_step_estimate_s for r in runs if r.first_step == STEP_ESTIMATE
     )
     b.first_step_tokens = next((r.first_step_tokens for r in runs if r.first_step_tokens), None)
-    b.first_step_given = bool(runs) and all(r.first_step == STEP_USER for r in runs)
+    b.first_step_given = all(r.first_step == STEP_USER for r in runs)
     return b
 
 
@@ -184,8 +179,8 @@ def _cell_row(
     entry: dict[str, Any] | None,
     strategies: list[Any],
 ) -> SweepRow:
-    """One cell's row: its breakdown, fetch throughput and fraction of the ceiling (the
-    runner's where it wrote them)."""
+    """One cell's row: its breakdown, fetch throughput and fraction of the ceiling (as
+    ``summarize`` gives them, where it does)."""
     b = _cell_breakdown(key, runs, entry, _cell_label(key, strategies))
     fetch = b.phase(Phase.FETCH)
     fetch_gbps = entry.get("fetch_gbps_median") if entry else None

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ckptprof.phases import Phase
-from ckptprof.report.breakdown import Sweep, SweepRow
+from ckptprof.report.breakdown import Breakdown, Sweep, SweepRow
 from ckptprof.report.medians import phase_order
 from ckptprof.report.text_format import (
     INDENT,
@@ -24,6 +24,7 @@ from ckptprof.report.text_job import job_lines
 from ckptprof.units import fmt_bytes, fmt_gbps, fmt_s, terminal_width
 
 _SHORT_PHASE = {Phase.DESERIALIZE.value: "deser", Phase.FIRST_STEP.value: "1st_step"}
+_SHORTER_PHASE = {**_SHORT_PHASE, Phase.FIRST_STEP.value: "step"}
 
 
 def _pack(items: Sequence[str], first: str, rest: str, max_lines: int) -> list[str]:
@@ -170,42 +171,48 @@ def _ceiling_line(sweep: Sweep) -> str | None:
     return "ceiling: " + "; ".join(parts)
 
 
+def _headline(spread: tuple[float, float, float], b: Breakdown, short: bool) -> str:
+    """A row's median with its spread: "±–" (or "n=1") for one run, which has none."""
+    median, low, high = spread
+    if b.repeats < 2:
+        return f"{fmt_s(median)} " + ("±–" if short else "(n=1)")
+    if short:
+        off = max(high - median, median - low) / median if median else 0.0
+        return f"{fmt_s(median)} ±{off:.0%}"
+    return f"{fmt_s(median)} ({fmt_s(low)}-{fmt_s(high)})"
+
+
 def _sweep_table(sweep: Sweep) -> list[str]:
     names = phase_order("restore", {r.phase for row in sweep.rows for r in row.breakdown.phases})
     any_emulated = False
 
     def build(level: int) -> list[str]:
         """0: everything; 1: short phase names; 2: also the headline's range as ±% of it;
-        3: no run count; 4: "GB/s" for "fetch GB/s" (said under the table). The headline:
-        the time to state where a first step ran here (the storage's part; the step and
-        the RTO beside it), else the RTO. Its spread stays at every width: a median
-        without it cannot be told from noise."""
+        3: "n", "c" and "step" for "runs", "conc" and "1st_step" (said under the table).
+        The headline: the time to state where a first step ran here (the storage's part;
+        the step and the RTO beside it), else the RTO. Its spread and the run count stay
+        at every width: a median without them cannot be told from noise."""
         nonlocal any_emulated
-        short, uncounted = level >= 2, level >= 3
-        labels = [_SHORT_PHASE.get(n, n) if level else n for n in names]
+        short = level >= 2
+        shorter = _SHORTER_PHASE if level >= 3 else _SHORT_PHASE
+        labels = [shorter.get(n, n) if level else n for n in names]
         first = ["strategy"] if strategies else []
-        counts = [] if uncounted else ["runs"]
         head = "to state" if to_state else "RTO s"
         head += " (±)" if short else " (min-max)"
-        headers = [*first, "cache", "conc", *counts, head, *labels]
+        headers = [*first, "cache", *(["c", "n"] if level >= 3 else ["conc", "runs"]), head]
+        headers += labels
         headers += ["RTO s"] if to_state else []
-        headers += ["GB/s" if level >= 4 else "fetch GB/s", "ceil"] + (["peak GB"] if peaks else [])
+        headers += ["fetch GB/s", "ceil"] + (["peak GB"] if peaks else [])
         rows = []
         for row in sweep.rows:
             b = row.breakdown
             spread = b.state_s if to_state and b.state_s else None
-            median, low, high = spread or (b.wall_median_s, b.wall_min_s, b.wall_max_s)
-            if short:
-                off = max(high - median, median - low) / median if median else 0.0
-                headline = f"{fmt_s(median)} ±{off:.0%}"
-            else:
-                headline = f"{fmt_s(median)} ({fmt_s(low)}-{fmt_s(high)})"
             cells = [
                 *([b.strategy or "-"] if strategies else []),
                 str(b.cache or "-"),
                 "-" if b.concurrency is None else str(b.concurrency),
-                *([] if uncounted else [str(b.repeats)]),
-                headline,
+                str(b.repeats),
+                _headline(spread or (b.wall_median_s, b.wall_min_s, b.wall_max_s), b, short),
             ]
             for name in names:
                 phase = b.phase(name)
@@ -218,18 +225,20 @@ def _sweep_table(sweep: Sweep) -> list[str]:
                 peak = b.peak_rss_bytes
                 cells.append("-" if not peak else f"{peak / 1e9:.2f}")
             rows.append(cells)
-        lead = ("l" if strategies else "") + "lr" + ("r" if not uncounted else "") + "l"
+        lead = ("l" if strategies else "") + "lrrl"
         return table(headers, rows, lead + "r" * (len(names) + 2 + int(peaks) + int(to_state)))
 
     strategies = len({row.breakdown.strategy for row in sweep.rows}) > 1
     to_state = "first_step" in names and any(r.breakdown.state_s for r in sweep.rows)
     peaks = any(row.breakdown.peak_rss_bytes for row in sweep.rows)
-    for level in range(5):
+    for level in range(4):
         lines = build(level)
         if max(len(x) for x in lines) <= terminal_width():
             break
-    if level >= 4:
-        lines.append(f"{INDENT}GB/s: the fetch phase's (bytes fetched over its time)")
+    if level >= 3:
+        step = "; step: first_step" if Phase.FIRST_STEP.value in names else ""
+        lines.append(f"{INDENT}c: concurrency (requests in flight); n: runs{step}")
+    lines.append(f"{INDENT}fetch GB/s: the fetch phase's bytes over its own time, not the RTO's")
     if any_emulated:
         lines.append(f"{INDENT}* emulated: an estimate, not a measurement")
     if to_state:
