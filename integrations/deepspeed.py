@@ -113,7 +113,9 @@ class DeepSpeedInstrumentor(Instrumentor):
         # inside another adapter (the HF Trainer's DeepSpeed path) its operations are ours
         self._nested = not self._live.owns_session
         self._load = LoadFiles(self.files, self.session, self._nested)
-        self._restored_step: int | None = None
+        # the engine's step after a load (not the checkpoint's after a module-only one):
+        # the first step is the one that advances past it
+        self._loaded_at: int | None = None
         self._first_forward = False  # a restore's first forward is still to come
         self._ticked_at: int | None = None  # the global step last timed
         self._written: list[str] = []
@@ -230,11 +232,14 @@ class DeepSpeedInstrumentor(Instrumentor):
                 raise
             if op is not None and not nested:
                 if result == (None, None):  # DeepSpeed found no checkpoint and said so
-                    session.end_restore()
+                    session.discard_restore()
                 else:
-                    self._restored_step = engine.global_steps
+                    self._loaded_at = engine.global_steps
                     self._first_forward = True
-                    op.set_attributes({Attr.RESTORED_STEP: engine.global_steps})
+                    module_only = argument(args, kwargs, "load_module_only", 5, False)
+                    step = _checkpoint_step(engine, result[1], module_only)
+                    if step is not None:
+                        op.set_attributes({Attr.RESTORED_STEP: step})
                     if not _can_step(engine):  # no optimizer: no training step can follow
                         self._end_without_step()
             return result
@@ -275,7 +280,7 @@ class DeepSpeedInstrumentor(Instrumentor):
 
     def _end_without_step(self) -> None:
         """The restore ends at the state restored, without ``first_step``."""
-        self._restored_step = None
+        self._loaded_at = None
         self._first_forward = False
         self.session.end_restore()
 
@@ -316,10 +321,10 @@ class DeepSpeedInstrumentor(Instrumentor):
             if not self._nested and engine.global_steps != self._ticked_at:
                 self._ticked_at = engine.global_steps  # an optimizer step, not a micro-step
                 session.step_ended(engine.global_steps)
-            restored = self._restored_step
-            advanced = restored is not None and engine.global_steps > restored
+            loaded_at = self._loaded_at
+            advanced = loaded_at is not None and engine.global_steps > loaded_at
             if session.restore_op is not None and advanced:
-                self._restored_step = None
+                self._loaded_at = None
                 self._first_forward = False
                 session.first_step_done(engine.global_steps, announce=engine.global_rank == 0)
             if self.interruptions is not None:
@@ -407,6 +412,16 @@ class DeepSpeedInstrumentor(Instrumentor):
             return timed(self.session.save_op, Phase.COMMIT, original, *args, **kwargs)
 
         return commit
+
+
+def _checkpoint_step(engine, client_state, module_only: bool) -> int | None:
+    """The step the checkpoint was saved at. A full load sets ``global_steps`` from it; a
+    module-only load keeps the engine's own and hands the saved one back in the client
+    state, without which it is unknown (None: no attribute rather than a wrong one)."""
+    if not module_only:
+        return engine.global_steps
+    step = client_state.get("global_steps") if isinstance(client_state, dict) else None
+    return step if isinstance(step, int) else None
 
 
 def _can_step(engine) -> bool:

@@ -225,6 +225,14 @@ class TracingSession:
             self.warn_once("end_restore", exc)
             return None
 
+    def discard_restore(self) -> None:
+        """The restore begun found nothing to load (a first launch): no operation at all,
+        so that no report or goodput counts a restore that never happened."""
+        op, self.restore_op = self.restore_op, None
+        self._stop_memory_watch()
+        if op is not None:
+            op.discard()
+
     def _watch_memory(self) -> None:
         """Sample memory for the restore (the job's own peak counters are never reset)."""
         self._stop_memory_watch()

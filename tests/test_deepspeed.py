@@ -391,6 +391,34 @@ engine.destroy()
     assert training["attributes"]["ckpt.step"] == 3
 
 
+def test_a_module_only_load_records_the_step_its_checkpoint_was_saved_at(tmp_path):
+    """``load_module_only=True`` leaves the engine's ``global_steps`` as they were (6): the
+    restored step is the checkpoint's (3), the first step the engine's next (7). A load
+    that finds no checkpoint (a first launch: DeepSpeed returns (None, None)) is no
+    restore at all (it was one, counted by reports and goodput)."""
+    traces, ckpt = tmp_path / "t", tmp_path / "c"
+    run_script(
+        f"""
+from ckptprof.integrations.deepspeed import instrument
+engine = make_engine(2, 16, 1)
+instrument(engine, trace_dir={str(traces)!r})
+assert engine.load_checkpoint({str(tmp_path / "nothing")!r}) == (None, None)
+train(engine, 3)
+engine.save_checkpoint({str(ckpt)!r}, tag="s3")
+train(engine, 6)
+engine.load_checkpoint({str(ckpt)!r}, tag="s3", load_module_only=True)
+train(engine, 7)
+engine.destroy()
+""",
+        tmp_path,
+    )
+    spans = spans_in(traces)
+    (restore,) = [s for s in spans if s["name"] == "ckpt.restore"]
+    assert restore["attributes"]["ckpt.restored_step"] == 3
+    assert restore["attributes"]["ckpt.step"] == 7
+    assert "ckpt.first_step" in children(spans, restore)
+
+
 def test_a_pipeline_engine_counts_train_batch_as_its_step(tmp_path):
     """PipelineEngine.step() only raises: train_batch is its step (one stage, gloo, CPU)."""
     traces = tmp_path / "t"

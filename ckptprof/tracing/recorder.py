@@ -338,6 +338,19 @@ class Operation:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.finish(error=exc)
 
+    def discard(self) -> None:
+        """Leave it unrecorded: it did no work (a load that found no checkpoint). Off the
+        watchdog, and its root span never ends, so nothing is exported; a later
+        :meth:`finish` is a no-op."""
+        if self._summary is not None:
+            return
+        if self._watched:
+            self._unwatch()
+        if self.sampler is not None:
+            self.sampler.close()
+        self._end_ns = time.time_ns()
+        self._summary = OperationSummary(self.kind, 0.0, {}, dict(self._attributes))
+
     def finish(self, error: BaseException | None = None) -> OperationSummary:
         """End the root span and emit the phase spans. Idempotent.
 
