@@ -4,7 +4,8 @@ Checks what each format carries about itself, reading as little as it can:
 
 * ``torch.save`` (zip): the end-of-central-directory record and the central directory
   (every member must end before it: a truncated file has lost its tail); ``deep`` adds
-  every member's CRC-32 (reads the whole file).
+  every member's CRC-32 (reads the whole file). A file the caller knows ``torch.load``
+  reads must be such a zip, or a legacy pickle opening with torch's magic number.
 * safetensors: the header length and JSON header; the largest tensor end must fit the file.
 * DCP (a folder with ``.metadata``): every ``.distcp`` file must hold the byte ranges the
   metadata says it holds.
@@ -15,8 +16,10 @@ Other formats carry nothing to check; :func:`check` says so rather than guessing
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 import struct
 import zipfile
 from dataclasses import dataclass
@@ -33,8 +36,10 @@ class Integrity:
     checked_bytes: int = 0
 
 
-def check(path: str, deep: bool = False) -> Integrity:
-    """Check ``path`` (a file, or a DCP folder) against its format's own integrity data."""
+def check(path: str, deep: bool = False, torch_save: bool = False) -> Integrity:
+    """Check ``path`` (a file, or a DCP folder) against its format's own integrity data;
+    ``torch_save``: ``torch.load`` reads it (its framework says so), so bytes that are no
+    ``torch.save`` file are a problem, not a format without integrity data."""
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, ".metadata")):
             return _dcp(path)
@@ -43,6 +48,8 @@ def check(path: str, deep: bool = False) -> Integrity:
         head = handle.read(8)
     if head[:4] == ZIP_MAGIC:
         return _zip(path, deep)
+    if torch_save:
+        return _legacy_torch_save(path)
     if path.endswith(".safetensors"):
         return _safetensors(path, head)
     if path.endswith(".json"):
@@ -67,6 +74,38 @@ def _zip(path: str, deep: bool) -> Integrity:
     if broken is not None:
         return Integrity(method, f"member {broken} fails its CRC-32: the bytes are corrupt")
     return Integrity(method, None, os.path.getsize(path))
+
+
+LEGACY_METHOD = "torch.save legacy magic"
+LEGACY_HEAD = 64  # bytes: the magic number's pickle, in any protocol, fits
+
+
+class _PlainData(pickle.Unpickler):
+    """Unpickles plain data only: a checkpoint's bytes never run code while checked."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"{module}.{name}: not the legacy magic number")
+
+
+def _legacy_torch_save(path: str) -> Integrity:
+    """A ``torch.save`` file that is no zip: the legacy format opens with a pickled magic
+    number (anything else fails ``torch.load`` too)."""
+    from torch.serialization import MAGIC_NUMBER
+
+    with open(path, "rb") as handle:
+        head = handle.read(LEGACY_HEAD)
+    try:
+        magic = _PlainData(io.BytesIO(head)).load()
+    except Exception:  # noqa: BLE001 - any bytes that do not unpickle are the finding
+        magic = None
+    if magic == MAGIC_NUMBER:
+        return Integrity(LEGACY_METHOD)
+    size = os.path.getsize(path)
+    return Integrity(
+        LEGACY_METHOD,
+        f"{size} bytes, neither a zip archive nor a legacy torch.save pickle: "
+        "truncated or overwritten",
+    )
 
 
 def _safetensors(path: str, head: bytes) -> Integrity:

@@ -22,7 +22,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,10 +176,15 @@ class CheckpointFiles:
             )
 
     def fetch_from_folder(
-        self, listing: FolderListing | None, names: Iterable[str], op: Operation
+        self,
+        listing: FolderListing | None,
+        names: Iterable[str],
+        op: Operation,
+        torch_save: Container[str] = (),
     ) -> None:
         """fetch + verify (once per file) of ``names`` (those present), ahead of the
-        framework's own load."""
+        framework's own load; ``torch_save``: those it reads with ``torch.load`` (only the
+        framework knows), verified as ``torch.save`` files."""
         if listing is None:
             return
         for name in names:
@@ -199,7 +204,7 @@ class CheckpointFiles:
             if name not in listing.checked:
                 listing.checked.add(name)
                 recorded = (listing.recorded or {}).get(name)
-                self._check(path, listing.sizes[name], recorded, op)
+                self._check(path, listing.sizes[name], recorded, op, name in torch_save)
 
     def read_folder_records(self, folder: str) -> dict[str, Recorded] | None:
         """Every rank's record of the last save into ``folder``, merged (None: none)."""
@@ -255,7 +260,14 @@ class CheckpointFiles:
             self.framework_name,
         )
 
-    def _check(self, path: str, size: int, recorded: Recorded | None, op: Operation) -> None:
+    def _check(
+        self,
+        path: str,
+        size: int,
+        recorded: Recorded | None,
+        op: Operation,
+        torch_save: bool = False,
+    ) -> None:
         problem = None
         with op.phase(Phase.VERIFY) as stats:
             stats.attributes[Attr.VERIFY_MODE] = self.verify
@@ -266,7 +278,7 @@ class CheckpointFiles:
                 if method == "record xxh3":
                     op.add_bytes(Phase.VERIFY, size)
             else:
-                found = integrity.check(path, deep=self.verify == "full")
+                found = integrity.check(path, self.verify == "full", torch_save)
                 method, problem = found.method, found.problem
                 if found.checked_bytes:
                     op.add_bytes(Phase.VERIFY, found.checked_bytes)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import TYPE_CHECKING
 
 from ckptprof.errors import VerifyError
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from ckptprof.integrations.session import TracingSession
 
 log = logging.getLogger("ckptprof")
+#: the files of a ``checkpoint-N`` the Trainer reads with ``torch.load`` (weights, optimizer,
+#: scheduler, scaler, RNG states, training arguments)
+TORCH_SAVE = re.compile(r"\.(bin|pt|pth)$")
 
 
 class Resume:
@@ -150,8 +154,12 @@ class Resume:
         return os.path.join(parent, best)
 
     def fetch(self, op, names) -> None:
-        """fetch + verify of ``names`` from the checkpoint listed, before a loader."""
-        self._guarded(self.files.fetch_from_folder, self.listing, names, op)
+        """fetch + verify of ``names`` from the checkpoint listed, before a loader; the
+        Trainer reads its ``.bin``/``.pt``/``.pth`` files with ``torch.load``, so junk
+        there is a verify problem, not a format without integrity data."""
+        names = list(names)
+        torch_save = {name for name in names if TORCH_SAVE.search(name)}
+        self._guarded(self.files.fetch_from_folder, self.listing, names, op, torch_save)
 
     def _guarded(self, fn, *args):
         """ckptprof's own file work: a strict verify refusal ends the restore and reaches

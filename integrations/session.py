@@ -376,6 +376,7 @@ class TracingSession:
         try:
             self.start()
             self.job()
+            self.steps.saving()
             recent = self.steps.median()
             if recent is not None:  # the pace the resume will be compared with
                 attributes = {**attributes, Attr.SAVE_STEP_MEDIAN_S: round(recent, 6)}

@@ -300,14 +300,15 @@ def test_training_slower_after_the_resume_is_measured_and_named(tmp_path, caplog
 
     def resume(delay: float, steps: int):
         callbacks = [CkptProfCallback(trace_dir=tmp_path / "traces"), Paced(clock, delay)]
-        make_trainer(tmp_path, steps, callbacks).train(resume_from_checkpoint=True)
+        trainer = make_trainer(tmp_path, steps, callbacks, save_steps=100)  # a save at the end
+        trainer.train(resume_from_checkpoint=True)
         after = [s for s in spans_in(tmp_path / "traces") if s["name"] == "ckpt.after_resume"]
         return after[-1]
 
     callbacks = [CkptProfCallback(trace_dir=tmp_path / "traces"), Paced(clock, 0.05)]
-    make_trainer(tmp_path, 10, callbacks).train()
+    make_trainer(tmp_path, 12, callbacks, save_steps=100).train()  # 11 steps timed, 1 save
     with caplog.at_level(logging.WARNING, logger="ckptprof"):
-        steady = resume(0.05, 21)["attributes"]  # resumed at 10; steps 12..21 are timed
+        steady = resume(0.05, 23)["attributes"]  # resumed at 12; steps 14..23 are timed
     assert not any("slower after the resume" in r.getMessage() for r in caplog.records)
     assert steady["ckpt.after_resume.steps"] == 10
     assert steady["ckpt.after_resume.before_save_step_median_s"] == pytest.approx(0.05)
@@ -315,8 +316,8 @@ def test_training_slower_after_the_resume_is_measured_and_named(tmp_path, caplog
     assert steady["ckpt.after_resume.slowdown"] == pytest.approx(1.0)  # as fast as before
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ckptprof"):
-        slow = resume(0.25, 32)  # resumed at 21, the first run's last save
-    (restore,) = [s for s in restores(tmp_path) if s["attributes"]["ckpt.restored_step"] == 21]
+        slow = resume(0.25, 34)  # resumed at 23, the steady run's save
+    (restore,) = [s for s in restores(tmp_path) if s["attributes"]["ckpt.restored_step"] == 23]
     assert slow["links"][0]["context"]["span_id"] == restore["context"]["span_id"]
     assert slow["attributes"]["ckpt.after_resume.before_save_step_median_s"] == pytest.approx(0.05)
     assert slow["attributes"]["ckpt.after_resume.slowdown"] == pytest.approx(5.0)  # 0.25 / 0.05
