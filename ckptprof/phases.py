@@ -91,7 +91,7 @@ class Attr:
     FRAMEWORK = "ckpt.framework"  # who recorded it: synthetic, lightning, transformers, …
     RUN_ID = "ckpt.run_id"  # the run; with REPEAT (and STEP) it groups the ranks of one restore
     REPEAT = "ckpt.repeat"
-    STEP = "ckpt.step"  # the training step of the checkpoint saved or restored
+    STEP = "ckpt.step"  # a save's training step; a restore's: the step its first step reached
     RESTORED_STEP = "ckpt.restored_step"  # the training step the checkpoint was saved at
     WALL_S = "ckpt.wall_s"  # the operation's wall time (the RTO of a restore)
     PHASE_SUM_S = "ckpt.phase_sum_s"  # the sum of its phases' BUSY_S (above WALL_S: overlap)
