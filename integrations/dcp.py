@@ -69,6 +69,9 @@ class _Call:
         self.session, self.kind, self.join = session, kind, join
         self.op: Operation | None = None
         self.owned = False  # begun here: ended here too
+        #: traced by instrument(): a failure ends with the error DCP raises to its caller
+        #: (a CheckpointException), not with the storage call's own that DCP wraps
+        self.caller_ends_failures = False
 
     def begin(self, attributes: dict) -> None:
         if self.op is not None and not self.op.finished:
@@ -87,7 +90,7 @@ class _Call:
         self.session.warn_once(key, exc)
 
     def end(self, error: BaseException | None = None) -> None:
-        if not self.owned:
+        if not self.owned or (error is not None and self.caller_ends_failures):
             return
         self.owned = False
         if self.kind == "restore":
@@ -309,6 +312,7 @@ def _traced_entry(
             return original(state_dict, *args, **kwargs)
         if asynchronous:  # a blocking and a background save (integrations/dcp_async.py)
             return traced_async_save(original, traced, state_dict, args, kwargs)
+        traced._call.caller_ends_failures = True
         try:
             result = original(state_dict, *args, **{**kwargs, option: traced})
         except BaseException as exc:  # DCP's error, raised unchanged; its operation ends
@@ -330,6 +334,7 @@ def _process_based(checkpointer_type) -> bool:
 
 def _end(traced, error: BaseException | None) -> None:
     try:
+        traced._call.caller_ends_failures = False
         traced._call.end(error)
     except Exception as exc:  # noqa: BLE001 - a guest's bookkeeping never fails a call
         traced._call.warn_once("dcp.end", exc)

@@ -4,6 +4,7 @@ restored by 1, 2 and 3 (a reshard), each load checked value by value."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -458,6 +459,13 @@ def test_a_failed_load_or_save_ends_its_operation_with_dcps_error(tmp_path):
             future.result()
         assert settled()  # the future's callbacks run after result() returns
         assert session.save_op is None
+        # a load that fails inside read_data: DCP wraps the reader's error
+        dcp.save({"w": torch.arange(64.0)}, checkpoint_id=tmp_path / "cut", no_dist=True)
+        for shard in (tmp_path / "cut").glob("*.distcp"):
+            with open(shard, "r+b") as handle:
+                handle.truncate(100)
+        with pytest.raises(BaseException) as cut_error:
+            dcp.load({"w": torch.zeros(64)}, checkpoint_id=tmp_path / "cut", no_dist=True)
         assert ckptprof_threads() == set()
     finally:
         traced_dcp.uninstrument()
@@ -466,13 +474,15 @@ def test_a_failed_load_or_save_ends_its_operation_with_dcps_error(tmp_path):
         async_error.value
     )
     spans = spans_in(tmp_path / "traces")
-    ended = [s for s in spans if s["name"] in ("ckpt.restore", "ckpt.save")]
-    assert sorted(s["name"] for s in ended) == ["ckpt.restore"] + ["ckpt.save"] * 3
+    ended = [s for s in spans if s["name"] in ("ckpt.restore", "ckpt.save")
+             and s["status"]["status_code"] == "ERROR"]  # fmt: skip
+    assert sorted(s["name"] for s in ended) == ["ckpt.restore"] * 2 + ["ckpt.save"] * 2
+    # each failed operation carries the error its caller got (not the one DCP wrapped)
+    cut = next(s for s in ended if str(tmp_path / "cut") in json.dumps(s["attributes"]))
+    assert cut["status"]["description"].startswith(type(cut_error.value).__name__), cut["status"]
     blocking, background = async_pair(spans, tmp_path / "file" / "b")
     assert blocking["status"]["status_code"] != "ERROR"  # async_save returned: it staged
-    for span in ended:
-        if span is not blocking:
-            assert span["status"]["status_code"] == "ERROR"
+    assert background["status"]["status_code"] == "ERROR"
 
 
 # ------------------------------------------------- async_save: what blocks, what goes on
