@@ -41,10 +41,12 @@ PHASE_COLORS = {
 _SPARE_COLORS = ("#637939", "#e7969c", "#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194")
 #: what heads a restore whose first step ran, as the text report's column says it
 TO_STATE = "to state"
-_AXIS = "median seconds (black tick: wall time = critical path; line: min–max)"
+#: each phase's median comes from its own runs: their stack may pass the median wall time
+_STACK = "bars: each phase's median, over the runs (their sum may pass the tick)"
+_AXIS = f"median seconds (black tick: wall time = critical path; line: min–max)\n{_STACK}"
 _AXIS_BESIDE = (
     "median seconds (black tick and line: the time to state, list → reshard, where a first step\n"
-    "ran, else the wall time: median and min–max; diamond: the RTO, first step included)"
+    f"ran, else the wall time: median and min–max; diamond: the RTO, first step included)\n{_STACK}"
 )
 
 
