@@ -746,6 +746,14 @@ def test_better_strategy_names_the_gain_the_phases_and_the_memory():
     assert "staged spends more in deserialize 5.00 s vs 0.20 s" in hint.message
     assert "fetch" not in hint.message.split("spends more in")[1]  # pipelined fetched longer
     assert "peak memory 3.70 GB vs 6.90 GB" in hint.message
+    assert "but" not in hint.message
+    # where the other strategy wins beyond the spread, the hint says so: it is no answer
+    # for every setting (hot c=8, staged every repeat faster there)
+    hot = [strategy_row("staged", [1.0, 1.1, 1.2], cache="hot"),
+           strategy_row("pipelined", [1.5, 1.6, 1.7], cache="hot")]  # fmt: skip
+    hint = HS.better_strategy([staged, pipelined, *hot])
+    assert hint is not None and hint.message.startswith("pipelined would cut")
+    assert hint.message.endswith("; but staged is faster at hot c=8, beyond the spread.")
 
 
 def test_better_strategy_stays_silent_on_noise_small_gains_and_lone_strategies():

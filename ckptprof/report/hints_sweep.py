@@ -176,16 +176,30 @@ def better_strategy(rows: Sequence[SweepRow]) -> Hint | None:
             f"{slow.peak_rss_bytes / 1e9:.2f} GB"
         )
     what = "the time to state (list -> reshard)" if slow.state_s else "this restore"
+    reverse = _faster_elsewhere(cells, slow.strategy, fast.strategy)
     return Hint(
         "strategy",
         f"{fast.strategy} would cut {what} from {slow_s:.2f} s "
         f"({slow.strategy}) to {fast_s:.2f} s ({where}, {best_gap:.0%} less)"
         + (f"; {slow.strategy} spends more in {why}" if why else "")
         + memory
+        + (f"; but {slow.strategy} is faster at {reverse}, beyond the spread" if reverse else "")
         + ".",
         severity=best_gap,
         where=where,
     )
+
+
+def _faster_elsewhere(cells: dict[tuple, list], winner: str, loser: str) -> str:
+    """The settings where ``winner`` beat ``loser`` with every repeat ("hot c=8, hot
+    c=16"): a strategy hint must not read as the answer for every setting."""
+    found = []
+    for (cache, conc), rows in cells.items():
+        by = {b.strategy: b for b in rows}
+        a, b = by.get(winner), by.get(loser)
+        if a is not None and b is not None and _ranked(a)[2] < _ranked(b)[1]:
+            found.append(" ".join(p for p in (str(cache or ""), f"c={conc}" if conc else "") if p))
+    return ", ".join(found)
 
 
 READ_AMPLIFICATION = 1.5  # ranks reading this many times the checkpoint: worth saying
