@@ -616,3 +616,26 @@ def test_what_each_launched_rank_would_refuse_is_said_once_before_launching(
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], lines
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_cold_run_the_cache_cannot_give_says_the_fix_that_is_left(checkpoints, tmp_path):
+    """Pages another process maps stay resident through fadvise: the advice was "re-run
+    as root with --drop-caches", to root too."""
+    import contextlib
+    import mmap
+
+    ckpt = checkpoints("torch")
+    touched = []
+    with contextlib.ExitStack() as held:
+        for path in sorted(ckpt.rglob("*")):
+            if path.is_file() and path.stat().st_size:
+                handle = held.enter_context(open(path, "rb"))
+                view = held.enter_context(mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ))
+                touched.append(sum(view[i] for i in range(0, len(view), mmap.PAGESIZE)))
+        argv = ["synth", "restore", str(ckpt), "--cache", "cold", "--repeat", "1",
+                "--no-first-step", "--ceiling-gbps", "1", "--out", str(tmp_path / "o")]  # fmt: skip
+        line = assert_one_line_error(run_cli(*argv), "still in the page cache")
+    root = os.geteuid() == 0  # (--drop-caches itself is not tried: it is machine-wide)
+    assert ("re-run with --drop-caches" if root else "re-run as root") in line, line
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").rglob("*.json"))

@@ -283,6 +283,50 @@ def test_no_output_replaces_a_file_the_command_reads(case, tmp_path, capsys):
     _parser().parse_args(_argv(words, parser, action, others / "new.png", tmp_path))
 
 
+def _with(checkpoint, line: list[str], ck: Path) -> list[str]:
+    """``line`` with the checkpoint option given (``ck``), where it is an option left out."""
+    flag = checkpoint.option_strings[-1] if checkpoint.option_strings else None
+    return line + [flag, str(ck)] if flag and flag not in line else line
+
+
+def _roles(parser, *roles: str) -> list:
+    return [a for a in parser._actions if getattr(a.type, "role", None) in roles]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c for c in PATH_OPTIONS if c[2].type.role in (opt.OUTPUT_FOLDER, opt.OUTPUT_FILE)
+     and _roles(c[1], opt.CHECKPOINT_OUT, opt.CHECKPOINT_IN)],
+    ids=lambda c: f"{' '.join(c[0])} {_name(c[2])}",
+)  # fmt: skip
+def test_no_output_is_written_into_a_checkpoint_the_command_names(case, tmp_path, capsys):
+    """Every output option against every checkpoint the same command reads or writes:
+    the checkpoint's own folder, or a folder inside it, is one line before any work
+    (``synth restore ck --out ck/sub`` wrote its results and traces into the checkpoint,
+    and ``synth save ck --out ck`` blamed its own lock on "another run"); beside it is
+    used as usual."""
+    words, parser, action = case
+    (tmp_path / "others").mkdir()
+    for checkpoint in _roles(parser, opt.CHECKPOINT_OUT, opt.CHECKPOINT_IN):
+        try:
+            line = _argv(words, parser, action, tmp_path / "beside", tmp_path)
+            line = _with(checkpoint, line, tmp_path / "ck")
+            ck = Path(getattr(_parser().parse_args(line), checkpoint.dest))
+        except SystemExit:  # the two never go together (an option moot with it)
+            assert "would do nothing" in capsys.readouterr().err
+            continue
+        ck.mkdir(parents=True, exist_ok=True)  # an output file's folder must exist
+        folder = action.type.role == opt.OUTPUT_FOLDER  # a file option at a folder: refused
+        for place in (ck, ck / "sub") if folder else (ck / "sub",):
+            line = _with(checkpoint, _argv(words, parser, action, place, tmp_path), ck)
+            with pytest.raises(SystemExit) as stopped:
+                _parser().parse_args(line)
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert stopped.value.code == 2 and len(lines) == 1, lines
+            assert f"{_name(action)} {place}: inside the checkpoint" in lines[0], lines[0]
+            assert f"{_name(checkpoint)} {ck}" in lines[0], lines[0]
+
+
 IMAGE_OPTIONS = [c for c in PATH_OPTIONS if c[2].dest == "plot"]
 
 

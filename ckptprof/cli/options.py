@@ -74,6 +74,7 @@ class Parser(argparse.ArgumentParser):
         namespace, extras = super().parse_known_args(args, namespace)
         self._refuse_moot(namespace)
         self._refuse_writing_what_is_read(namespace)
+        self._refuse_writing_into_a_checkpoint(namespace)
         return namespace, extras
 
     def _refuse_moot(self, namespace: argparse.Namespace) -> None:
@@ -96,6 +97,30 @@ class Parser(argparse.ArgumentParser):
         if action.option_strings or arg_strings:
             self._given.add(action.dest)
         return super()._get_values(action, arg_strings)
+
+    def _refuse_writing_into_a_checkpoint(self, namespace: argparse.Namespace) -> None:
+        """An output (``--out``, ``--html``) that is a checkpoint folder the command reads
+        or writes, or inside one (``synth restore ck --out ck/results``): its files would
+        become the checkpoint's (a later ``generate --force`` refuses them, ``predict``
+        reads them as measurements). Refused before any work, every output option
+        against every checkpoint option of the command; ``s3://`` places never meet."""
+        outputs, checkpoints = [], []
+        for action in self._actions:
+            value = getattr(namespace, action.dest, None)
+            role = getattr(action.type, "role", None)
+            if value is None or "://" in str(value):
+                continue
+            if role in (OUTPUT_FOLDER, OUTPUT_FILE):
+                outputs.append((_option_name(action), Path(value)))
+            elif role in (CHECKPOINT_OUT, CHECKPOINT_IN):
+                checkpoints.append((_option_name(action), Path(value)))
+        for option, out in outputs:
+            for named, ck in checkpoints:
+                if out.expanduser().resolve().is_relative_to(ck.expanduser().resolve()):
+                    self.error(
+                        f"{option} {out}: inside the checkpoint {named} {ck} (what it writes "
+                        "would become files of the checkpoint); write it outside that folder"
+                    )
 
     def _refuse_writing_what_is_read(self, namespace: argparse.Namespace) -> None:
         """An output file that is one of the files the command's inputs name (``report

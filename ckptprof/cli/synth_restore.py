@@ -74,7 +74,7 @@ def add_parser(sub) -> None:
 #: options the others leave without effect, refused where given
 MOOT = (
     Moot(("first_step_s", "first_step_tokens"), lambda args: not args.first_step,
-         "--no-first-step skips the step", "drop them, or --no-first-step"),
+         "--no-first-step skips the step", "drop them, or drop --no-first-step"),
     Moot(("first_step_tokens",), lambda args: args.first_step and args.first_step_s is not None,
          "--first-step-s gives the step's time, so no step runs or is estimated here",
          "drop one of them"),

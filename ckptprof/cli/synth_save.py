@@ -67,7 +67,8 @@ def add_parser(sub) -> None:
     )  # fmt: skip
     save.add_argument(
         "--concurrency", type=whole(ranges.CONCURRENCY), default=DEFAULTS.concurrency,
-        help=f"parts in flight per file (parallel; default {DEFAULTS.concurrency})",
+        help=f"parts in flight per file (parallel), and the write probe's widest "
+        f"(default {DEFAULTS.concurrency})",
     )  # fmt: skip
     save.add_argument(
         "--part-size", type=size(ranges.PART_SIZE), default=DEFAULTS.part_size,
@@ -117,7 +118,7 @@ def add_parser(sub) -> None:
              lambda args: _strategy(args) != "parallel" and args.ceiling_gbps is not None,
              lambda args: f"--strategy {_strategy(args)} writes as its framework does, and "
              "--ceiling-gbps skips the write probe that uses them",
-             "drop them, or --ceiling-gbps"),
+             "drop them, or drop --ceiling-gbps"),
     )  # fmt: skip
 
 

@@ -5,6 +5,7 @@ caches made cold or hot, the read ceiling, and the sweep of runs
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psutil
@@ -326,10 +327,15 @@ class RestoreRunner:
                 state = self.storage.evict(self.paths)
                 state.method += " + drop_caches (machine-wide)"
         if state.resident_fraction is not None and state.resident_fraction > COLD_RESIDENCY_LIMIT:
+            if self.options.drop_caches:  # asked already: something keeps the pages
+                fix = "a process mapping the files keeps them resident; use --cache hot"
+            elif os.geteuid() == 0:
+                fix = "re-run with --drop-caches (machine-wide), or use --cache hot"
+            else:
+                fix = "re-run as root with --drop-caches, or use --cache hot"
             raise CkptprofError(
                 f"{self.storage.uri}: {state.resident_fraction:.0%} of the checkpoint is still "
-                f"in the page cache after {state.method}, so a run would not be cold; "
-                "re-run as root with --drop-caches, or use --cache hot."
+                f"in the page cache after {state.method}, so a run would not be cold; {fix}."
             )
         return state
 
