@@ -238,10 +238,13 @@ def test_simulated_interruption_tells_the_whole_story(checkpoints, tmp_path):
     assert "simulated notice" in text and "steps lost: 0" in text
     assert "before the deadline" in text and "cost at $32.77/h" in text
     assert "(assumed)" in text  # no --deadline: EC2 Spot's two minutes, said as assumed
+    # no price set: the rate is the default, said so (a bare $32.77/h read as the job's)
+    assert "cost at $32.77/h (the default, an 8×A100 list price: set " in text
     as_json = json.loads(run_cli("report", "--interruptions", "--format", "json",
                                  str(out / "traces")).stdout)  # fmt: skip
     (entry,) = as_json
     assert entry["outcome"] == "saved" and entry["resumed"]
+    assert entry["cost_per_hour"] == 32.77 and entry["cost_per_hour_default"] is True
     # one process: no downtime, the restore started this long after the notice
     assert entry["downtime_s"] is None
     assert 0 < entry["notice_to_start_s"] < entry["recovery_s"]

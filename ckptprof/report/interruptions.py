@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ckptprof.cost import COST_ENV, DEFAULT_COST_PER_HOUR
 from ckptprof.errors import CkptprofError
 from ckptprof.phases import INTERRUPTION_SPAN, NAMESPACE, PROGRESS_SPAN, RESTORE_SPAN, Attr, Phase
 from ckptprof.report.goodput import Goodput, build_goodput
@@ -46,6 +47,8 @@ class Story:
     steps_lost: int | None = None
     recovery_s: float | None = None
     cost_per_hour: float | None = None
+    #: the rate was ckptprof's default (no price set): an assumed figure, said so
+    cost_per_hour_default: bool | None = None
     downtime_cost: float | None = None
     notice_to_start_cost: float | None = None
     restore_cost: float | None = None
@@ -171,6 +174,8 @@ def _resumed(story: Story, restore: dict, spans, notice_ns, goodput) -> None:
     story.last_step = integer(_attr(restore, Attr.INTERRUPTION_LAST_STEP))
     story.steps_lost = integer(_attr(restore, Attr.INTERRUPTION_STEPS_LOST))
     story.cost_per_hour = number(_attr(restore, Attr.INTERRUPTION_COST_PER_HOUR))
+    if story.cost_per_hour is not None:
+        story.cost_per_hour_default = story.cost_per_hour == DEFAULT_COST_PER_HOUR
     story.notice_to_start_cost = number(_attr(restore, Attr.INTERRUPTION_NOTICE_TO_START_COST))
     if story.cost_per_hour is not None and story.downtime_s is not None:  # the one above
         story.downtime_cost = round(story.downtime_s / 3600 * story.cost_per_hour, 4)
@@ -242,8 +247,12 @@ def _lines(n: int, st: Story) -> list[str]:
             if st.downtime_cost is not None
             else f"notice → start {_usd(st.notice_to_start_cost)}"
         )
+        assumed = f" (the default, an 8×A100 list price: set {COST_ENV})" * bool(
+            st.cost_per_hour_default
+        )
         lines.append(
-            f"  cost at ${st.cost_per_hour:.2f}/h: {waited}, restore {_usd(st.restore_cost)}"
+            f"  cost at ${st.cost_per_hour:.2f}/h{assumed}: {waited}, restore "
+            f"{_usd(st.restore_cost)}"
         )
     return lines
 
@@ -270,8 +279,9 @@ def _downtime_lines(st: Story) -> list[str]:
         ]
     else:
         lines = [
-            f"  downtime: {_s(st.downtime_s)} (the interrupted process's end, "
-            f"{_s(wind_down)} after the notice → {restart})"
+            f"  downtime: {_s(st.downtime_s)} (the interrupted process's last record, "
+            f"{_s(wind_down)} after the notice; its exit after it is not observed and is "
+            f"counted here → {restart})"
         ]
     if st.startup_s is not None and not simulated:
         lines.append(
