@@ -177,7 +177,8 @@ def run(args) -> int:
         # needs one process per rank: the checkpoint is generated (not timed)
         print(f"== generate {args.model} x{scale:g} ({args.layout}) in {ckpt} (not timed)")
         result = generate(str(ckpt), spec, force=True)
-        print(f"wrote {len(result.manifest.files)} files, {result.total_bytes / 1e9:.3f} GB")
+        files = len(result.manifest.files)
+        print(f"wrote {files} files and the manifest, {result.total_bytes / 1e9:.3f} GB")
     else:
         reported.append(str(_save(ckpt, spec, save, options.repeat)))
     levels = ",".join(map(str, options.concurrency))

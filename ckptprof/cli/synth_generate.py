@@ -72,7 +72,8 @@ def run_generate(args) -> int:
         return 0
     result = generate(args.dest, spec, force=args.force)
     print(
-        f"wrote {len(result.manifest.files)} files, {result.total_bytes / 1e9:.3f} GB to "
+        f"wrote {len(result.manifest.files)} files and the manifest, "
+        f"{result.total_bytes / 1e9:.3f} GB to "
         f"{result.location} ({spec.model} {spec.scale_label()}, {spec.layout}, {spec.ranks} ranks)"
     )
     return 0
