@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -179,3 +180,25 @@ def test_no_help_text_shows_a_placeholder():
     generate_help = next(p for path, p in _commands(build_parser()) if path == ("synth",
                          "generate")).format_help()  # fmt: skip
     assert all(name in generate_help for name in PRESETS) and "dcp, deepspeed" in generate_help
+
+
+def test_a_stop_signal_while_a_failure_is_said_ends_as_stopped_without_a_traceback(
+    tmp_path, monkeypatch, capsys
+):
+    """A launcher stops a rank (SIGTERM) just as the rank reports its own failure (the
+    collective's error when another rank died): the signal raised inside the handler of
+    that failure, out of ``main``, and the rank printed a traceback (CI saw it once)."""
+    import signal
+
+    import ckptprof.cli as cli
+
+    said = cli.one_line
+
+    def stopped_while_saying(exc):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled here, in the main thread
+        return said(exc)
+
+    monkeypatch.setattr(cli, "one_line", stopped_while_saying)
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["report", str(tmp_path / "empty")]) == 143
+    assert "ckptprof: interrupted (SIGTERM)" in capsys.readouterr().err

@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = _raise_on_signals()
     try:
         return _run(argv)
+    except (KeyboardInterrupt, Terminated):  # stopped while a failure was being said
+        return _interrupted_exit(_stopped_by[0] if _stopped_by else signal.SIGINT)
     finally:
         sys.stdout = stdout
         for signum, handler in previous.items():
@@ -86,8 +88,13 @@ _STOP_SIGNALS = {signal.SIGINT: (KeyboardInterrupt, 130), signal.SIGTERM: (Termi
 
 
 def _raise_stop(signum, frame) -> None:
+    """The first stop signal raises, so that the clean-up runs; a second (Ctrl-C again, a
+    launcher's second SIGTERM) ends the process at once, as it asks, rather than raising
+    inside that clean-up (a traceback)."""
+    kind, code = _STOP_SIGNALS[signum]
+    if _stopped_by:
+        os._exit(code)
     _stopped_by.append(signum)
-    kind, _ = _STOP_SIGNALS[signum]
     raise kind(signum)
 
 

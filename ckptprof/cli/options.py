@@ -104,11 +104,13 @@ class Parser(argparse.ArgumentParser):
         become the checkpoint's (a later ``generate --force`` refuses them, ``predict``
         reads them as measurements). Refused before any work, every output option
         against every checkpoint option of the command; ``s3://`` places never meet."""
+        from ckptprof.storage.registry import is_path
+
         outputs, checkpoints = [], []
         for action in self._actions:
             value = getattr(namespace, action.dest, None)
             role = getattr(action.type, "role", None)
-            if value is None or "://" in str(value):
+            if value is None or not is_path(str(value)):
                 continue
             if role in (OUTPUT_FOLDER, OUTPUT_FILE):
                 outputs.append((_option_name(action), Path(value)))
