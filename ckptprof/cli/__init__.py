@@ -88,13 +88,8 @@ _STOP_SIGNALS = {signal.SIGINT: (KeyboardInterrupt, 130), signal.SIGTERM: (Termi
 
 
 def _raise_stop(signum, frame) -> None:
-    """The first stop signal raises, so that the clean-up runs; a second (Ctrl-C again, a
-    launcher's second SIGTERM) ends the process at once, as it asks, rather than raising
-    inside that clean-up (a traceback)."""
-    kind, code = _STOP_SIGNALS[signum]
-    if _stopped_by:
-        os._exit(code)
     _stopped_by.append(signum)
+    kind, _ = _STOP_SIGNALS[signum]
     raise kind(signum)
 
 
