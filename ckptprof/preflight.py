@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -122,3 +123,16 @@ def lock_holder(fd: int) -> str | None:
                 command = ""
             return f"pid {pid}: {command}" if command else f"pid {pid}"
     return None
+
+
+def earlier_results(path: Path) -> str | None:
+    """A line on the results file (results.json, save.json) an earlier run left where this
+    one writes its own: this run replaces it (an interrupted run's partial results too),
+    never without a word; None where there is none."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    partial = isinstance(doc, dict) and doc.get("partial")
+    what = "partial results (that run was interrupted)" if partial else "results"
+    return f"{path}: an earlier run's {what}; this run replaces them"

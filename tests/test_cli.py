@@ -202,3 +202,33 @@ def test_a_stop_signal_while_a_failure_is_said_ends_as_stopped_without_a_traceba
     (tmp_path / "empty").mkdir()
     assert cli.main(["report", str(tmp_path / "empty")]) == 143
     assert "ckptprof: interrupted (SIGTERM)" in capsys.readouterr().err
+
+
+def test_a_restore_into_an_earlier_runs_out_says_it_replaces_its_results(
+    checkpoints, tmp_path, capsys
+):
+    """An interrupted run's partial results.json was replaced by the next run into the
+    same --out without a word."""
+    from ckptprof.cli import main
+
+    out = tmp_path / "out"
+    argv = ["synth", "restore", str(checkpoints("torch")), "--cache", "hot", "--concurrency",
+            "1", "--repeat", "1", "--no-first-step", "--ceiling-gbps", "1", "--no-report",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "an earlier run's" not in capsys.readouterr().out
+    doc = json.loads((out / "results.json").read_text())
+    (out / "results.json").write_text(json.dumps({**doc, "partial": True}))  # as a stop leaves
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert f"{out / 'results.json'}: an earlier run's partial results (that run was " in said
+    assert json.loads((out / "results.json").read_text())["partial"] is False
+    # a save into an earlier save's --out says so the same way (one rule, every writer)
+    saves = tmp_path / "saves"
+    save = ["synth", "save", str(tmp_path / "ck"), "--scale", str(TINY_SCALE), "--repeat", "1",
+            "--ceiling-gbps", "1", "--force", "--out", str(saves)]  # fmt: skip
+    assert main(save) == 0 and "an earlier run's" not in capsys.readouterr().out
+    assert main(save) == 0
+    assert f"{saves / 'save.json'}: an earlier run's results; this run replaces them" in (
+        capsys.readouterr().out
+    )

@@ -162,7 +162,8 @@ def run_save(args) -> int:
 
 def _save(args, spec, options, job=None) -> int:
     """One process's part of ``synth save``: the whole save, or one rank's of a job."""
-    from ckptprof.preflight import OutputClaim
+    from ckptprof.preflight import OutputClaim, earlier_results
+    from ckptprof.save_schema import SAVE_NAME
     from ckptprof.synth.job import traced
     from ckptprof.synth.save import check, run_save, write_results
 
@@ -172,6 +173,9 @@ def _save(args, spec, options, job=None) -> int:
         if lead:  # a second save into this --out is refused before it measures anything
             args.out.mkdir(parents=True, exist_ok=True)
             held.callback(OutputClaim(args.out, "--out").release)
+            earlier = earlier_results(args.out / SAVE_NAME)
+            if earlier is not None:
+                print(earlier)
         telemetry, tracer = held.enter_context(
             traced(args.out / "traces", job, stall_after_s=options.stall_after_s)
         )

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from ckptprof.errors import StorageError
-from ckptprof.preflight import OutputClaim
+from ckptprof.preflight import OutputClaim, earlier_results
 from ckptprof.synth import ceiling as ceiling_mod
 from ckptprof.synth.distributed import Job
 from ckptprof.synth.options import RestoreOptions
@@ -63,6 +63,9 @@ def _run(runner: RestoreRunner, options: RestoreOptions, out_dir: Path, telemetr
         runner.check_outputs(out_dir, trace_dir)
         if job is None or job.rank == 0:  # the one process that writes the results
             claims.append(OutputClaim(out_dir, "--out"))
+            earlier = earlier_results(out_dir / "results.json")
+            if earlier is not None:
+                echo(earlier)
         if job is None and options.stage_dir is not None:  # a job's ranks share theirs
             claims.append(OutputClaim(Path(options.stage_dir), "--stage", "its downloads"))
         runner.check_memory()
