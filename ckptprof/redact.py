@@ -37,6 +37,18 @@ def scrub(value: Any) -> Any:
     return value
 
 
+def scrub_tree(value: Any) -> Any:
+    """A JSON document (a span read back, an OTLP request) with every string in it passed
+    through :func:`strip_url_secrets`: a trace written elsewhere is read without them."""
+    if isinstance(value, str):
+        return strip_url_secrets(value)
+    if isinstance(value, dict):
+        return {key: scrub_tree(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [scrub_tree(item) for item in value]
+    return value
+
+
 def scrub_attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
     """``attributes`` with every value passed through :func:`scrub`."""
     return {key: scrub(value) for key, value in (attributes or {}).items()}

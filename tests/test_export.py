@@ -543,3 +543,62 @@ def test_a_refusing_collector_costs_each_shutdown_one_short_wait_and_no_thread(
         telemetry.shutdown()
         assert 1.5 <= time.monotonic() - started < 5.0 + export.NETWORK_FLUSH_MARGIN_S
     assert len(received_spans(received)) == 3
+
+
+SECRET_URI = ("https://AKIAEXAMPLE:hunter2@bucket.s3.amazonaws.com/ck?X-Amz-Credential=AKIA"
+              "%2F2026&X-Amz-Signature=deadbeef&X-Amz-Security-Token=TOKENXYZ")  # fmt: skip
+
+
+def test_every_export_and_report_of_a_trace_from_elsewhere_leaves_its_secrets_out(
+    tmp_path, clean_otel_env, capsys
+):
+    """ckptprof's own spans never hold a URL's secrets; a trace written elsewhere (or by
+    hand) may: export copied them into both files and the collector, word for word."""
+    from ckptprof.cli import main
+
+    telemetry = setup_telemetry(tmp_path / "t")
+    record_one_restore(telemetry)
+    telemetry.shutdown()
+    text = telemetry.trace_file.read_text()
+    telemetry.trace_file.write_text(text.replace('"torch"', json.dumps(SECRET_URI)))
+    secrets = ("hunter2", "deadbeef", "TOKENXYZ", "AKIAEXAMPLE:")
+    for fmt in ("otlp-json", "perfetto"):
+        out = tmp_path / f"x.{fmt}"
+        assert main(["export", str(tmp_path / "t"), "--format", fmt, "-o", str(out)]) == 0
+        assert not any(s.encode() in out.read_bytes() for s in secrets), fmt
+    with collector() as (endpoint, received):
+        clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        assert main(["export", str(tmp_path / "t"), "--otlp"]) == 0
+    sent = b"".join(body for _, body in received)
+    assert sent and not any(s.encode() in sent for s in secrets)
+    assert main(["report", str(tmp_path / "t")]) == 0
+    shown = capsys.readouterr()
+    assert not any(s in shown.out + shown.err for s in secrets)
+
+
+def test_nothing_to_export_is_one_line_in_every_mode_and_a_newer_results_file_too(
+    tmp_path, clean_otel_env, capsys
+):
+    """An empty trace file wrote an empty file (otlp-json) or sent nothing (--otlp), exit
+    0, where perfetto said there was nothing; a results.json a newer ckptprof wrote was
+    exported as if this one could read it."""
+    from ckptprof.cli import main
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "e.jsonl").write_text("")
+    modes = (["--format", "otlp-json", "-o", str(tmp_path / "x")],
+             ["--format", "perfetto", "-o", str(tmp_path / "y")], ["--otlp"])  # fmt: skip
+    with refused_port() as port:
+        clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        for mode in modes:
+            assert main(["export", str(tmp_path / "empty"), *mode]) == 2, mode
+            (line,) = capsys.readouterr().err.strip().splitlines()
+            assert line.startswith(f"ckptprof: error: {tmp_path / 'empty'}: no "), line
+    assert not (tmp_path / "x").exists()
+    newer = tmp_path / "newer"
+    telemetry = setup_telemetry(newer / "traces")
+    record_one_restore(telemetry)
+    telemetry.shutdown()
+    (newer / "results.json").write_text(json.dumps({"schema_version": 99, "runs": []}))
+    assert main(["export", str(newer / "results.json"), *modes[0]]) == 2
+    assert "written by a newer ckptprof (results.json schema 99" in capsys.readouterr().err

@@ -125,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
 
         otlp_endpoint()  # a variable that names no URL: one line before the traces are read
     spans, requests = _read(args.paths)
+    if not spans and not requests:  # every mode alike: an empty file is nothing to export
+        raise CkptprofError(f"{', '.join(args.paths)}: no spans in the trace files there")
     if args.otlp:
         from ckptprof.tracing.otel_settings import otlp_timeout_s
         from ckptprof.tracing.otlp_json import replay, requests_of

@@ -55,9 +55,10 @@ def _results_phases(raw: Any) -> dict[str, PhaseSample]:
     return phases
 
 
-def _refuse_newer(doc: Any, path: str, name: str, readable: int) -> None:
+def refuse_newer(doc: Any, path: str, name: str, readable: int) -> None:
     """A file a newer ckptprof wrote (its ``schema_version`` above what this one reads) is
-    one line saying to upgrade, not a field-by-field complaint to re-run."""
+    one line saying to upgrade, not a field-by-field complaint to re-run; every reader of
+    a results.json or save.json asks, whatever it reads of it."""
     version = doc.get("schema_version") if isinstance(doc, dict) else None
     if isinstance(version, int) and not isinstance(version, bool) and version > readable:
         raise CkptprofError(
@@ -102,7 +103,7 @@ def parse_results(
             f"written by the synthetic restore, the {SAVE_NAME} of a synthetic save, or the "
             "trace *.jsonl files"
         )
-    _refuse_newer(doc, path, RESULTS_NAME, RESULTS_SCHEMA_VERSION)
+    refuse_newer(doc, path, RESULTS_NAME, RESULTS_SCHEMA_VERSION)
     schema.require(
         doc,
         RESULTS_SCHEMA,
@@ -198,7 +199,7 @@ def parse_save(doc: Mapping[str, Any], path: str = SAVE_NAME) -> list[TraceOpera
     """A decoded ``save.json`` as the save operations it records, after checking it
     against :data:`SAVE_SCHEMA` (a wrong type names the field): each save becomes what its
     trace would have given, so every view reads saves one way."""
-    _refuse_newer(doc, path, SAVE_NAME, SAVE_SCHEMA_VERSION)
+    refuse_newer(doc, path, SAVE_NAME, SAVE_SCHEMA_VERSION)
     schema.require(
         doc,
         SAVE_SCHEMA,

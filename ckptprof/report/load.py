@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptprof.errors import CkptprofError
-from ckptprof.report.json_files import read_results, read_save
+from ckptprof.report.json_files import read_results, read_save, refuse_newer
 from ckptprof.report.records import ReportData
 from ckptprof.report.traces import (
     TRACE_SUFFIX,
@@ -25,8 +25,8 @@ from ckptprof.report.traces import (
     read_json_lines,
     skipped_lines_warning,
 )
-from ckptprof.results_schema import RESULTS_NAME
-from ckptprof.save_schema import SAVE_NAME, looks_like_save
+from ckptprof.results_schema import RESULTS_NAME, RESULTS_SCHEMA_VERSION
+from ckptprof.save_schema import SAVE_NAME, SAVE_SCHEMA_VERSION, looks_like_save
 
 
 # --------------------------------------------------------------------- finding files
@@ -84,6 +84,10 @@ def _record_ids(summary: Path) -> set[str]:
         doc = json.loads(summary.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return set()
+    if summary.name == SAVE_NAME:
+        refuse_newer(doc, str(summary), SAVE_NAME, SAVE_SCHEMA_VERSION)
+    else:
+        refuse_newer(doc, str(summary), RESULTS_NAME, RESULTS_SCHEMA_VERSION)
     records = [*(doc.get("runs") or []), *(doc.get("saves") or [])] if isinstance(doc, dict) else []
     return {str(r["trace_id"]).removeprefix("0x") for r in records
             if isinstance(r, dict) and r.get("trace_id")}  # fmt: skip
