@@ -37,9 +37,15 @@ def scrub(value: Any) -> Any:
     return value
 
 
+def scrub_read(doc: Any, line: str) -> Any:
+    """``doc``, decoded from ``line`` of a file written elsewhere, without its URLs'
+    secrets (walked only where the line names a URL at all)."""
+    return doc if "://" not in line else scrub_tree(doc)
+
+
 def scrub_tree(value: Any) -> Any:
     """A JSON document (a span read back, an OTLP request) with every string in it passed
-    through :func:`strip_url_secrets`: a trace written elsewhere is read without them."""
+    through :func:`strip_url_secrets`."""
     if isinstance(value, str):
         return strip_url_secrets(value)
     if isinstance(value, dict):

@@ -22,7 +22,7 @@ from ckptprof.phases import (
     SAVE_SPAN,
     Attr,
 )
-from ckptprof.redact import scrub_tree
+from ckptprof.redact import scrub_read
 from ckptprof.report.json_values import flag, integer, number
 from ckptprof.report.records import CutShort, PhaseSample, TraceOperation
 from ckptprof.results_schema import RESULTS_NAME
@@ -73,8 +73,7 @@ def read_json_lines(path: Path, keep: Callable[[Any], bool] | None = None) -> Tr
                 doc = json.loads(line)
             except json.JSONDecodeError:
                 doc = None
-            if "://" in line:  # a trace from elsewhere may hold a URL's secrets: never shown
-                doc = scrub_tree(doc)
+            doc = scrub_read(doc, line)  # a trace from elsewhere: its URLs' secrets never shown
             if not keep(doc):
                 bad += 1
                 first_bad = first_bad or number
